@@ -1,0 +1,45 @@
+# Two commands on a fresh machine:
+#   make demo   trains the email-sequence example on this machine's device
+#   make test   lint, type check and the test suite
+# Both create .venv on first use. Without nvidia-smi, the pinned CPU torch from
+# requirements-cpu.txt is installed first so that pip never pulls CUDA wheels.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+HAS_NVIDIA_SMI := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
+
+.PHONY: demo test lint typecheck pytest bench clean-logs
+
+$(STAMP): pyproject.toml requirements-cpu.txt
+	$(PYTHON) -m venv $(VENV)
+ifeq ($(HAS_NVIDIA_SMI),yes)
+	@echo "nvidia-smi found: installing torch from the registry (CUDA build)"
+else
+	@echo "no nvidia-smi: installing the pinned CPU torch first"
+	$(PY) -m pip install -q -r requirements-cpu.txt
+endif
+	$(PY) -m pip install -q -e '.[dev,examples,plots]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/email_sequence/train.py
+
+lint: $(STAMP)
+	$(PY) -m ruff check core tests examples benchmarks
+	$(PY) -m ruff format --check core tests examples benchmarks
+
+typecheck: $(STAMP)
+	$(PY) -m mypy
+
+pytest: $(STAMP)
+	$(PY) -m pytest -q
+
+test: lint typecheck pytest
+
+bench: $(STAMP)
+	$(PY) benchmarks/overhead.py
+
+clean-logs:
+	find logs -mindepth 1 ! -name .gitkeep -exec rm -rf {} +

@@ -1,0 +1,49 @@
+"""core: an async-native PyTorch training orchestrator.
+
+``await optimizer.train()`` runs a complete training job (mixed precision, gradient
+accumulation, per-step JSON telemetry) from inside any asyncio or trio program::
+
+    import anyio
+    from core import create_optimized_training_optimizer
+
+    optimizer = create_optimized_training_optimizer(model=model, train_loader=loader)
+    results = anyio.run(optimizer.train)
+"""
+
+from __future__ import annotations
+
+from core.config import TrainingConfig
+from core.errors import (
+    BatchFormatError,
+    ConfigError,
+    CoreError,
+    EmptyLoaderError,
+    LossFormatError,
+)
+from core.events import EventStream
+from core.gradient_accumulation import GradientAccumulation, GradientAccumulationConfig
+from core.mixed_precision_training import MixedPrecisionConfig, MixedPrecisionTrainer
+from core.optimized_training_optimizer import (
+    OptimizedTrainingOptimizer,
+    create_optimized_training_optimizer,
+)
+from core.results import TrainingResults
+
+__version__ = "0.1.0"
+
+__all__ = (
+    "BatchFormatError",
+    "ConfigError",
+    "CoreError",
+    "EmptyLoaderError",
+    "EventStream",
+    "GradientAccumulation",
+    "GradientAccumulationConfig",
+    "LossFormatError",
+    "MixedPrecisionConfig",
+    "MixedPrecisionTrainer",
+    "OptimizedTrainingOptimizer",
+    "TrainingConfig",
+    "TrainingResults",
+    "create_optimized_training_optimizer",
+)

@@ -1,0 +1,102 @@
+"""What a batch is, and the three things done to one: count, move, split.
+
+A batch is either an ``(inputs, targets)`` pair (tuple or list of length 2) or a mapping of
+keyword arguments for a model that returns its own loss. ``inputs`` and the mapping's values
+may be tensors or nested tuples/lists/dicts of tensors; dimension 0 is the sample dimension.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from core.errors import BatchFormatError
+
+__all__ = ("count_samples", "describe", "is_pair", "split_batch", "to_device")
+
+
+def is_pair(batch: object) -> bool:
+    return isinstance(batch, (tuple, list)) and len(batch) == 2
+
+
+def describe(value: object) -> str:
+    """A short description of a value's structure for error messages."""
+    if isinstance(value, torch.Tensor):
+        return f"Tensor(shape={tuple(value.shape)}, dtype={value.dtype})"
+    if isinstance(value, Mapping):
+        inner = ", ".join(f"{k!r}: {describe(v)}" for k, v in list(value.items())[:4])
+        return "{" + inner + "}"
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(describe(v) for v in value[:4])
+        more = ", ..." if len(value) > 4 else ""
+        return f"{type(value).__name__} of {len(value)} [{inner}{more}]"
+    return type(value).__name__
+
+
+def _first_tensor(value: object) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, Mapping):
+        children: list[object] = list(value.values())
+    elif isinstance(value, (tuple, list)):
+        children = list(value)
+    else:
+        return None
+    for child in children:
+        found = _first_tensor(child)
+        if found is not None:
+            return found
+    return None
+
+
+def count_samples(batch: object) -> int:
+    """Number of samples in a batch: dimension 0 of its first tensor (targets first)."""
+    targets = batch[1] if isinstance(batch, (tuple, list)) and len(batch) == 2 else None
+    tensor = _first_tensor(targets)
+    if tensor is None or tensor.ndim == 0:
+        tensor = _first_tensor(batch)
+    if tensor is None or tensor.ndim == 0:
+        raise BatchFormatError(
+            f"cannot count the samples of batch {describe(batch)}: it holds no tensor with a "
+            "sample dimension. Batches must be (inputs, targets) with tensors whose dimension 0 "
+            "is the batch, or a dict of such tensors."
+        )
+    return int(tensor.shape[0])
+
+
+def to_device(value: Any, device: torch.device) -> Any:
+    """Move every tensor in a nested structure to ``device`` (asynchronously when pinned)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, Mapping):
+        return {k: to_device(v, device) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(to_device(v, device) for v in value)
+    return value
+
+
+def _split(value: Any, size: int, sections: int) -> list[Any]:
+    if isinstance(value, torch.Tensor) and value.ndim > 0 and value.shape[0] == size:
+        return list(torch.tensor_split(value, sections))
+    if isinstance(value, Mapping):
+        parts = {k: _split(v, size, sections) for k, v in value.items()}
+        return [{k: parts[k][i] for k in parts} for i in range(sections)]
+    if isinstance(value, (tuple, list)):
+        columns = [_split(v, size, sections) for v in value]
+        return [type(value)(col[i] for col in columns) for i in range(sections)]
+    return [value] * sections
+
+
+def split_batch(batch: Any, max_size: int) -> list[Any]:
+    """Split a batch along the sample dimension into chunks of at most ``max_size`` samples.
+
+    Tensors whose dimension 0 is not the batch size (and non-tensors) are shared by all
+    chunks.
+    """
+    size = count_samples(batch)
+    if size <= max_size:
+        return [batch]
+    sections = -(-size // max_size)
+    return _split(batch, size, sections)

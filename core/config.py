@@ -1,0 +1,84 @@
+"""The orchestrator's own settings, validated before anything runs."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from core.errors import config_error
+
+__all__ = ("TrainingConfig",)
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Epochs, optimizer defaults, early stopping, logging and seeding of one job.
+
+    Early stopping watches the validation loss, or the epoch's mean training loss when
+    there is no ``val_loader``; ``early_stopping_patience=None`` turns it off.
+    """
+
+    experiment_name: str = "experiment"
+    max_epochs: int = 10
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.01
+    early_stopping_patience: int | None = None
+    early_stopping_min_delta: float = 0.0
+    max_grad_norm: float | None = None
+    log_dir: str | Path = "logs"
+    seed: int | None = None
+    event_buffer_size: int = 1024
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.experiment_name, str) and _SAFE_NAME.match(self.experiment_name)):
+            raise config_error(
+                "experiment_name",
+                self.experiment_name,
+                "a non-empty name of letters, digits, '.', '_' or '-' (it becomes a folder)",
+            )
+        if not (_is_int(self.max_epochs) and self.max_epochs >= 1):
+            raise config_error("max_epochs", self.max_epochs, "an integer >= 1")
+        if not (isinstance(self.learning_rate, (int, float)) and 0 < self.learning_rate < math.inf):
+            raise config_error(
+                "learning_rate", self.learning_rate, "a finite float > 0", "try learning_rate=1e-3."
+            )
+        if not (isinstance(self.weight_decay, (int, float)) and 0 <= self.weight_decay < math.inf):
+            raise config_error("weight_decay", self.weight_decay, "a finite float >= 0")
+        patience = self.early_stopping_patience
+        if patience is not None and not (_is_int(patience) and patience >= 1):
+            raise config_error(
+                "early_stopping_patience",
+                patience,
+                "None (off) or an integer >= 1",
+                "pass None to train for max_epochs.",
+            )
+        if not (
+            isinstance(self.early_stopping_min_delta, (int, float))
+            and self.early_stopping_min_delta >= 0
+        ):
+            raise config_error(
+                "early_stopping_min_delta", self.early_stopping_min_delta, "a float >= 0"
+            )
+        norm = self.max_grad_norm
+        if norm is not None and not (isinstance(norm, (int, float)) and 0 < norm < math.inf):
+            raise config_error(
+                "max_grad_norm", norm, "None (no clipping) or a finite float > 0", "try 1.0."
+            )
+        if self.seed is not None and not (_is_int(self.seed) and self.seed >= 0):
+            raise config_error("seed", self.seed, "None or an integer >= 0")
+        if not (_is_int(self.event_buffer_size) and self.event_buffer_size >= 1):
+            raise config_error("event_buffer_size", self.event_buffer_size, "an integer >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["log_dir"] = str(self.log_dir)
+        return data

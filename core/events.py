@@ -1,0 +1,114 @@
+"""Fan-out of run records to async consumers that can never slow the step loop.
+
+The step thread (and the async side) call :meth:`EventHub.publish`, which only appends to a
+bounded per-subscriber buffer under a short lock: it never waits for a consumer and never
+touches the event loop. A consumer that falls behind loses its oldest records, counted in
+:attr:`EventStream.dropped`. Consumers poll their buffer from the event loop, so the hub
+works the same under asyncio and trio.
+
+Example::
+
+    async with optimizer.events() as stream:
+        async for record in stream:
+            if record["event"] == "train_step":
+                ...
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from types import TracebackType
+from typing import Any
+
+import anyio
+
+__all__ = ("EventHub", "EventStream")
+
+Record = dict[str, Any]
+
+
+class EventStream:
+    """An async iterator of records; ends after the run it watches ends."""
+
+    def __init__(self, hub: EventHub, capacity: int, poll_interval_s: float) -> None:
+        self._hub = hub
+        self._buffer: deque[Record] = deque(maxlen=capacity)
+        self._lock = threading.Lock()
+        self._poll_interval_s = poll_interval_s
+        self._closed = False
+        self.dropped = 0
+        """Records this consumer lost because it fell more than ``capacity`` behind."""
+
+    def offer(self, record: Record) -> None:
+        """Called by the producer; drops the oldest record when the buffer is full."""
+        with self._lock:
+            if len(self._buffer) == self._buffer.maxlen:
+                self.dropped += 1
+            self._buffer.append(record)
+
+    def close(self) -> None:
+        """No more records will come; iteration ends once the buffer is drained."""
+        self._closed = True
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> Record:
+        while True:
+            with self._lock:
+                if self._buffer:
+                    return self._buffer.popleft()
+                if self._closed:
+                    raise StopAsyncIteration
+            await anyio.sleep(self._poll_interval_s)
+
+    async def aclose(self) -> None:
+        self._hub.unsubscribe(self)
+        self.close()
+
+    async def __aenter__(self) -> EventStream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+class EventHub:
+    """Thread-safe publisher of records to any number of :class:`EventStream` subscribers."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._streams: list[EventStream] = []
+        self.published = 0
+
+    def subscribe(self, capacity: int = 1024, poll_interval_s: float = 0.01) -> EventStream:
+        stream = EventStream(self, capacity, poll_interval_s)
+        with self._lock:
+            self._streams = [*self._streams, stream]
+        return stream
+
+    def unsubscribe(self, stream: EventStream) -> None:
+        with self._lock:
+            self._streams = [s for s in self._streams if s is not stream]
+
+    def publish(self, record: Record) -> None:
+        self.published += 1
+        for stream in self._streams:  # copy-on-write list: no lock needed to read it
+            stream.offer(record)
+
+    @property
+    def dropped(self) -> int:
+        return sum(s.dropped for s in self._streams)
+
+    def close(self) -> None:
+        """End every current subscription (after its buffered records are read)."""
+        with self._lock:
+            streams, self._streams = self._streams, []
+        for stream in streams:
+            stream.close()

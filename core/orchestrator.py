@@ -1,0 +1,278 @@
+"""The async shell behind ``await optimizer.train()``.
+
+``OptimizedTrainingOptimizer`` owns one task group per run. Epochs and validation run in a
+worker thread (``anyio.to_thread``) so the event loop stays responsive; the step thread
+never waits on the loop (records reach async consumers through ``core.events``). Cancelling
+``train()`` from any anyio cancel scope sets a stop flag: the thread finishes its current
+optimizer step, the run is closed (``run_end`` with ``status="cancelled"``, files closed),
+and the cancellation propagates.
+
+Example::
+
+    optimizer = create_optimized_training_optimizer(model=model, train_loader=loader)
+    results = anyio.run(optimizer.train)
+"""
+
+from __future__ import annotations
+
+import platform
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import torch
+from torch import nn
+
+from core.config import TrainingConfig
+from core.early_stopping import EarlyStopping
+from core.error_handler import ErrorHandler
+from core.events import EventHub, EventStream
+from core.gradient_accumulation import GradientAccumulation
+from core.mixed_precision_training import MixedPrecisionTrainer
+from core.objective import Objective
+from core.results import TrainingResults
+from core.seeding import seed_everything
+from core.step_loop import EpochStats, EvalStats, Scheduler, StepLoop
+from core.strategies import Strategy
+from core.telemetry import RunLog, new_run_id
+
+__all__ = ("OptimizedTrainingOptimizer",)
+
+
+async def _stop_when_cancelled(stop: threading.Event) -> None:
+    try:
+        await anyio.sleep_forever()
+    finally:
+        stop.set()
+
+
+class OptimizedTrainingOptimizer:
+    """Composes precision, accumulation, distribution and error handling into a run."""
+
+    def __init__(
+        self,
+        *,
+        model: nn.Module,
+        train_loader: Iterable[Any],
+        val_loader: Iterable[Any] | None,
+        config: TrainingConfig,
+        mixed_precision: MixedPrecisionTrainer,
+        accumulation: GradientAccumulation,
+        strategy: Strategy,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Scheduler | None,
+        objective: Objective,
+        error_handler: ErrorHandler,
+    ) -> None:
+        self.model = model
+        self.train_loader = train_loader
+        self.val_loader = val_loader
+        self.config = config
+        self.mixed_precision = mixed_precision
+        self.accumulation = accumulation
+        self.strategy = strategy
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.error_handler = error_handler
+        self._hub = EventHub()
+        self._log: RunLog | None = None
+        self._loop = StepLoop(
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            precision=mixed_precision,
+            accumulation=accumulation,
+            strategy=strategy,
+            objective=objective,
+            errors=error_handler,
+            max_grad_norm=config.max_grad_norm,
+            emit=self._emit,
+        )
+        self.early_stopping = EarlyStopping(
+            config.early_stopping_patience, config.early_stopping_min_delta
+        )
+        self.epochs_completed = 0
+        self.run_dir: Path | None = None
+        self._running = False
+
+    # -- public surface -------------------------------------------------------------------
+    @property
+    def global_step(self) -> int:
+        return self._loop.global_step
+
+    def events(self, capacity: int | None = None) -> EventStream:
+        """An async iterator over this run's records (those ``events.jsonl`` receives).
+
+        Subscribe before or during ``train()``; the stream ends after ``run_end``. A consumer
+        more than ``capacity`` records behind loses the oldest ones (``stream.dropped``);
+        training never waits for it.
+        """
+        return self._hub.subscribe(capacity or self.config.event_buffer_size)
+
+    async def train(self) -> TrainingResults:
+        """Run epochs until ``max_epochs``, early stopping, an error or cancellation."""
+        if self._running:
+            raise RuntimeError("train() is already running on this optimizer")
+        self._running = True
+        stop = threading.Event()
+        log = self._open_run()
+        status, error = "failed", None
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_stop_when_cancelled, stop)
+                try:
+                    results = await self._fit(log, stop)
+                except Exception as exc:  # re-raised unwrapped, after the task group closes
+                    error = exc
+                tg.cancel_scope.cancel()
+            if error is not None:
+                raise error
+            status = "completed"
+            return results
+        except anyio.get_cancelled_exc_class():
+            status = "cancelled"
+            raise
+        finally:
+            self._close_run(log, status, error)
+            self._running = False
+
+    # -- the run --------------------------------------------------------------------------
+    async def _fit(self, log: RunLog, stop: threading.Event) -> TrainingResults:
+        cfg = self.config
+        train_loss = val_loss = val_accuracy = best_val = None
+        train_time = 0.0
+        samples = 0
+        stopped_early = False
+        for epoch in range(self.epochs_completed, cfg.max_epochs):
+            stats: EpochStats = await anyio.to_thread.run_sync(
+                self._loop.run_epoch, self.train_loader, epoch, stop
+            )
+            train_time += stats.time_s
+            samples += stats.samples
+            if stats.interrupted:
+                await anyio.lowlevel.checkpoint()  # the cancellation that set `stop` surfaces here
+            train_loss = stats.loss
+            monitored = train_loss
+            if self.val_loader is not None:
+                evaluation: EvalStats = await anyio.to_thread.run_sync(
+                    self._loop.evaluate, self.val_loader, epoch, stop
+                )
+                val_loss, val_accuracy = evaluation.loss, evaluation.accuracy
+                best_val = val_loss if best_val is None else min(best_val, val_loss)
+                monitored = val_loss
+                log.emit(
+                    "validation",
+                    epoch=epoch,
+                    step=self.global_step,
+                    val_loss=val_loss,
+                    val_accuracy=val_accuracy,
+                    samples=evaluation.samples,
+                )
+            self.epochs_completed = epoch + 1
+            stopped_early = monitored is not None and self.early_stopping.update(monitored)
+            log.emit(
+                "epoch_end",
+                epoch=epoch,
+                step=self.global_step,
+                train_loss=train_loss,
+                val_loss=val_loss,
+                val_accuracy=val_accuracy,
+                steps=stats.steps,
+                skipped_steps=stats.skipped_steps,
+                samples=stats.samples,
+                epoch_time_s=stats.time_s,
+                data_time_s=stats.data_time_s,
+                samples_per_s=stats.samples / stats.time_s if stats.time_s else None,
+                early_stopping_bad_epochs=self.early_stopping.bad_epochs,
+            )
+            log.write_json("amp_stats.json", self.mixed_precision.get_amp_stats())
+            if stopped_early:
+                break
+        return TrainingResults(
+            epochs_completed=self.epochs_completed,
+            global_step=self.global_step,
+            best_val_loss=best_val,
+            train_loss=train_loss,
+            val_loss=val_loss,
+            val_accuracy=val_accuracy,
+            stopped_early=stopped_early,
+            samples_per_s=samples / train_time if train_time else 0.0,
+            run_dir=log.run_dir,
+        )
+
+    def _open_run(self) -> RunLog:
+        cfg = self.config
+        run_id = self.strategy.broadcast_object(new_run_id())
+        log = RunLog.create(
+            Path(cfg.log_dir), cfg.experiment_name, run_id, rank=self.strategy.rank, hub=self._hub
+        )
+        self._log = log
+        self.run_dir = log.run_dir
+        if cfg.seed is not None:
+            seed_everything(cfg.seed)
+        resolved = self.describe()
+        log.write_json("config.json", resolved)
+        log.emit(
+            "run_start",
+            config=resolved,
+            torch_version=torch.__version__,
+            python_version=platform.python_version(),
+            device=str(self.strategy.device),
+            precision=self.mixed_precision.precision.name,
+            run_dir=str(log.run_dir),
+        )
+        return log
+
+    def _close_run(self, log: RunLog, status: str, error: BaseException | None) -> None:
+        self._loop.flush()
+        log.write_json("amp_stats.json", self.mixed_precision.get_amp_stats())
+        fields: dict[str, Any] = {
+            "status": status,
+            "epochs_completed": self.epochs_completed,
+            "global_step": self.global_step,
+            "best_metric": self.early_stopping.best,
+            "events_dropped": self._hub.dropped,
+        }
+        if error is not None:
+            fields["error_type"] = type(error).__name__
+            fields["error"] = str(error)
+        (log.error if status == "failed" else log.emit)("run_end", **fields)
+        log.close()
+        self._hub.close()
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        if self._log is not None:
+            self._log.emit(event, **fields)
+
+    def describe(self) -> dict[str, Any]:
+        """The resolved configuration of this job (what ``config.json`` holds)."""
+        model = self.strategy.unwrap(self.model)
+        return {
+            "training": self.config.to_dict(),
+            "mixed_precision": {
+                **{k: _jsonable(v) for k, v in vars(self.mixed_precision.config).items()},
+                "resolved_precision": self.mixed_precision.amp_precision.name,
+            },
+            "gradient_accumulation": vars(self.accumulation.config),
+            "strategy": self.strategy.describe(),
+            "model": type(model).__name__,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "optimizer": type(self.optimizer).__name__,
+            "optimizer_defaults": {k: _jsonable(v) for k, v in self.optimizer.defaults.items()},
+            "scheduler": None if self.scheduler is None else type(self.scheduler).__name__,
+            "loss_fn": _name(self._loop.objective.loss_fn),
+        }
+
+
+def _name(obj: object) -> str:
+    return getattr(obj, "__name__", None) or type(obj).__name__
+
+
+def _jsonable(value: object) -> object:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (tuple, list)):
+        return [_jsonable(v) for v in value]
+    return str(value)

@@ -1,0 +1,29 @@
+"""Tiny models and loaders that train in well under a second on CPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def make_classification(n: int = 256, features: int = 8, seed: int = 0) -> TensorDataset:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, features, generator=generator)
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
+    return TensorDataset(x, y)
+
+
+def make_model(features: int = 8, hidden: int = 16, classes: int = 2, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(features, hidden), nn.Tanh(), nn.Linear(hidden, classes))
+
+
+def loaders(
+    n: int = 256, batch_size: int = 32, shuffle: bool = False, val: bool = True
+) -> tuple[DataLoader[Any], DataLoader[Any] | None]:
+    train = DataLoader(make_classification(n), batch_size=batch_size, shuffle=shuffle)
+    valid = DataLoader(make_classification(64, seed=1), batch_size=32) if val else None
+    return train, valid
