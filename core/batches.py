@@ -53,6 +53,13 @@ def _first_tensor(value: object) -> torch.Tensor | None:
 
 def count_samples(batch: object) -> int:
     """Number of samples in a batch: dimension 0 of its first tensor (targets first)."""
+    if (
+        isinstance(batch, (tuple, list))
+        and len(batch) == 2
+        and isinstance(batch[1], torch.Tensor)
+        and batch[1].ndim > 0
+    ):
+        return int(batch[1].shape[0])  # the common case: (inputs, targets tensor)
     targets = batch[1] if isinstance(batch, (tuple, list)) and len(batch) == 2 else None
     tensor = _first_tensor(targets)
     if tensor is None or tensor.ndim == 0:
@@ -69,7 +76,11 @@ def count_samples(batch: object) -> int:
 def to_device(value: Any, device: torch.device) -> Any:
     """Move every tensor in a nested structure to ``device`` (asynchronously when pinned)."""
     if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=True)
+        return value if value.device == device else value.to(device, non_blocking=True)
+    if type(value) is tuple and all(
+        isinstance(v, torch.Tensor) and v.device == device for v in value
+    ):
+        return value  # fast path: already there
     if isinstance(value, Mapping):
         return {k: to_device(v, device) for k, v in value.items()}
     if isinstance(value, (tuple, list)):

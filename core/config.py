@@ -24,7 +24,9 @@ class TrainingConfig:
     """Epochs, optimizer defaults, early stopping, logging and seeding of one job.
 
     Early stopping watches the validation loss, or the epoch's mean training loss when
-    there is no ``val_loader``; ``early_stopping_patience=None`` turns it off.
+    there is no ``val_loader``; ``early_stopping_patience=None`` turns it off. Records are
+    written to the JSONL log and to ``events()`` every ``log_flush_interval_s`` seconds, at
+    every epoch end and at the end of the run.
     """
 
     experiment_name: str = "experiment"
@@ -37,6 +39,7 @@ class TrainingConfig:
     log_dir: str | Path = "logs"
     seed: int | None = None
     event_buffer_size: int = 1024
+    log_flush_interval_s: float = 0.25
 
     def __post_init__(self) -> None:
         if not (isinstance(self.experiment_name, str) and _SAFE_NAME.match(self.experiment_name)):
@@ -77,6 +80,9 @@ class TrainingConfig:
             raise config_error("seed", self.seed, "None or an integer >= 0")
         if not (_is_int(self.event_buffer_size) and self.event_buffer_size >= 1):
             raise config_error("event_buffer_size", self.event_buffer_size, "an integer >= 1")
+        interval = self.log_flush_interval_s
+        if not (isinstance(interval, (int, float)) and 0 < interval <= 60):
+            raise config_error("log_flush_interval_s", interval, "a number of seconds in (0, 60]")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -87,7 +87,7 @@ class EventHub:
         self._streams: list[EventStream] = []
         self.published = 0
 
-    def subscribe(self, capacity: int = 1024, poll_interval_s: float = 0.01) -> EventStream:
+    def subscribe(self, capacity: int = 1024, poll_interval_s: float = 0.02) -> EventStream:
         stream = EventStream(self, capacity, poll_interval_s)
         with self._lock:
             self._streams = [*self._streams, stream]

@@ -112,6 +112,7 @@ def create_optimized_training_optimizer(
     log_dir: str | Path = "logs",
     seed: int | None = None,
     event_buffer_size: int = 1024,
+    log_flush_interval_s: float = 0.25,
 ) -> OptimizedTrainingOptimizer:
     """Validate every argument, then build the parts and the orchestrator.
 
@@ -139,6 +140,7 @@ def create_optimized_training_optimizer(
         log_dir=log_dir,
         seed=seed,
         event_buffer_size=event_buffer_size,
+        log_flush_interval_s=log_flush_interval_s,
     )
     precision_config = _prefixed_errors("amp_", MixedPrecisionConfig)(
         enable_amp=enable_amp,

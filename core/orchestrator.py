@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import platform
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import torch
@@ -32,6 +32,7 @@ from core.events import EventHub, EventStream
 from core.gradient_accumulation import GradientAccumulation
 from core.mixed_precision_training import MixedPrecisionTrainer
 from core.objective import Objective
+from core.openmp import release_thread_pool
 from core.results import TrainingResults
 from core.seeding import seed_everything
 from core.step_loop import EpochStats, EvalStats, Scheduler, StepLoop
@@ -39,6 +40,25 @@ from core.strategies import Strategy
 from core.telemetry import RunLog, new_run_id
 
 __all__ = ("OptimizedTrainingOptimizer",)
+
+R = TypeVar("R")
+
+
+async def _in_step_thread(fn: Callable[..., R], *args: Any) -> R:
+    """Run ``fn`` in a worker thread after freeing this thread's OpenMP pool (core.openmp)."""
+    release_thread_pool()
+    return await anyio.to_thread.run_sync(fn, *args)
+
+
+async def _drain_periodically(log: RunLog, interval_s: float) -> None:
+    """Write queued records from the event loop, so the step thread never does I/O.
+
+    Each drain competes for a core with the step; a quarter of a second keeps that cost
+    below 1% on a 2-core CPU while the log and ``events()`` stay near-live.
+    """
+    while True:
+        await anyio.sleep(interval_s)
+        log.drain()
 
 
 async def _stop_when_cancelled(stop: threading.Event) -> None:
@@ -122,6 +142,7 @@ class OptimizedTrainingOptimizer:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_stop_when_cancelled, stop)
+                tg.start_soon(_drain_periodically, log, self.config.log_flush_interval_s)
                 try:
                     results = await self._fit(log, stop)
                 except Exception as exc:  # re-raised unwrapped, after the task group closes
@@ -146,7 +167,7 @@ class OptimizedTrainingOptimizer:
         samples = 0
         stopped_early = False
         for epoch in range(self.epochs_completed, cfg.max_epochs):
-            stats: EpochStats = await anyio.to_thread.run_sync(
+            stats: EpochStats = await _in_step_thread(
                 self._loop.run_epoch, self.train_loader, epoch, stop
             )
             train_time += stats.time_s
@@ -156,7 +177,7 @@ class OptimizedTrainingOptimizer:
             train_loss = stats.loss
             monitored = train_loss
             if self.val_loader is not None:
-                evaluation: EvalStats = await anyio.to_thread.run_sync(
+                evaluation: EvalStats = await _in_step_thread(
                     self._loop.evaluate, self.val_loader, epoch, stop
                 )
                 val_loss, val_accuracy = evaluation.loss, evaluation.accuracy
@@ -188,6 +209,7 @@ class OptimizedTrainingOptimizer:
                 early_stopping_bad_epochs=self.early_stopping.bad_epochs,
             )
             log.write_json("amp_stats.json", self.mixed_precision.get_amp_stats())
+            log.drain()
             if stopped_early:
                 break
         return TrainingResults(

@@ -31,38 +31,57 @@ class StepScalars:
 
 
 class Readback:
-    """One step's device scalars on their way to the host."""
+    """One step's device scalars on their way to the host.
 
-    __slots__ = ("_event", "_has_scale", "_host")
+    ``micro_losses`` are the (detached, 0-d) mean losses of the window's micro-batches and
+    ``micro_samples`` their sample counts; the window's loss is their weighted mean,
+    computed on the host so the step pays for no extra device ops. On CPU the values are
+    read at once (there is nothing to wait for); on CUDA they are packed into one tensor,
+    copied to pinned memory without blocking, and read after an event says they landed.
+    """
+
+    __slots__ = ("_event", "_has_flag", "_has_scale", "_host", "_micro_samples", "_values")
 
     def __init__(
         self,
-        loss: torch.Tensor,
+        micro_losses: list[torch.Tensor],
+        micro_samples: list[int],
         grad_norm: torch.Tensor,
         found_inf: torch.Tensor | None,
         loss_scale: torch.Tensor | None,
     ) -> None:
-        parts = [loss, grad_norm, found_inf if found_inf is not None else torch.zeros_like(loss)]
+        parts = [*micro_losses, grad_norm]
+        self._has_flag = found_inf is not None
+        self._has_scale = loss_scale is not None
+        if found_inf is not None:
+            parts.append(found_inf)
         if loss_scale is not None:
             parts.append(loss_scale)
-        self._has_scale = loss_scale is not None
-        packed = torch.stack([p.detach().reshape(()).float() for p in parts])
-        self._host = packed.to("cpu", non_blocking=True)
+        self._micro_samples = micro_samples
         self._event: torch.cuda.Event | None = None
-        if packed.device.type == "cuda":
+        self._values: list[float] | None = None
+        if grad_norm.device.type == "cpu":
+            self._values = [float(p) for p in parts]
+            return
+        self._host = torch.stack(parts).to("cpu", non_blocking=True)
+        if grad_norm.device.type == "cuda":
             self._event = torch.cuda.Event()
             self._event.record()
 
     def read(self) -> StepScalars:
-        if self._event is not None:
-            # Host sync, lagged: waits for the step this readback belongs to, not for later ones.
-            self._event.synchronize()
-        values = self._host.tolist()
-        overflow = values[2] > 0
+        values = self._values
+        if values is None:
+            if self._event is not None:
+                # Host sync, lagged: waits for the step this readback belongs to, not later ones.
+                self._event.synchronize()
+            values = self._host.tolist()
+        n = len(self._micro_samples)
+        loss = sum(v * k for v, k in zip(values[:n], self._micro_samples, strict=True))
+        skipped = self._has_flag and values[n + 1] > 0
         return StepScalars(
-            loss=values[0],
-            grad_norm=values[1],
-            overflow=overflow and self._has_scale,
-            skipped=overflow,
-            loss_scale=values[3] if self._has_scale else None,
+            loss=loss / sum(self._micro_samples),
+            grad_norm=values[n],
+            overflow=skipped and self._has_scale,
+            skipped=skipped,
+            loss_scale=values[-1] if self._has_scale else None,
         )

@@ -145,7 +145,8 @@ class StepLoop:
     def _optimizer_step(self, window: Window, epoch: int, data_time: float, tick: float) -> None:
         precision = self.precision.begin_step()
         normaliser = self.strategy.window_normaliser(window.samples)
-        loss_sum: torch.Tensor | None = None
+        losses: list[torch.Tensor] = []
+        sizes: list[int] = []
         for micro in self.accumulation.micro_batches(window):
             batch = to_device(micro.data, self.device)
             with self.accumulation.sync_context(micro):
@@ -155,9 +156,8 @@ class StepLoop:
                     loss, epoch=epoch, batch_index=window.first_batch_index
                 )
                 precision.backward(loss * (micro.samples / normaliser))
-            contribution = loss.detach().float() * micro.samples
-            loss_sum = contribution if loss_sum is None else loss_sum + contribution
-        assert loss_sum is not None  # a window always holds at least one micro-batch
+            losses.append(loss.detach().float())
+            sizes.append(micro.samples)
 
         grads = [p.grad for p in self.params if p.grad is not None]
         found_inf = precision.unscale_(grads)
@@ -170,7 +170,7 @@ class StepLoop:
         self._resolve_pending()  # step N-1: read back, step the scheduler if it was applied
         lr = float(self.optimizer.param_groups[0]["lr"])
         self.stepper.step(found_inf)
-        readback = Readback(loss_sum / window.samples, grad_norm, found_inf, precision.loss_scale)
+        readback = Readback(losses, sizes, grad_norm, found_inf, precision.loss_scale)
         precision.update(found_inf)
         self.optimizer.zero_grad(set_to_none=True)
 

@@ -2,21 +2,30 @@
 
 ``logs/<experiment>/<run_id>/`` holds ``events.jsonl`` (rank 0; rank N > 0 writes
 ``events.rank<N>.jsonl``), ``config.json`` and ``amp_stats.json``. Every record carries
-``event``, ``level``, ``ts`` (ISO 8601, UTC), ``run_id`` and ``rank``. The same records go
-to the :class:`~core.events.EventHub`, so ``optimizer.events()`` sees exactly what the log
-gets.
+``event``, ``ts`` (ISO 8601, UTC, taken when the record was emitted), ``level``, ``run_id``
+and ``rank``. The same records go to the :class:`~core.events.EventHub`, so
+``optimizer.events()`` sees exactly what the log gets, in the same order.
+
+``emit`` is cheap and safe from any thread: it stamps the time and appends the fields to a
+queue. ``drain`` renders the queued records through structlog (orjson renderer), writes
+them and flushes; the orchestrator drains from the event loop every 50 ms, at every epoch
+end, before every checkpoint and at the end of the run, so the step thread does no I/O and
+no JSON work. If records pile up (an event loop blocked by someone else), ``emit`` drains
+itself rather than grow without bound.
 
 Each run gets its own structlog logger over its own file: ``core`` never calls
-``structlog.configure()``, so an application's own logging setup is left alone. Writes are
-flushed per record (a killed process keeps every line it logged) and are thread-safe.
+``structlog.configure()``, so an application's own logging setup is left alone.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+import threading
 import time
+from collections import deque
 from collections.abc import MutableMapping
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
 
@@ -26,6 +35,9 @@ import structlog
 from core.events import EventHub
 
 __all__ = ("RunLog", "new_run_id")
+
+_MAX_QUEUED = 10_000
+_Queued = tuple[str, str, float, dict[str, Any]]
 
 
 def new_run_id() -> str:
@@ -41,6 +53,10 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 class RunLog:
     """Opens the run directory and writes records to its JSONL file."""
 
@@ -52,14 +68,15 @@ class RunLog:
         name = "events.jsonl" if rank == 0 else f"events.rank{rank}.jsonl"
         self.events_path = run_dir / name
         self._file: IO[bytes] = self.events_path.open("ab")
-        self._hub = hub
+        self._queue: deque[_Queued] = deque()
+        self._drain_lock = threading.Lock()
 
-        def publish(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:
+        def publish(_: Any, level: str, event_dict: MutableMapping[str, Any]) -> Any:
             # Name, time and level first, so a line reads well in a terminal.
             record = {
                 "event": event_dict.pop("event"),
-                "ts": event_dict.pop("ts"),
-                "level": event_dict.pop("level"),
+                "ts": _iso(event_dict.pop("_ts")),
+                "level": level,
                 **event_dict,
             }
             hub.publish(record)
@@ -67,12 +84,7 @@ class RunLog:
 
         self._log = structlog.wrap_logger(
             structlog.BytesLogger(self._file),
-            processors=[
-                structlog.processors.add_log_level,
-                structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
-                publish,
-                structlog.processors.JSONRenderer(serializer=_orjson_dumps),
-            ],
+            processors=[publish, structlog.processors.JSONRenderer(serializer=_orjson_dumps)],
             wrapper_class=structlog.make_filtering_bound_logger(0),
             context_class=dict,
             cache_logger_on_first_use=True,
@@ -85,14 +97,28 @@ class RunLog:
         return cls(log_dir / experiment / run_id, run_id=run_id, rank=rank, hub=hub)
 
     def emit(self, event: str, **fields: Any) -> None:
-        """Write one ``info`` record (thread-safe)."""
-        self._log.info(event, **fields)
+        """Queue one ``info`` record (any thread; no I/O unless the queue is full)."""
+        self._queue.append((event, "info", time.time(), fields))
+        if len(self._queue) > _MAX_QUEUED:
+            self.drain()
 
     def warning(self, event: str, **fields: Any) -> None:
-        self._log.warning(event, **fields)
+        self._queue.append((event, "warning", time.time(), fields))
 
     def error(self, event: str, **fields: Any) -> None:
-        self._log.error(event, **fields)
+        self._queue.append((event, "error", time.time(), fields))
+
+    def drain(self) -> int:
+        """Render, write and flush every queued record, in order; return how many."""
+        with self._drain_lock:
+            if self._file.closed:
+                return 0
+            count = 0
+            while self._queue:
+                event, level, ts, fields = self._queue.popleft()
+                getattr(self._log, level)(event, _ts=ts, **fields)
+                count += 1
+            return count
 
     def write_json(self, name: str, payload: Any) -> Path:
         """Write ``payload`` as pretty JSON next to the event log (rank 0's name kept)."""
@@ -102,9 +128,11 @@ class RunLog:
         return target
 
     def close(self) -> None:
-        if not self._file.closed:
-            self._file.flush()
-            self._file.close()
+        """Drain what is queued, then close the file (idempotent)."""
+        self.drain()
+        with self._drain_lock:
+            if not self._file.closed:
+                self._file.close()
 
     @property
     def closed(self) -> bool:

@@ -54,9 +54,9 @@ class EmailSequenceDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     subject contains any token in :data:`OFFER_TOKENS` (ids 1-8). The recipient
     converts if either
 
-    * **(A) evening offer with fast follow-up**: some offer email was sent in the
-      evening (hour 17-21 inclusive) *and* the next email followed it within
-      3 days (the next email's gap is ``<= 3``); or
+    * **(A) fast evening follow-up offer**: some offer email other than the first
+      was sent in the evening (hour 17-21 inclusive) *and* within 3 days of the
+      previous email (its gap is ``<= 3``); or
     * **(B) repeated offers**: at least 3 of the recipient's emails are offer
       emails.
 
@@ -141,9 +141,9 @@ class EmailSequenceDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         # Planted rule, computed from the final features.
         is_offer = torch.isin(tokens, offer_ids).any(dim=-1) & present  # [n, m]
         is_evening = (hours >= lo) & (hours <= hi) & present
-        next_fast = torch.zeros_like(present)
-        next_fast[:, :-1] = present[:, 1:] & (gaps[:, 1:] <= FAST_FOLLOW_UP_DAYS)
-        rule_a = (is_offer & is_evening & next_fast).any(dim=1)
+        is_follow_up = present & (torch.arange(m) > 0).unsqueeze(0)
+        is_fast = is_follow_up & (gaps <= FAST_FOLLOW_UP_DAYS)
+        rule_a = (is_offer & is_evening & is_fast).any(dim=1)
         rule_b = is_offer.sum(dim=1) >= _MIN_OFFER_EMAILS
         clean = rule_a | rule_b
 

@@ -22,7 +22,9 @@ class TransformerBlock(nn.Module):
         mlp_ratio: Hidden width of the feed-forward layer relative to ``d_model``.
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.1, mlp_ratio: int = 4) -> None:
+    def __init__(
+        self, d_model: int, n_heads: int, dropout: float = 0.1, mlp_ratio: int = 4
+    ) -> None:
         super().__init__()
         if d_model % n_heads != 0:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
@@ -91,7 +93,7 @@ class EmailSequenceModel(nn.Module):
         num_classes: Number of output logits.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 - the public signature is positional by design
         self,
         vocab_size: int = 512,
         max_emails: int = 8,
@@ -111,7 +113,9 @@ class EmailSequenceModel(nn.Module):
         self.gap_emb = nn.Embedding(_NUM_GAP_BUCKETS, d_model)
         self.pos_emb = nn.Embedding(max_emails, d_model)
         self.emb_drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(TransformerBlock(d_model, n_heads, dropout) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(
+            TransformerBlock(d_model, n_heads, dropout) for _ in range(n_layers)
+        )
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, num_classes)
         self.reset_parameters()
@@ -153,4 +157,5 @@ class EmailSequenceModel(nn.Module):
 
         weights = present.unsqueeze(-1).to(x.dtype)
         pooled = (x * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
-        return self.head(self.norm(pooled))
+        logits: torch.Tensor = self.head(self.norm(pooled))
+        return logits
