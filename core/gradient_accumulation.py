@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from core.batches import count_samples, split_batch
 from core.errors import config_error
@@ -64,25 +64,22 @@ class GradientAccumulationConfig:
             )
 
 
-@dataclass(frozen=True, slots=True)
-class MicroBatch:
+class MicroBatch(NamedTuple):
+    """One forward/backward pass (a tuple: cheap to build on every step)."""
+
     data: Any
     samples: int
     is_last: bool
     """True for the window's last micro-batch: its backward synchronises gradients."""
 
 
-@dataclass(frozen=True, slots=True)
-class Window:
+class Window(NamedTuple):
     """The loader batches of one optimizer step."""
 
     batches: list[Any]
     sizes: list[int]
     first_batch_index: int
-    samples: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "samples", sum(self.sizes))
+    samples: int
 
 
 class GradientAccumulation:
@@ -116,16 +113,22 @@ class GradientAccumulation:
             pending.append(batch)
             sizes.append(count_samples(batch))
             if len(pending) == self.accumulation_steps:
-                yield Window(pending, sizes, first)
+                yield Window(pending, sizes, first, sum(sizes))
                 pending, sizes = [], []
         if pending:
-            yield Window(pending, sizes, first)
+            yield Window(pending, sizes, first, sum(sizes))
 
     def micro_batches(self, window: Window) -> list[MicroBatch]:
         """The window's micro-batches in order; only the last one has ``is_last``."""
+        if self.micro_batch_size is None:  # the common case: one micro-batch per loader batch
+            last = len(window.batches) - 1
+            return [
+                MicroBatch(batch, size, i == last)
+                for i, (batch, size) in enumerate(zip(window.batches, window.sizes, strict=True))
+            ]
         chunks: list[tuple[Any, int]] = []
         for batch, size in zip(window.batches, window.sizes, strict=True):
-            if self.micro_batch_size is None or size <= self.micro_batch_size:
+            if size <= self.micro_batch_size:
                 chunks.append((batch, size))
             else:
                 chunks.extend(

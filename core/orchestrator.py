@@ -45,9 +45,16 @@ R = TypeVar("R")
 
 
 async def _in_step_thread(fn: Callable[..., R], *args: Any) -> R:
-    """Run ``fn`` in a worker thread after freeing this thread's OpenMP pool (core.openmp)."""
-    release_thread_pool()
-    return await anyio.to_thread.run_sync(fn, *args)
+    """Run ``fn`` in a worker thread, with one OpenMP pool alive at a time (core.openmp)."""
+    release_thread_pool()  # the event loop thread's, before the step thread builds its own
+    return await anyio.to_thread.run_sync(_releasing_pool, fn, *args)
+
+
+def _releasing_pool(fn: Callable[..., R], *args: Any) -> R:
+    try:
+        return fn(*args)
+    finally:
+        release_thread_pool()  # the step thread's: the application's own torch code stays fast
 
 
 async def _drain_periodically(log: RunLog, interval_s: float) -> None:

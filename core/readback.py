@@ -10,15 +10,14 @@ and the read is immediate.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 __all__ = ("Readback", "StepScalars")
 
 
-@dataclass(frozen=True, slots=True)
-class StepScalars:
+class StepScalars(NamedTuple):
     """Host values of one optimizer step."""
 
     loss: float

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -65,8 +65,7 @@ class EvalStats:
     samples: int
 
 
-@dataclass(frozen=True, slots=True)
-class _Pending:
+class _Pending(NamedTuple):
     """A finished step whose device scalars are still on their way to the host."""
 
     readback: Readback

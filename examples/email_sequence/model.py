@@ -93,7 +93,7 @@ class EmailSequenceModel(nn.Module):
         num_classes: Number of output logits.
     """
 
-    def __init__(  # noqa: PLR0917 - the public signature is positional by design
+    def __init__(
         self,
         vocab_size: int = 512,
         max_emails: int = 8,
