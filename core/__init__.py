@@ -23,6 +23,8 @@ from core.errors import (
 from core.events import EventStream
 from core.gradient_accumulation import GradientAccumulation, GradientAccumulationConfig
 from core.mixed_precision_training import MixedPrecisionConfig, MixedPrecisionTrainer
+from core.multi_gpu_config import MultiGPUConfig
+from core.multi_gpu_training import MultiGPUTrainer
 from core.optimized_training_optimizer import (
     OptimizedTrainingOptimizer,
     create_optimized_training_optimizer,
@@ -42,6 +44,8 @@ __all__ = (
     "LossFormatError",
     "MixedPrecisionConfig",
     "MixedPrecisionTrainer",
+    "MultiGPUConfig",
+    "MultiGPUTrainer",
     "OptimizedTrainingOptimizer",
     "TrainingConfig",
     "TrainingResults",

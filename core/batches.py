@@ -14,7 +14,7 @@ import torch
 
 from core.errors import BatchFormatError
 
-__all__ = ("count_samples", "describe", "is_pair", "split_batch", "to_device")
+__all__ = ("count_samples", "describe", "is_pair", "split_batch", "take_samples", "to_device")
 
 
 def is_pair(batch: object) -> bool:
@@ -111,3 +111,18 @@ def split_batch(batch: Any, max_size: int) -> list[Any]:
         return [batch]
     sections = -(-size // max_size)
     return _split(batch, size, sections)
+
+
+def _take(value: Any, size: int, keep: int) -> Any:
+    if isinstance(value, torch.Tensor) and value.ndim > 0 and value.shape[0] == size:
+        return value[:keep]
+    if isinstance(value, Mapping):
+        return {k: _take(v, size, keep) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(_take(v, size, keep) for v in value)
+    return value
+
+
+def take_samples(batch: Any, keep: int) -> Any:
+    """The first ``keep`` samples of a batch (views, no copy)."""
+    return _take(batch, count_samples(batch), keep)

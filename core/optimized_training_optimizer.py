@@ -25,11 +25,11 @@ from core.error_handler import ErrorHandler
 from core.errors import ConfigError, EmptyLoaderError, config_error
 from core.gradient_accumulation import GradientAccumulation, GradientAccumulationConfig
 from core.mixed_precision_training import AmpDtype, MixedPrecisionConfig, MixedPrecisionTrainer
+from core.multi_gpu_training import MultiGPUConfig, MultiGPUTrainer
 from core.objective import LossFn, Objective
 from core.optim_step import default_optimizer
 from core.orchestrator import OptimizedTrainingOptimizer
 from core.step_loop import Scheduler
-from core.strategies import Strategy
 
 __all__ = ("OptimizedTrainingOptimizer", "create_optimized_training_optimizer")
 
@@ -75,14 +75,6 @@ def _prefixed_errors(prefix: str, build: Callable[..., T]) -> Callable[..., T]:
     return wrapper
 
 
-def _default_device() -> torch.device:
-    return (
-        torch.device("cuda", torch.cuda.current_device())
-        if torch.cuda.is_available()
-        else torch.device("cpu")
-    )
-
-
 def create_optimized_training_optimizer(
     *,
     model: nn.Module,
@@ -113,6 +105,8 @@ def create_optimized_training_optimizer(
     seed: int | None = None,
     event_buffer_size: int = 1024,
     log_flush_interval_s: float = 0.25,
+    multi_gpu_config: MultiGPUConfig | None = None,
+    use_distributed_sampler: bool = True,
 ) -> OptimizedTrainingOptimizer:
     """Validate every argument, then build the parts and the orchestrator.
 
@@ -120,7 +114,9 @@ def create_optimized_training_optimizer(
     AdamW with ``learning_rate`` and ``weight_decay``, fused where supported); ``scheduler``
     takes that optimizer and returns an LR scheduler stepped once per applied optimizer
     step. ``loss_fn`` defaults to ``CrossEntropyLoss()``; dict batches use the model's own
-    loss instead.
+    loss instead. ``multi_gpu_config`` chooses where the job runs (default: auto, see
+    ``core.multi_gpu_training``); under DDP/FSDP2 a plain DataLoader is rebuilt with a
+    DistributedSampler unless ``use_distributed_sampler=False``.
     """
     _check_model(model)
     _check_loader(train_loader, "train_loader")
@@ -154,14 +150,50 @@ def create_optimized_training_optimizer(
         min_scale=amp_min_scale,
         max_scale=amp_max_scale,
     )
-    strategy = Strategy(_default_device())
-    strategy.setup()
-    wrapped = strategy.wrap_model(model)
-    params = [p for p in wrapped.parameters() if p.requires_grad]
-    if not params:
+    if not any(p.requires_grad for p in model.parameters()):
         raise config_error("model", type(model).__name__, "a module with trainable parameters")
+    trainer = MultiGPUTrainer(
+        multi_gpu_config, use_distributed_sampler=use_distributed_sampler, seed=seed or 0
+    )
+    trainer.setup()
+    try:
+        return _compose(
+            trainer,
+            model,
+            train_loader,
+            val_loader,
+            config,
+            precision_config,
+            gradient_accumulation_config,
+            loss_fn,
+            optimizer,
+            scheduler,
+        )
+    except BaseException:
+        trainer.cleanup()
+        raise
+
+
+def _compose(
+    trainer: MultiGPUTrainer,
+    model: nn.Module,
+    train_loader: Iterable[Any],
+    val_loader: Iterable[Any] | None,
+    config: TrainingConfig,
+    precision_config: MixedPrecisionConfig,
+    accumulation_config: GradientAccumulationConfig | None,
+    loss_fn: LossFn | None,
+    optimizer: OptimizerFactory | None,
+    scheduler: SchedulerFactory | None,
+) -> OptimizedTrainingOptimizer:
+    """Place the model, build optimizer and scheduler on the placed parameters, compose."""
+    mixed_precision = MixedPrecisionTrainer(precision_config, trainer.device)
+    wrapped = trainer.initialize_training(model, mixed_precision.amp_precision.dtype)
+    params = [p for p in wrapped.parameters() if p.requires_grad]
     built_optimizer = (
-        optimizer(params) if optimizer else default_optimizer(params, learning_rate, weight_decay)
+        optimizer(params)
+        if optimizer
+        else default_optimizer(params, config.learning_rate, config.weight_decay)
     )
     if not isinstance(built_optimizer, torch.optim.Optimizer):
         raise config_error(
@@ -172,12 +204,12 @@ def create_optimized_training_optimizer(
         raise config_error("scheduler", built_scheduler, "a callable returning an LR scheduler")
     return OptimizedTrainingOptimizer(
         model=wrapped,
-        train_loader=strategy.prepare_loader(train_loader, train=True),
-        val_loader=None if val_loader is None else strategy.prepare_loader(val_loader, train=False),
+        train_loader=trainer.prepare_loader(train_loader, train=True),
+        val_loader=None if val_loader is None else trainer.prepare_loader(val_loader, train=False),
         config=config,
-        mixed_precision=MixedPrecisionTrainer(precision_config, strategy.device),
-        accumulation=GradientAccumulation(gradient_accumulation_config),
-        strategy=strategy,
+        mixed_precision=mixed_precision,
+        accumulation=GradientAccumulation(accumulation_config),
+        multi_gpu_trainer=trainer,
         optimizer=built_optimizer,
         scheduler=built_scheduler,
         objective=Objective(loss_fn or nn.CrossEntropyLoss()),

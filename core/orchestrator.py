@@ -31,12 +31,12 @@ from core.error_handler import ErrorHandler
 from core.events import EventHub, EventStream
 from core.gradient_accumulation import GradientAccumulation
 from core.mixed_precision_training import MixedPrecisionTrainer
+from core.multi_gpu_training import MultiGPUTrainer
 from core.objective import Objective
 from core.openmp import release_thread_pool
-from core.results import TrainingResults
+from core.results import RunProgress, TrainingResults
 from core.seeding import seed_everything
 from core.step_loop import EpochStats, EvalStats, Scheduler, StepLoop
-from core.strategies import Strategy
 from core.telemetry import RunLog, new_run_id
 
 __all__ = ("OptimizedTrainingOptimizer",)
@@ -68,6 +68,13 @@ async def _drain_periodically(log: RunLog, interval_s: float) -> None:
         log.drain()
 
 
+async def _stopped() -> bool:
+    """After the ranks agreed to stop: re-raise this task's cancellation if it was cancelled;
+    otherwise another rank asked to stop, and this one ends its run as interrupted."""
+    await anyio.lowlevel.checkpoint()
+    return True
+
+
 async def _stop_when_cancelled(stop: threading.Event) -> None:
     try:
         await anyio.sleep_forever()
@@ -87,7 +94,7 @@ class OptimizedTrainingOptimizer:
         config: TrainingConfig,
         mixed_precision: MixedPrecisionTrainer,
         accumulation: GradientAccumulation,
-        strategy: Strategy,
+        multi_gpu_trainer: MultiGPUTrainer,
         optimizer: torch.optim.Optimizer,
         scheduler: Scheduler | None,
         objective: Objective,
@@ -99,7 +106,8 @@ class OptimizedTrainingOptimizer:
         self.config = config
         self.mixed_precision = mixed_precision
         self.accumulation = accumulation
-        self.strategy = strategy
+        self.multi_gpu_trainer = multi_gpu_trainer
+        self.strategy = strategy = multi_gpu_trainer.strategy
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.error_handler = error_handler
@@ -128,6 +136,10 @@ class OptimizedTrainingOptimizer:
     @property
     def global_step(self) -> int:
         return self._loop.global_step
+
+    def close(self) -> None:
+        """Release the process group this job created (call once, after the last train())."""
+        self.multi_gpu_trainer.cleanup()
 
     def events(self, capacity: int | None = None) -> EventStream:
         """An async iterator over this run's records (those ``events.jsonl`` receives).
@@ -168,68 +180,71 @@ class OptimizedTrainingOptimizer:
 
     # -- the run --------------------------------------------------------------------------
     async def _fit(self, log: RunLog, stop: threading.Event) -> TrainingResults:
-        cfg = self.config
-        train_loss = val_loss = val_accuracy = best_val = None
-        train_time = 0.0
-        samples = 0
-        stopped_early = False
-        for epoch in range(self.epochs_completed, cfg.max_epochs):
+        progress = RunProgress()
+        for epoch in range(self.epochs_completed, self.config.max_epochs):
             stats: EpochStats = await _in_step_thread(
                 self._loop.run_epoch, self.train_loader, epoch, stop
             )
-            train_time += stats.time_s
-            samples += stats.samples
+            progress.add_epoch(stats.samples, stats.time_s)
             if stats.interrupted:
-                await anyio.lowlevel.checkpoint()  # the cancellation that set `stop` surfaces here
-            train_loss = stats.loss
-            monitored = train_loss
+                progress.interrupted = await _stopped()
+                break
+            progress.train_loss = monitored = self._mean_over_ranks(stats.loss_sum, stats.samples)
             if self.val_loader is not None:
                 evaluation: EvalStats = await _in_step_thread(
                     self._loop.evaluate, self.val_loader, epoch, stop
                 )
-                val_loss, val_accuracy = evaluation.loss, evaluation.accuracy
-                best_val = val_loss if best_val is None else min(best_val, val_loss)
-                monitored = val_loss
+                if evaluation.interrupted:
+                    progress.interrupted = await _stopped()
+                    break
+                progress.add_validation(evaluation.loss, evaluation.accuracy)
+                monitored = evaluation.loss
                 log.emit(
                     "validation",
                     epoch=epoch,
                     step=self.global_step,
-                    val_loss=val_loss,
-                    val_accuracy=val_accuracy,
+                    val_loss=evaluation.loss,
+                    val_accuracy=evaluation.accuracy,
                     samples=evaluation.samples,
                 )
             self.epochs_completed = epoch + 1
-            stopped_early = monitored is not None and self.early_stopping.update(monitored)
-            log.emit(
-                "epoch_end",
-                epoch=epoch,
-                step=self.global_step,
-                train_loss=train_loss,
-                val_loss=val_loss,
-                val_accuracy=val_accuracy,
-                steps=stats.steps,
-                skipped_steps=stats.skipped_steps,
-                samples=stats.samples,
-                epoch_time_s=stats.time_s,
-                data_time_s=stats.data_time_s,
-                samples_per_s=stats.samples / stats.time_s if stats.time_s else None,
-                early_stopping_bad_epochs=self.early_stopping.bad_epochs,
+            # Rank 0 decides, every rank follows: no rank is left waiting in a collective.
+            progress.stopped_early = self.strategy.broadcast_object(
+                self.early_stopping.update(monitored)
             )
-            log.write_json("amp_stats.json", self.mixed_precision.get_amp_stats())
-            log.drain()
-            if stopped_early:
+            self.multi_gpu_trainer.record_epoch(stats.samples, stats.time_s)
+            self._end_epoch(log, epoch, stats, progress)
+            if progress.stopped_early:
                 break
-        return TrainingResults(
+        return progress.results(
             epochs_completed=self.epochs_completed,
             global_step=self.global_step,
-            best_val_loss=best_val,
-            train_loss=train_loss,
-            val_loss=val_loss,
-            val_accuracy=val_accuracy,
-            stopped_early=stopped_early,
-            samples_per_s=samples / train_time if train_time else 0.0,
             run_dir=log.run_dir,
         )
+
+    def _mean_over_ranks(self, total: float, count: int) -> float:
+        sums = self.strategy.all_reduce_sum(torch.tensor([total, count], dtype=torch.float64))
+        return float(sums[0] / sums[1])
+
+    def _end_epoch(self, log: RunLog, epoch: int, stats: EpochStats, progress: RunProgress) -> None:
+        log.emit(
+            "epoch_end",
+            epoch=epoch,
+            step=self.global_step,
+            train_loss=progress.train_loss,
+            val_loss=progress.val_loss,
+            val_accuracy=progress.val_accuracy,
+            steps=stats.steps,
+            skipped_steps=stats.skipped_steps,
+            samples=stats.samples,
+            epoch_time_s=stats.time_s,
+            data_time_s=stats.data_time_s,
+            samples_per_s=stats.samples / stats.time_s if stats.time_s else None,
+            early_stopping_bad_epochs=self.early_stopping.bad_epochs,
+            stopped_early=progress.stopped_early,
+        )
+        log.write_json("amp_stats.json", self.mixed_precision.get_amp_stats())
+        log.drain()
 
     def _open_run(self) -> RunLog:
         cfg = self.config
@@ -285,7 +300,7 @@ class OptimizedTrainingOptimizer:
                 "resolved_precision": self.mixed_precision.amp_precision.name,
             },
             "gradient_accumulation": vars(self.accumulation.config),
-            "strategy": self.strategy.describe(),
+            "strategy": self.multi_gpu_trainer.get_training_info(),
             "model": type(model).__name__,
             "parameters": sum(p.numel() for p in model.parameters()),
             "optimizer": type(self.optimizer).__name__,

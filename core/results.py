@@ -1,4 +1,4 @@
-"""What ``await optimizer.train()`` returns."""
+"""What ``await optimizer.train()`` returns, and the running tally it is built from."""
 
 from __future__ import annotations
 
@@ -6,17 +6,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ("TrainingResults",)
+__all__ = ("RunProgress", "TrainingResults")
 
 
 @dataclass(frozen=True)
 class TrainingResults:
     """The outcome of one training run.
 
-    ``train_loss`` / ``val_loss`` / ``val_accuracy`` are those of the last completed epoch;
-    ``val_accuracy`` is None unless targets are class indices; ``best_val_loss`` is None
-    without a ``val_loader``. ``samples_per_s`` counts training samples over training time
-    (validation excluded).
+    ``train_loss`` / ``val_loss`` / ``val_accuracy`` are those of the last completed epoch
+    (under DDP/FSDP2 averaged over all ranks); ``val_accuracy`` is None unless targets are
+    class indices; ``best_val_loss`` is None without a ``val_loader``. ``samples_per_s``
+    counts this rank's training samples over training time (validation excluded).
+    ``interrupted`` is True when another rank stopped the job (this rank was not cancelled).
     """
 
     epochs_completed: int
@@ -28,8 +29,45 @@ class TrainingResults:
     stopped_early: bool
     samples_per_s: float
     run_dir: Path
+    interrupted: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["run_dir"] = str(self.run_dir)
         return data
+
+
+@dataclass
+class RunProgress:
+    """Tally kept by the orchestrator while epochs complete."""
+
+    train_loss: float | None = None
+    val_loss: float | None = None
+    val_accuracy: float | None = None
+    best_val_loss: float | None = None
+    stopped_early: bool = False
+    interrupted: bool = False
+    samples: int = 0
+    train_time_s: float = 0.0
+
+    def add_epoch(self, samples: int, time_s: float) -> None:
+        self.samples += samples
+        self.train_time_s += time_s
+
+    def add_validation(self, loss: float, accuracy: float | None) -> None:
+        self.val_loss, self.val_accuracy = loss, accuracy
+        self.best_val_loss = loss if self.best_val_loss is None else min(self.best_val_loss, loss)
+
+    def results(self, *, epochs_completed: int, global_step: int, run_dir: Path) -> TrainingResults:
+        return TrainingResults(
+            epochs_completed=epochs_completed,
+            global_step=global_step,
+            best_val_loss=self.best_val_loss,
+            train_loss=self.train_loss,
+            val_loss=self.val_loss,
+            val_accuracy=self.val_accuracy,
+            stopped_early=self.stopped_early,
+            samples_per_s=self.samples / self.train_time_s if self.train_time_s else 0.0,
+            run_dir=run_dir,
+            interrupted=self.interrupted,
+        )

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from core.batches import count_samples, to_device
+from core.batches import count_samples, take_samples, to_device
 from core.error_handler import ErrorHandler
 from core.errors import EmptyLoaderError
 from core.gradient_accumulation import GradientAccumulation, Window
@@ -63,6 +63,7 @@ class EvalStats:
     loss: float
     accuracy: float | None
     samples: int
+    interrupted: bool = False
 
 
 class _Pending(NamedTuple):
@@ -129,9 +130,10 @@ class StepLoop:
             data_time = perf_counter() - tick
             self._optimizer_step(window, epoch, data_time, tick)
             tick = perf_counter()
-            if stop.is_set():
+            if self.strategy.should_stop(stop.is_set()):  # agreed by all ranks
                 stats.interrupted = True
                 break
+        stats.interrupted |= self.strategy.settle_stop_votes()
         self.flush()
         stats.time_s = perf_counter() - started
         if stats.steps == 0 and not stats.interrupted:
@@ -223,35 +225,50 @@ class StepLoop:
     # -- evaluation -----------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, loader: Iterable[Any], epoch: int, stop: threading.Event) -> EvalStats:
-        """Sample-weighted mean loss (and accuracy where it applies) over ``loader``."""
+        """Sample-weighted mean loss (and accuracy where it applies) over ``loader``.
+
+        Under a distributed strategy each rank evaluates its shard; samples that only pad a
+        shard still run forward (FSDP2 needs every rank in every all-gather) but are not
+        counted, and the sums are all-reduced, so the metrics equal one process's.
+        """
         self.model.eval()
         precision = self.precision.precision
+        limit = self.strategy.eval_sample_limit(loader)
         zero = torch.zeros((), dtype=torch.float64, device=self.device)
         loss_sum, correct, counted = zero.clone(), zero.clone(), zero.clone()
         samples = 0
         accuracy_applies = True
+        interrupted = False
         for index, raw in enumerate(loader):
             batch = to_device(
                 self.errors.check_batch(raw, epoch=epoch, batch_index=index), self.device
             )
             size = count_samples(batch)
+            keep = size if limit is None else max(0, min(size, limit - samples))
+            if 0 < keep < size:
+                batch, size = take_samples(batch, keep), keep
             with precision.autocast():
                 outputs, loss = self.objective(self.model, batch)
             loss = self.errors.check_loss(loss, epoch=epoch, batch_index=index)
-            loss_sum += loss.detach().double() * size
-            samples += size
-            hits = self.objective.correct(outputs, batch)
-            if hits is None:
-                accuracy_applies = False
-            else:
-                correct += hits[0]
-                counted += hits[1]
-            if stop.is_set():
+            if keep:
+                loss_sum += loss.detach().double() * size
+                samples += size
+                hits = self.objective.correct(outputs, batch)
+                if hits is None:
+                    accuracy_applies = False
+                else:
+                    correct += hits[0]
+                    counted += hits[1]
+            if self.strategy.should_stop(stop.is_set()):
+                interrupted = True
                 break
+        interrupted |= self.strategy.settle_stop_votes()
         local = torch.stack([loss_sum, correct, counted, zero + samples, zero + accuracy_applies])
         totals = self.strategy.all_reduce_sum(local)
         # Host sync, once per validation: early stopping needs the value now.
         loss_total, correct_total, counted_total, sample_total, applies = totals.tolist()
+        if sample_total == 0 and interrupted:
+            return EvalStats(loss=float("nan"), accuracy=None, samples=0, interrupted=True)
         if sample_total == 0:
             raise EmptyLoaderError(
                 "val_loader yielded no batch; allowed: a loader with at least one batch, or "
@@ -260,5 +277,8 @@ class StepLoop:
         world = self.strategy.world_size
         accuracy = correct_total / counted_total if applies == world and counted_total else None
         return EvalStats(
-            loss=loss_total / sample_total, accuracy=accuracy, samples=int(sample_total)
+            loss=loss_total / sample_total,
+            accuracy=accuracy,
+            samples=int(sample_total),
+            interrupted=interrupted,
         )

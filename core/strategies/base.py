@@ -22,10 +22,9 @@ T = TypeVar("T")
 class Strategy:
     """Single process on one device (CPU, one GPU, or any other torch device)."""
 
-    name = "single_device"
-
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, name: str | None = None) -> None:
         self.device = device
+        self.name = name or ("single_gpu" if device.type == "cuda" else device.type)
 
     # -- identity -------------------------------------------------------------------------
     @property
@@ -64,7 +63,10 @@ class Strategy:
         """Release what :meth:`setup` created, and nothing else."""
 
     # -- model and data -------------------------------------------------------------------
-    def wrap_model(self, model: nn.Module) -> nn.Module:
+    def wrap_model(
+        self, model: nn.Module, *, compute_dtype: torch.dtype = torch.float32
+    ) -> nn.Module:
+        """Place (and wrap) the model; ``compute_dtype`` is the precision's autocast dtype."""
         return model.to(self.device)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
@@ -73,6 +75,14 @@ class Strategy:
 
     def prepare_loader(self, loader: Iterable[Any], *, train: bool) -> Iterable[Any]:
         return loader
+
+    def eval_sample_limit(self, loader: Iterable[Any]) -> int | None:
+        """How many leading samples of ``loader`` are real (the rest pad a shard), or None."""
+        return None
+
+    def model_state_dict(self, model: nn.Module) -> dict[str, Any]:
+        """The full (unsharded) model state; under FSDP2 a collective, filled on rank 0."""
+        return self.unwrap(model).state_dict()
 
     def set_epoch(self, loader: Iterable[Any], epoch: int) -> None:
         """Tell the loader's sampler which epoch starts (for a distinct shuffle per epoch)."""
@@ -97,6 +107,15 @@ class Strategy:
     def reduce_found_inf(self, found_inf: torch.Tensor) -> torch.Tensor:
         """Combine overflow flags over ranks (needed where ranks hold different shards)."""
         return found_inf
+
+    # -- agreement between ranks (immediate in one process) -------------------------------
+    def should_stop(self, requested: bool) -> bool:
+        """Called at every step boundary with this rank's wish; True when all must stop."""
+        return requested
+
+    def settle_stop_votes(self) -> bool:
+        """Finish any vote still in flight (end of a phase); True if it said stop."""
+        return False
 
     # -- collectives (identity in one process) --------------------------------------------
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:

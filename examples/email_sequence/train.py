@@ -100,10 +100,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         if isinstance(loader, Sized)
         else None
     )
-    async with anyio.create_task_group() as tg:
-        if rank == 0 and not args.no_progress:
-            tg.start_soon(show_progress, optimizer.events(), total)
-        results = await optimizer.train()
+    try:
+        async with anyio.create_task_group() as tg:
+            if rank == 0 and not args.no_progress:
+                tg.start_soon(show_progress, optimizer.events(), total)
+            results = await optimizer.train()
+    finally:
+        optimizer.close()  # under torchrun: leaves the process group
     summary = results.to_dict() | {
         "majority_class_rate": majority_class_rate(val_set),
         "amp_stats": optimizer.mixed_precision.get_amp_stats(),

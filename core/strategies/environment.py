@@ -1,0 +1,77 @@
+"""The one place that reads the environment torchrun (``torch.distributed.run``) sets up."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from core.errors import ConfigError
+
+__all__ = ("DistributedEnvironment", "rendezvous_address")
+
+_REQUIRED = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+def _int(environ: Mapping[str, str], name: str) -> int:
+    raw = environ[name]
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(
+            f"environment variable {name}={raw!r} is invalid; allowed: an integer >= 0. "
+            "Fix: let torchrun set it (torchrun --nproc_per_node=N script.py)."
+        ) from None
+    if value < 0:
+        raise ConfigError(f"environment variable {name}={raw!r} is invalid; allowed: >= 0.")
+    return value
+
+
+@dataclass(frozen=True)
+class DistributedEnvironment:
+    """Rank, sizes and rendezvous address of this process, as torchrun exported them."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    master_addr: str | None
+    master_port: int | None
+
+    @classmethod
+    def from_environ(
+        cls, environ: Mapping[str, str] | None = None
+    ) -> DistributedEnvironment | None:
+        """None outside torchrun; an error naming what is missing if it is half set."""
+        env = os.environ if environ is None else environ
+        present = [name for name in _REQUIRED if name in env]
+        if not present:
+            return None
+        missing = [name for name in _REQUIRED if name not in env]
+        if missing:
+            raise ConfigError(
+                f"the torchrun environment is half set: {', '.join(present)} set but "
+                f"{', '.join(missing)} missing; allowed: all of {', '.join(_REQUIRED)} or none. "
+                "Fix: launch with torchrun, or unset the stray variables."
+            )
+        world_size = _int(env, "WORLD_SIZE")
+        rank = _int(env, "RANK")
+        if world_size < 1 or rank >= world_size:
+            raise ConfigError(
+                f"environment RANK={rank} with WORLD_SIZE={world_size} is invalid; allowed: "
+                "0 <= RANK < WORLD_SIZE. Fix: let torchrun set both."
+            )
+        return cls(
+            rank=rank,
+            local_rank=_int(env, "LOCAL_RANK"),
+            world_size=world_size,
+            local_world_size=_int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else 1,
+            master_addr=env.get("MASTER_ADDR"),
+            master_port=_int(env, "MASTER_PORT") if "MASTER_PORT" in env else None,
+        )
+
+
+def rendezvous_address(environ: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
+    """``(MASTER_ADDR, MASTER_PORT)`` as set, for ``env://`` outside torchrun."""
+    env = os.environ if environ is None else environ
+    return env.get("MASTER_ADDR"), env.get("MASTER_PORT")

@@ -1,0 +1,234 @@
+"""Scenarios run by real torchrun jobs (2 gloo processes) for tests/test_multi_gpu_training.py.
+
+    python -m torch.distributed.run --standalone --nproc_per_node=2 tests/distributed_jobs.py \
+        --out DIR ddp_fp32 ddp_bf16 ...
+
+Each scenario writes ``DIR/<scenario>.rank<R>.pt`` (final full weights, the sample indices the
+model saw per epoch, the results); the tests compare them with single-process runs built by
+the same functions below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from core import GradientAccumulationConfig, MultiGPUConfig, create_optimized_training_optimizer  # noqa: E402
+from core.multi_gpu_training import setup_distributed_environment  # noqa: E402
+
+FEATURES = 8
+
+
+class IndexedData(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Features with the sample index appended as a last column, so a model can record it."""
+
+    def __init__(self, n: int, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, FEATURES, generator=g)
+        self.y = (self.x[:, 0] - self.x[:, 2] > 0).long()
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.cat([self.x[i], torch.tensor([float(i)])]), self.y[i]
+
+
+class Recorder(nn.Module):
+    """An MLP in a ModuleList (FSDP2 shards each block) that records the indices it trains on."""
+
+    def __init__(self, seed: int = 3) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.blocks = nn.ModuleList(
+            [nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh()), nn.Linear(16, 2)]
+        )
+        self.seen: list[int] = []
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.seen.extend(int(i) for i in inputs[:, -1])
+        x = inputs[:, :-1]
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def interleaved(n: int, world_size: int, per_rank_batch: int) -> list[int]:
+    """The order in which one process must see samples so that its batch k, split into
+    ``world_size`` micro-batches, holds exactly the ranks' batches k (DistributedSampler
+    without shuffle gives rank r the indices r, r + W, r + 2W, ...)."""
+    shards = [list(range(r, n, world_size)) for r in range(world_size)]
+    order: list[int] = []
+    for start in range(0, len(shards[0]), per_rank_batch):
+        for shard in shards:
+            order.extend(shard[start : start + per_rank_batch])
+    return order
+
+
+def run_job(
+    *,
+    batch_size: int,
+    n: int = 96,
+    val_n: int = 37,
+    epochs: int = 2,
+    mode: str = "auto",
+    shuffle: bool = False,
+    order: list[int] | None = None,
+    log_dir: Path,
+    **kwargs: Any,
+) -> tuple[Recorder, Any, Any]:
+    """One training job; the same call runs under torchrun (per-rank batch) or alone."""
+    model = Recorder()
+    data = IndexedData(n)
+    loader = (
+        DataLoader(data, batch_size=batch_size, sampler=order)
+        if order is not None
+        else DataLoader(data, batch_size=batch_size, shuffle=shuffle)
+    )
+    optimizer = create_optimized_training_optimizer(
+        model=model,
+        train_loader=loader,
+        val_loader=DataLoader(IndexedData(val_n, seed=1), batch_size=8),
+        max_epochs=epochs,
+        learning_rate=1e-2,
+        log_dir=log_dir,
+        experiment_name=kwargs.pop("experiment_name", "dist"),
+        multi_gpu_config=MultiGPUConfig(training_mode=mode),  # type: ignore[arg-type]
+        seed=0,
+        **kwargs,
+    )
+    results = anyio.run(optimizer.train)
+    weights = optimizer.strategy.model_state_dict(optimizer.model)
+    optimizer.close()
+    return model, results, weights
+
+
+def _save(out: Path, name: str, rank: int, model: Recorder, results: Any, weights: Any) -> None:
+    torch.save(
+        {"weights": weights, "seen": model.seen, "results": results.to_dict()},
+        out / f"{name}.rank{rank}.pt",
+    )
+
+
+def scenario(fn: Callable[[Path, int], None]) -> Callable[[Path, int], None]:
+    SCENARIOS[fn.__name__] = fn
+    return fn
+
+
+SCENARIOS: dict[str, Callable[[Path, int], None]] = {}
+
+
+@scenario
+def ddp_fp32(out: Path, rank: int) -> None:
+    _save(out, "ddp_fp32", rank, *run_job(batch_size=8, log_dir=out / "logs"))
+
+
+@scenario
+def ddp_bf16(out: Path, rank: int) -> None:
+    _save(out, "ddp_bf16", rank, *run_job(batch_size=8, amp_dtype="bf16", log_dir=out / "logs"))
+
+
+@scenario
+def ddp_accum(out: Path, rank: int) -> None:
+    # 100 samples: 50 per rank in batches 8x6 + 2, windows of 3, 3 and a short 1.
+    job = run_job(
+        batch_size=8,
+        n=100,
+        gradient_accumulation_config=GradientAccumulationConfig(accumulation_steps=3),
+        log_dir=out / "logs",
+    )
+    _save(out, "ddp_accum", rank, *job)
+
+
+@scenario
+def ddp_shuffle(out: Path, rank: int) -> None:
+    # 97 samples over 2 ranks: the sampler pads one duplicate; the order changes per epoch.
+    _save(
+        out, "ddp_shuffle", rank, *run_job(batch_size=8, n=97, shuffle=True, log_dir=out / "logs")
+    )
+
+
+@scenario
+def fsdp_fp32(out: Path, rank: int) -> None:
+    _save(out, "fsdp_fp32", rank, *run_job(batch_size=8, mode="fsdp", log_dir=out / "logs"))
+
+
+@scenario
+def early_stop(out: Path, rank: int) -> None:
+    # A zero learning rate keeps the metric flat. Rank 0 has patience 1, rank 1 patience 50:
+    # rank 0's decision must stop both ranks after 2 epochs.
+    job = run_job(
+        batch_size=8,
+        epochs=6,
+        early_stopping_patience=1 if rank == 0 else 50,
+        early_stopping_min_delta=1e-3,
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.0),
+        log_dir=out / "logs",
+    )
+    _save(out, "early_stop", rank, *job)
+
+
+@scenario
+def cancel_rank1(out: Path, rank: int) -> None:
+    # Rank 1 cancels its own train() after step 5; rank 0 is not cancelled. Both must stop
+    # at the same step boundary, and neither may hang in a collective.
+    model = Recorder()
+    optimizer = create_optimized_training_optimizer(
+        model=model,
+        train_loader=DataLoader(IndexedData(8000), batch_size=8),
+        max_epochs=1,
+        log_dir=out / "logs",
+        experiment_name="cancel",
+    )
+    outcome: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+
+            async def cancel_after_step_5() -> None:
+                while optimizer.global_step < 5:
+                    await anyio.sleep(0.001)
+                if rank == 1:
+                    tg.cancel_scope.cancel()
+
+            tg.start_soon(cancel_after_step_5)
+            results = await optimizer.train()
+            outcome["interrupted"] = results.interrupted
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    optimizer.close()
+    outcome["global_step"] = optimizer.global_step
+    outcome["cancelled"] = "interrupted" not in outcome
+    torch.save(outcome, out / f"cancel_rank1.rank{rank}.pt")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("scenarios", nargs="+", choices=sorted(SCENARIOS))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    info = setup_distributed_environment()  # the jobs reuse one group they did not create
+    for name in args.scenarios:
+        SCENARIOS[name](args.out, info["rank"])
+        if not torch.distributed.is_initialized():
+            raise SystemExit(f"{name}: close() destroyed a process group core did not create")
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,360 @@
+"""Distribution: mode resolution and config errors in-process; DDP, FSDP2, samplers,
+validation, early stopping, stop agreement and two "nodes" with real torchrun jobs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from core import (
+    ConfigError,
+    GradientAccumulationConfig,
+    MultiGPUConfig,
+    create_optimized_training_optimizer,
+)
+from core.multi_gpu_training import (
+    Machine,
+    MultiGPUTrainer,
+    create_multi_gpu_trainer,
+    get_free_port,
+    launch_distributed_training,
+    optimize_model_for_multi_gpu,
+)
+from core.strategies.environment import DistributedEnvironment
+from tests.distributed_jobs import IndexedData, interleaved, run_job
+from tests.helpers import loaders, make_model
+
+ROOT = Path(__file__).resolve().parents[1]
+JOBS = ROOT / "tests" / "distributed_jobs.py"
+TORCHRUN_ENV = {
+    "RANK": "0",
+    "LOCAL_RANK": "0",
+    "WORLD_SIZE": "2",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "1",
+}
+
+
+def machine(cuda: int = 0, env: dict[str, str] | None = None) -> Machine:
+    """A machine with ``cuda`` GPUs and environment ``env`` (no real GPU needed)."""
+    env = env or {}
+    master = (env.get("MASTER_ADDR"), env.get("MASTER_PORT"))
+    return Machine(DistributedEnvironment.from_environ(env), cuda, master)
+
+
+# -- resolution (no processes) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cuda", "env", "config", "mode"),
+    [
+        (0, None, {}, "cpu"),
+        (1, None, {}, "single_gpu"),
+        (4, None, {}, "data_parallel"),
+        (4, None, {"enable_data_parallel": False}, "single_gpu"),
+        (0, TORCHRUN_ENV, {}, "distributed"),
+        (0, TORCHRUN_ENV, {"training_mode": "fsdp"}, "fsdp"),
+    ],
+)
+def test_auto_mode(
+    cuda: int, env: dict[str, str] | None, config: dict[str, Any], mode: str
+) -> None:
+    trainer = MultiGPUTrainer(MultiGPUConfig(**config), machine=machine(cuda, env))
+    assert trainer.training_mode == mode
+    assert trainer.get_training_info()["training_mode"] == mode
+
+
+def test_several_gpus_without_data_parallel_say_how_to_launch_ddp() -> None:
+    trainer = MultiGPUTrainer(MultiGPUConfig(enable_data_parallel=False), machine=machine(4))
+    assert any("torchrun --standalone --nproc_per_node=4" in note for note in trainer.notes)
+
+
+def test_ddp_under_torchrun_takes_rank_and_world_size_from_the_environment() -> None:
+    env = TORCHRUN_ENV | {"RANK": "1", "LOCAL_RANK": "1"}
+    strategy = MultiGPUTrainer(machine=machine(0, env)).strategy
+    assert (strategy.rank, strategy.world_size, strategy.local_rank) == (1, 2, 1)
+    assert strategy.describe()["backend"] == "gloo"
+
+
+@pytest.mark.parametrize(
+    ("config", "cuda", "env", "pattern"),
+    [
+        (
+            {"training_mode": "distributed", "backend": "nccl", "world_size": 2, "rank": 0},
+            0,
+            {"MASTER_ADDR": "h", "MASTER_PORT": "1"},
+            r"backend='nccl' is invalid; allowed: 'gloo' on a machine without CUDA",
+        ),
+        (
+            {"training_mode": "distributed"},
+            0,
+            None,
+            r"needs a world size and a rank, and this process is not under torchrun",
+        ),
+        (
+            {"training_mode": "fsdp", "world_size": 2, "rank": 0},
+            0,
+            None,
+            r"needs MASTER_ADDR and MASTER_PORT",
+        ),
+        ({"training_mode": "single_gpu"}, 0, None, r"training_mode='single_gpu' needs a CUDA GPU"),
+        (
+            {"training_mode": "data_parallel", "device_ids": [0, 3]},
+            2,
+            None,
+            r"device_ids=\[0, 3\] is invalid; allowed: indices below the 2 CUDA devices",
+        ),
+        (
+            {"enable_distributed": False},
+            0,
+            TORCHRUN_ENV,
+            r"runs under torchrun .* but enable_distributed=False",
+        ),
+    ],
+)
+def test_bad_placement_fails_before_training(
+    config: dict[str, Any], cuda: int, env: dict[str, str] | None, pattern: str
+) -> None:
+    with pytest.raises(ConfigError, match=pattern):
+        MultiGPUTrainer(MultiGPUConfig(**config), machine=machine(cuda, env))
+
+
+def test_half_set_torchrun_environment_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"half set: RANK set but LOCAL_RANK, WORLD_SIZE missing"):
+        DistributedEnvironment.from_environ({"RANK": "0"})
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "pattern"),
+    [
+        (
+            "training_mode",
+            "multi_gpu",
+            r"training_mode='multi_gpu' is invalid; allowed: 'auto', 'cpu'",
+        ),
+        ("backend", "mpi", r"backend='mpi' is invalid"),
+        ("device_ids", [0, 0], r"device_ids=\[0, 0\] is invalid"),
+        ("timeout_s", 0, r"timeout_s=0 is invalid"),
+        ("world_size", -2, r"world_size=-2 is invalid"),
+    ],
+)
+def test_config_fields_are_validated(field: str, value: object, pattern: str) -> None:
+    with pytest.raises(ConfigError, match=pattern):
+        MultiGPUConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_distributed_outside_torchrun_fails_in_the_factory(
+    log_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    train, _ = loaders()
+    with pytest.raises(ConfigError, match="not under torchrun"):
+        create_optimized_training_optimizer(
+            model=make_model(),
+            train_loader=train,
+            log_dir=log_dir,
+            multi_gpu_config=MultiGPUConfig(training_mode="distributed"),
+        )
+
+
+def test_seed_helpers_on_cpu() -> None:
+    model, trainer = optimize_model_for_multi_gpu(make_model(), training_mode="cpu")
+    assert trainer.training_mode == "cpu" and next(model.parameters()).device.type == "cpu"
+    loader = trainer.setup_dataloader(IndexedData(10), batch_size=4)
+    assert len(loader) == 3
+    assert trainer.record_gpu_metrics() is None
+    trainer.record_epoch(samples=100, seconds=2.0)
+    assert trainer.get_performance_summary()["samples_per_s"] == 50.0
+    trainer.cleanup()
+    assert create_multi_gpu_trainer(training_mode="cpu").training_mode == "cpu"
+    port = get_free_port()
+    assert 0 < port < 65536
+
+
+def test_launch_helper_reports_the_exit_code(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text("import os, sys\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
+    assert launch_distributed_training(script, world_size=2, env={"OMP_NUM_THREADS": "1"}) != 0
+    script.write_text("import os\nassert os.environ['WORLD_SIZE'] == '2'\n")
+    assert launch_distributed_training(script, world_size=2) == 0
+
+
+# -- real 2-process gloo jobs -------------------------------------------------------------
+
+
+def torchrun(
+    out: Path, *scenarios: str, extra: list[str] | None = None, timeout: float = 240
+) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *(extra or ["--standalone", "--nproc_per_node=2"]),
+        str(JOBS),
+        "--out",
+        str(out),
+        *scenarios,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One torchrun launch runs every scenario (startup dominates a job's cost)."""
+    out = tmp_path_factory.mktemp("jobs")
+    torchrun(
+        out,
+        "ddp_fp32",
+        "ddp_bf16",
+        "ddp_accum",
+        "ddp_shuffle",
+        "fsdp_fp32",
+        "early_stop",
+        "cancel_rank1",
+    )
+    return out
+
+
+def load(out: Path, name: str, rank: int = 0) -> dict[str, Any]:
+    result: dict[str, Any] = torch.load(out / f"{name}.rank{rank}.pt", weights_only=True)
+    return result
+
+
+def assert_same_weights(
+    a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 1e-5
+) -> None:
+    assert a.keys() == b.keys()
+    for key, value in a.items():
+        torch.testing.assert_close(value, b[key], atol=atol, rtol=1e-5, msg=key)
+
+
+@pytest.mark.distributed
+def test_ddp_two_ranks_equal_one_process_with_the_global_batch(jobs: Path, tmp_path: Path) -> None:
+    _, results, weights = run_job(batch_size=16, mode="cpu", log_dir=tmp_path)
+    ddp = load(jobs, "ddp_fp32")
+    assert ddp["results"]["global_step"] == results.global_step == 12
+    assert_same_weights(ddp["weights"], weights)
+    for key, value in load(jobs, "ddp_fp32", rank=1)["weights"].items():
+        assert torch.equal(value, ddp["weights"][key])  # replicas stay identical
+
+
+@pytest.mark.distributed
+def test_ddp_bf16_equals_one_process_on_the_same_micro_batches(jobs: Path, tmp_path: Path) -> None:
+    """bf16 autocast rounds each weight gradient to bf16 before it is summed, so equality
+    needs the single process to see the ranks' batches as its micro-batches; a plain batch
+    of 16 agrees only to bf16 precision."""
+    same_split = run_job(
+        batch_size=16,
+        mode="cpu",
+        amp_dtype="bf16",
+        order=interleaved(96, 2, 8),
+        gradient_accumulation_config=GradientAccumulationConfig(micro_batch_size=8),
+        log_dir=tmp_path,
+    )[2]
+    plain = run_job(batch_size=16, mode="cpu", amp_dtype="bf16", log_dir=tmp_path)[2]
+    ddp = load(jobs, "ddp_bf16")["weights"]
+    assert_same_weights(ddp, same_split)
+    assert_same_weights(ddp, plain, atol=2e-3)
+
+
+@pytest.mark.distributed
+def test_ddp_with_accumulation_and_a_short_last_window(jobs: Path, tmp_path: Path) -> None:
+    _, results, weights = run_job(
+        batch_size=16,
+        n=100,
+        mode="cpu",
+        gradient_accumulation_config=GradientAccumulationConfig(accumulation_steps=3),
+        log_dir=tmp_path,
+    )
+    ddp = load(jobs, "ddp_accum")
+    assert ddp["results"]["global_step"] == results.global_step == 6  # windows 3, 3, 1 per epoch
+    assert_same_weights(ddp["weights"], weights)
+
+
+@pytest.mark.distributed
+def test_fsdp2_two_ranks_equal_one_process(jobs: Path, tmp_path: Path) -> None:
+    weights = run_job(batch_size=16, mode="cpu", log_dir=tmp_path)[2]
+    assert_same_weights(load(jobs, "fsdp_fp32")["weights"], weights)
+    assert load(jobs, "fsdp_fp32", rank=1)["weights"] == {}  # gathered on rank 0 only
+
+
+@pytest.mark.distributed
+def test_validation_metrics_equal_single_process_metrics(jobs: Path, tmp_path: Path) -> None:
+    """37 validation samples: rank 1's shard is padded; padding must not be counted."""
+    _, results, _ = run_job(batch_size=16, mode="cpu", log_dir=tmp_path)
+    for name in ("ddp_fp32", "fsdp_fp32"):
+        for rank in (0, 1):
+            theirs = load(jobs, name, rank)["results"]
+            assert theirs["val_accuracy"] == results.val_accuracy
+            assert theirs["val_loss"] == pytest.approx(results.val_loss, rel=1e-6)
+
+
+@pytest.mark.distributed
+def test_distributed_sampler_covers_the_dataset_once_per_epoch(jobs: Path) -> None:
+    seen = [load(jobs, "ddp_shuffle", rank)["seen"] for rank in (0, 1)]
+    per_rank = 49  # ceil(97 / 2): one padded duplicate
+    epochs = [[s[e * per_rank : (e + 1) * per_rank] for s in seen] for e in range(2)]
+    for shards in epochs:
+        counts = Counter(shards[0] + shards[1])
+        assert set(counts) == set(range(97))
+        assert sum(counts.values()) == 98 and max(counts.values()) == 2
+        assert not set(shards[0]) & set(shards[1]) - {i for i, c in counts.items() if c == 2}
+    assert epochs[0][0] != epochs[1][0]  # set_epoch: a new shuffle each epoch
+
+
+@pytest.mark.distributed
+def test_rank0_early_stopping_decision_stops_every_rank(jobs: Path) -> None:
+    ranks = [load(jobs, "early_stop", rank)["results"] for rank in (0, 1)]
+    assert [r["epochs_completed"] for r in ranks] == [2, 2]
+    assert all(r["stopped_early"] for r in ranks)
+
+
+@pytest.mark.distributed
+def test_a_cancelled_rank_stops_every_rank_at_the_same_step(jobs: Path) -> None:
+    rank0, rank1 = (load(jobs, "cancel_rank1", rank) for rank in (0, 1))
+    assert rank1["cancelled"] and not rank0["cancelled"]
+    assert rank0["interrupted"]
+    assert rank0["global_step"] == rank1["global_step"] >= 5
+
+
+@pytest.mark.distributed
+def test_two_nodes_on_localhost_equal_one_node(jobs: Path, tmp_path: Path) -> None:
+    port = get_free_port()
+    rendezvous = [
+        "--nnodes=2",
+        "--nproc_per_node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *rendezvous,
+        str(JOBS),
+        "--out",
+        str(tmp_path),
+        "ddp_fp32",
+    ]
+    nodes = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for _ in range(2)
+    ]
+    outputs = [node.communicate(timeout=240)[0] for node in nodes]
+    assert all(node.returncode == 0 for node in nodes), b"".join(outputs)[-3000:]
+    two_nodes = [load(tmp_path, "ddp_fp32", rank)["weights"] for rank in (0, 1)]
+    one_node = load(jobs, "ddp_fp32")["weights"]
+    assert_same_weights(two_nodes[0] or two_nodes[1], one_node, atol=1e-6)
