@@ -106,7 +106,7 @@ def run_job(
         learning_rate=1e-2,
         log_dir=log_dir,
         experiment_name=kwargs.pop("experiment_name", "dist"),
-        multi_gpu_config=MultiGPUConfig(training_mode=mode),  # type: ignore[arg-type]
+        multi_gpu_config=kwargs.pop("multi_gpu_config", None) or MultiGPUConfig(training_mode=mode),  # type: ignore[arg-type]
         seed=0,
         **kwargs,
     )
@@ -164,6 +164,40 @@ def ddp_shuffle(out: Path, rank: int) -> None:
 @scenario
 def fsdp_fp32(out: Path, rank: int) -> None:
     _save(out, "fsdp_fp32", rank, *run_job(batch_size=8, mode="fsdp", log_dir=out / "logs"))
+
+
+@scenario
+def fsdp_bf16_policy(out: Path, rank: int) -> None:
+    # FSDP2 with a MixedPrecisionPolicy in bf16: trains (no equality claim: bf16 params).
+    config = MultiGPUConfig(training_mode="fsdp", fsdp_mixed_precision=True)
+    model, results, weights = run_job(
+        batch_size=8, epochs=3, amp_dtype="bf16", log_dir=out / "logs", multi_gpu_config=config
+    )
+    _save(out, "fsdp_bf16_policy", rank, model, results, weights)
+
+
+@scenario
+def ddp_sync_bn(out: Path, rank: int) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(FEATURES + 1, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2)
+    )
+    optimizer = create_optimized_training_optimizer(
+        model=model,
+        train_loader=DataLoader(IndexedData(96), batch_size=8),
+        max_epochs=1,
+        log_dir=out / "logs",
+        experiment_name="sync_bn",
+        multi_gpu_config=MultiGPUConfig(training_mode="distributed", sync_bn=True),
+    )
+    anyio.run(optimizer.train)
+    inner = optimizer.strategy.unwrap(optimizer.model)
+    norms = [m for m in inner.modules() if isinstance(m, nn.SyncBatchNorm)]
+    torch.save(
+        {"sync_bn": len(norms), "running_mean": norms[0].running_mean.clone() if norms else None},
+        out / f"ddp_sync_bn.rank{rank}.pt",
+    )
+    optimizer.close()
 
 
 @scenario

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import anyio
@@ -53,3 +57,26 @@ def test_train_script_learns_above_the_majority_class(tmp_path: Path) -> None:
     summary = anyio.run(main, args)
     assert summary["val_accuracy"] > summary["majority_class_rate"] + 0.1
     assert (Path(summary["run_dir"]) / "results.json").exists()
+
+
+@pytest.mark.distributed
+def test_train_script_runs_unchanged_under_torchrun(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[1]
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        str(root / "examples" / "email_sequence" / "train.py"), "--epochs", "1",
+        "--train-samples", "800", "--val-samples", "200", "--log-dir", str(tmp_path),
+        "--no-progress",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=240, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_dir,) = (tmp_path / "email_sequence").iterdir()
+    names = {p.name for p in run_dir.iterdir()}
+    assert {"events.jsonl", "events.rank1.jsonl", "results.json"} <= names
+    start = json.loads((run_dir / "events.jsonl").read_text().splitlines()[0])
+    assert start["config"]["strategy"]["training_mode"] == "distributed"
+    assert start["config"]["strategy"]["world_size"] == 2
+    assert "val_accuracy=" in done.stdout

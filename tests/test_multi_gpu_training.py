@@ -221,6 +221,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "ddp_accum",
         "ddp_shuffle",
         "fsdp_fp32",
+        "fsdp_bf16_policy",
         "early_stop",
         "cancel_rank1",
     )
@@ -288,6 +289,25 @@ def test_fsdp2_two_ranks_equal_one_process(jobs: Path, tmp_path: Path) -> None:
     weights = run_job(batch_size=16, mode="cpu", log_dir=tmp_path)[2]
     assert_same_weights(load(jobs, "fsdp_fp32")["weights"], weights)
     assert load(jobs, "fsdp_fp32", rank=1)["weights"] == {}  # gathered on rank 0 only
+
+
+@pytest.mark.distributed
+def test_fsdp2_with_a_bf16_mixed_precision_policy_trains(jobs: Path) -> None:
+    results = load(jobs, "fsdp_bf16_policy")["results"]
+    assert results["epochs_completed"] == 3 and results["val_accuracy"] > 0.7
+
+
+@pytest.mark.gpu
+@pytest.mark.distributed
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="SyncBatchNorm runs on CUDA only")
+def test_sync_bn_converts_batch_norm_and_keeps_ranks_in_step(tmp_path: Path) -> None:
+    ranks = min(2, torch.cuda.device_count())
+    torchrun(tmp_path, "ddp_sync_bn", extra=["--standalone", f"--nproc_per_node={ranks}"])
+    loaded = [
+        torch.load(tmp_path / f"ddp_sync_bn.rank{r}.pt", weights_only=True) for r in range(ranks)
+    ]
+    assert all(r["sync_bn"] == 1 for r in loaded)
+    assert all(torch.equal(r["running_mean"], loaded[0]["running_mean"]) for r in loaded)
 
 
 @pytest.mark.distributed

@@ -142,6 +142,13 @@ def _group(
         device = torch.device("cuda", ids[local_rank])
     else:
         device = torch.device("cpu")
+    if config.sync_bn and device.type != "cuda":
+        raise config_error(
+            "sync_bn",
+            True,
+            "False on CPU (torch's SyncBatchNorm runs on CUDA devices only)",
+            "set sync_bn=False; BatchNorm statistics then stay per rank.",
+        )
     return {
         "device": device,
         "backend": backend,
