@@ -26,7 +26,8 @@ class TrainingConfig:
     Early stopping watches the validation loss, or the epoch's mean training loss when
     there is no ``val_loader``; ``early_stopping_patience=None`` turns it off. Records are
     written to the JSONL log and to ``events()`` every ``log_flush_interval_s`` seconds, at
-    every epoch end and at the end of the run.
+    every epoch end and at the end of the run. ``handle_signals=True`` turns SIGTERM/SIGINT
+    into a graceful stop (see ``core.signals``); scripts that own their process want it.
     """
 
     experiment_name: str = "experiment"
@@ -40,6 +41,7 @@ class TrainingConfig:
     seed: int | None = None
     event_buffer_size: int = 1024
     log_flush_interval_s: float = 0.25
+    handle_signals: bool = False
 
     def __post_init__(self) -> None:
         if not (isinstance(self.experiment_name, str) and _SAFE_NAME.match(self.experiment_name)):

@@ -7,14 +7,23 @@ a fix (see :func:`config_error`).
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterable
 
 __all__ = (
     "BatchFormatError",
+    "CheckpointError",
     "ConfigError",
     "CoreError",
+    "DistributedTimeoutError",
     "EmptyLoaderError",
+    "IncompatibleCheckpointError",
     "LossFormatError",
+    "NonFiniteLossError",
+    "OutOfMemoryError",
+    "SignalReceived",
+    "TrainingStepError",
+    "UnsafeCheckpointError",
     "config_error",
 )
 
@@ -37,6 +46,53 @@ class BatchFormatError(CoreError, TypeError):
 
 class LossFormatError(CoreError, TypeError):
     """Raised when the loss (from ``loss_fn`` or the model) is not a scalar floating tensor."""
+
+
+class NonFiniteLossError(CoreError, FloatingPointError):
+    """Raised when ``max_consecutive_nonfinite`` optimizer steps in a row had a non-finite
+    loss or gradient norm (each was skipped, leaving weights and optimizer state untouched)."""
+
+
+class OutOfMemoryError(CoreError, MemoryError):
+    """Raised when a step runs out of memory even with micro-batches of one sample."""
+
+
+class TrainingStepError(CoreError, RuntimeError):
+    """Raised when the data loader or the user's model fails inside a step; names the epoch,
+    step and batch index, and chains the original exception."""
+
+
+class DistributedTimeoutError(CoreError, RuntimeError):
+    """Raised on a rank whose collective did not finish within ``timeout_s``."""
+
+
+class CheckpointError(CoreError, RuntimeError):
+    """Raised when a checkpoint cannot be written, found or read."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """Raised when a checkpoint file holds pickled code or types that are not allow-listed.
+    Nothing in the file is executed."""
+
+
+class IncompatibleCheckpointError(CheckpointError):
+    """Raised when resuming with a configuration that differs in fields a checkpoint's
+    state depends on (named in the message)."""
+
+
+class SignalReceived(CoreError):
+    """Raised by ``train()`` after SIGTERM/SIGINT stopped it at a step boundary and a
+    checkpoint was written; ``exit_code`` is the shell convention (143, 130)."""
+
+    def __init__(self, signum: int, checkpoint: str | None) -> None:
+        self.signum = signum
+        self.exit_code = 128 + signum
+        self.checkpoint = checkpoint
+        kept = f"checkpoint {checkpoint} written" if checkpoint else "no checkpoint written"
+        super().__init__(
+            f"stopped by {signal.Signals(signum).name} at a step boundary; {kept}. "
+            "Resume with resume='auto'."
+        )
 
 
 def _short_repr(value: object) -> str:

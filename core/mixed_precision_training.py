@@ -123,6 +123,15 @@ def _auto_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
 
+def fallback_precision(config: MixedPrecisionConfig, device: torch.device) -> Precision:
+    """What fp16 falls back to when its loss scale cannot avoid overflow: bf16 where the
+    device supports it (CPUs and Ampere+ GPUs), else fp32."""
+    supported = device.type != "cuda" or torch.cuda.is_bf16_supported()
+    if supported:
+        return Autocast(torch.bfloat16, device.type, config.cache_enabled)
+    return FP32()
+
+
 def resolve_precision(config: MixedPrecisionConfig, device: torch.device) -> Precision:
     """Choose the precision object for ``config`` on ``device`` (once, at setup)."""
     dtype = parse_amp_dtype(config.dtype, "dtype") or _auto_dtype(device)
@@ -140,6 +149,8 @@ class MixedPrecisionTrainer:
         self.config = config
         self.device = device
         self._amp = resolve_precision(config, device)
+        self.configured_precision = self._amp.name
+        """The precision the config resolved to (before any fallback)."""
         self._fp32: Precision = FP32()
         self._amp_wanted = config.enable_amp
         self._active = self._amp if self._amp_wanted else self._fp32
@@ -171,11 +182,15 @@ class MixedPrecisionTrainer:
         self._recorded_steps += 1
         self._overflow_count += int(overflow)
         self._skipped_steps += int(skipped)
+        self._nonfinite_steps += int(skipped and not overflow)
         self._scaler_updates += int(counts_scaler_update)
 
-    def replace_amp_precision(self, precision: Precision) -> None:
-        """Swap the AMP precision (e.g. fp16 -> bf16 fallback); effective next step."""
-        self._amp = precision
+    def fall_back(self) -> tuple[str, str]:
+        """Leave fp16 for bf16 (or fp32) from the next step; returns (from, to) names."""
+        before = self._amp.name
+        self._amp = fallback_precision(self.config, self.device)
+        self._fallbacks.append(self._amp.name)
+        return before, self._amp.name
 
     # -- the user's side ------------------------------------------------------------------
     def enable_amp(self) -> None:
@@ -201,6 +216,8 @@ class MixedPrecisionTrainer:
         self._overflow_count = 0
         self._skipped_steps = 0
         self._step_time_total = 0.0
+        self._nonfinite_steps = 0
+        self._fallbacks: list[str] = []
 
     def get_amp_stats(self) -> dict[str, Any]:
         """AMP statistics as in the seed API (ratios are 0.0 before the first step)."""
@@ -214,6 +231,8 @@ class MixedPrecisionTrainer:
             "scaler_updates": self._scaler_updates,
             "overflow_count": self._overflow_count,
             "skipped_steps": self._skipped_steps,
+            "nonfinite_steps": self._nonfinite_steps,
+            "precision_fallbacks": list(self._fallbacks),
             # Reads the live scale: one device sync, on request only.
             "current_scale": None if scale is None else float(scale),
             "amp_usage_ratio": self._amp_steps / total if total else 0.0,
@@ -231,8 +250,26 @@ class MixedPrecisionTrainer:
         return target
 
     def state_dict(self) -> dict[str, Any]:
-        return {"amp_enabled": self._amp_wanted, "precision": self._amp.state_dict()}
+        """Precision choice (fallbacks included), scaler state and the statistics."""
+        return {
+            "amp_enabled": self._amp_wanted,
+            "fallbacks": list(self._fallbacks),
+            "precision": self._amp.state_dict(),
+            "stats": [
+                self._total_steps, self._amp_steps, self._recorded_steps, self._scaler_updates,
+                self._overflow_count, self._skipped_steps, self._nonfinite_steps,
+                self._step_time_total,
+            ],
+        }  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._amp_wanted = bool(state["amp_enabled"])
+        for _ in state["fallbacks"]:
+            self.fall_back()
+        self._active = self._amp if self._amp_wanted else self._fp32
         self._amp.load_state_dict(state["precision"])
+        (
+            self._total_steps, self._amp_steps, self._recorded_steps, self._scaler_updates,
+            self._overflow_count, self._skipped_steps, self._nonfinite_steps,
+            self._step_time_total,
+        ) = state["stats"]  # fmt: skip

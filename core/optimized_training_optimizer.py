@@ -20,8 +20,9 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from core.checkpointing import CheckpointConfig
 from core.config import TrainingConfig
-from core.error_handler import ErrorHandler
+from core.error_handler import ErrorHandler, ErrorHandlerConfig
 from core.errors import ConfigError, EmptyLoaderError, config_error
 from core.gradient_accumulation import GradientAccumulation, GradientAccumulationConfig
 from core.mixed_precision_training import AmpDtype, MixedPrecisionConfig, MixedPrecisionTrainer
@@ -107,6 +108,15 @@ def create_optimized_training_optimizer(
     log_flush_interval_s: float = 0.25,
     multi_gpu_config: MultiGPUConfig | None = None,
     use_distributed_sampler: bool = True,
+    checkpoint_dir: str | Path | None = None,
+    checkpoint_every_n_steps: int | None = None,
+    checkpoint_every_n_epochs: int | None = 1,
+    keep_last_n: int = 2,
+    resume: str | Path | None = None,
+    save_on_cancel: bool = True,
+    handle_signals: bool = False,
+    max_consecutive_nonfinite: int = 10,
+    error_handler_config: ErrorHandlerConfig | None = None,
 ) -> OptimizedTrainingOptimizer:
     """Validate every argument, then build the parts and the orchestrator.
 
@@ -116,7 +126,9 @@ def create_optimized_training_optimizer(
     step. ``loss_fn`` defaults to ``CrossEntropyLoss()``; dict batches use the model's own
     loss instead. ``multi_gpu_config`` chooses where the job runs (default: auto, see
     ``core.multi_gpu_training``); under DDP/FSDP2 a plain DataLoader is rebuilt with a
-    DistributedSampler unless ``use_distributed_sampler=False``.
+    DistributedSampler unless ``use_distributed_sampler=False``. The checkpoint arguments
+    form a :class:`~core.checkpointing.CheckpointConfig` (``resume="auto"`` continues from the
+    newest valid checkpoint of the experiment).
     """
     _check_model(model)
     _check_loader(train_loader, "train_loader")
@@ -137,6 +149,18 @@ def create_optimized_training_optimizer(
         seed=seed,
         event_buffer_size=event_buffer_size,
         log_flush_interval_s=log_flush_interval_s,
+        handle_signals=handle_signals,
+    )
+    checkpoint_config = CheckpointConfig(
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every_n_steps=checkpoint_every_n_steps,
+        checkpoint_every_n_epochs=checkpoint_every_n_epochs,
+        keep_last_n=keep_last_n,
+        resume=resume,
+        save_on_cancel=save_on_cancel,
+    )
+    errors_config = error_handler_config or ErrorHandlerConfig(
+        max_consecutive_nonfinite=max_consecutive_nonfinite
     )
     precision_config = _prefixed_errors("amp_", MixedPrecisionConfig)(
         enable_amp=enable_amp,
@@ -168,6 +192,8 @@ def create_optimized_training_optimizer(
             loss_fn,
             optimizer,
             scheduler,
+            checkpoint_config,
+            errors_config,
         )
     except BaseException:
         trainer.cleanup()
@@ -185,6 +211,8 @@ def _compose(
     loss_fn: LossFn | None,
     optimizer: OptimizerFactory | None,
     scheduler: SchedulerFactory | None,
+    checkpoint_config: CheckpointConfig,
+    errors_config: ErrorHandlerConfig,
 ) -> OptimizedTrainingOptimizer:
     """Place the model, build optimizer and scheduler on the placed parameters, compose."""
     mixed_precision = MixedPrecisionTrainer(precision_config, trainer.device)
@@ -213,5 +241,6 @@ def _compose(
         optimizer=built_optimizer,
         scheduler=built_scheduler,
         objective=Objective(loss_fn or nn.CrossEntropyLoss()),
-        error_handler=ErrorHandler(),
+        error_handler=ErrorHandler(errors_config),
+        checkpoint_config=checkpoint_config,
     )

@@ -1,11 +1,12 @@
 """The async shell behind ``await optimizer.train()``.
 
 ``OptimizedTrainingOptimizer`` owns one task group per run. Epochs and validation run in a
-worker thread (``anyio.to_thread``) so the event loop stays responsive; the step thread
-never waits on the loop (records reach async consumers through ``core.events``). Cancelling
-``train()`` from any anyio cancel scope sets a stop flag: the thread finishes its current
-optimizer step, the run is closed (``run_end`` with ``status="cancelled"``, files closed),
-and the cancellation propagates.
+worker thread so the event loop stays responsive; the step thread never waits on the loop
+(records reach async consumers through ``core.events``). Cancelling ``train()`` from any
+anyio cancel scope sets a stop flag: the thread finishes its current optimizer step, a
+checkpoint is written (shielded from the cancellation), the run is closed (``run_end`` with
+``status="cancelled"``), and the cancellation propagates. With ``handle_signals=True``,
+SIGTERM/SIGINT do the same and ``train()`` raises :class:`~core.errors.SignalReceived`.
 
 Example::
 
@@ -17,73 +18,41 @@ from __future__ import annotations
 
 import platform
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import torch
 from torch import nn
 
+from core.async_tools import drain_periodically, in_step_thread, stop_when_cancelled
+from core.checkpointing import CheckpointConfig, Checkpointer
 from core.config import TrainingConfig
 from core.early_stopping import EarlyStopping
 from core.error_handler import ErrorHandler
+from core.errors import NonFiniteLossError, OutOfMemoryError, SignalReceived, TrainingStepError
+from core.evaluation import EvalStats, evaluate
 from core.events import EventHub, EventStream
 from core.gradient_accumulation import GradientAccumulation
 from core.mixed_precision_training import MixedPrecisionTrainer
 from core.multi_gpu_training import MultiGPUTrainer
 from core.objective import Objective
-from core.openmp import release_thread_pool
-from core.results import RunProgress, TrainingResults
+from core.results import TrainingResults
+from core.run_description import batches_per_epoch, jsonable, name_of, parameter_count
+from core.run_state import RunState
 from core.seeding import seed_everything
-from core.step_loop import EpochStats, EvalStats, Scheduler, StepLoop
+from core.signals import watch_stop_signals
+from core.step_loop import EpochStats, ResumePoint, Scheduler, StepLoop
 from core.telemetry import RunLog, new_run_id
 
 __all__ = ("OptimizedTrainingOptimizer",)
 
-R = TypeVar("R")
-
-
-async def _in_step_thread(fn: Callable[..., R], *args: Any) -> R:
-    """Run ``fn`` in a worker thread, with one OpenMP pool alive at a time (core.openmp)."""
-    release_thread_pool()  # the event loop thread's, before the step thread builds its own
-    return await anyio.to_thread.run_sync(_releasing_pool, fn, *args)
-
-
-def _releasing_pool(fn: Callable[..., R], *args: Any) -> R:
-    try:
-        return fn(*args)
-    finally:
-        release_thread_pool()  # the step thread's: the application's own torch code stays fast
-
-
-async def _drain_periodically(log: RunLog, interval_s: float) -> None:
-    """Write queued records from the event loop, so the step thread never does I/O.
-
-    Each drain competes for a core with the step; a quarter of a second keeps that cost
-    below 1% on a 2-core CPU while the log and ``events()`` stay near-live.
-    """
-    while True:
-        await anyio.sleep(interval_s)
-        log.drain()
-
-
-async def _stopped() -> bool:
-    """After the ranks agreed to stop: re-raise this task's cancellation if it was cancelled;
-    otherwise another rank asked to stop, and this one ends its run as interrupted."""
-    await anyio.lowlevel.checkpoint()
-    return True
-
-
-async def _stop_when_cancelled(stop: threading.Event) -> None:
-    try:
-        await anyio.sleep_forever()
-    finally:
-        stop.set()
+_CHECKPOINT_AFTER = (TrainingStepError, NonFiniteLossError, OutOfMemoryError)
 
 
 class OptimizedTrainingOptimizer:
-    """Composes precision, accumulation, distribution and error handling into a run."""
+    """Composes precision, accumulation, distribution, checkpoints and error handling."""
 
     def __init__(
         self,
@@ -99,6 +68,7 @@ class OptimizedTrainingOptimizer:
         scheduler: Scheduler | None,
         objective: Objective,
         error_handler: ErrorHandler,
+        checkpoint_config: CheckpointConfig,
     ) -> None:
         self.model = model
         self.train_loader = train_loader
@@ -110,25 +80,31 @@ class OptimizedTrainingOptimizer:
         self.strategy = strategy = multi_gpu_trainer.strategy
         self.optimizer = optimizer
         self.scheduler = scheduler
+        self.objective = objective
         self.error_handler = error_handler
         self._hub = EventHub()
         self._log: RunLog | None = None
         self._loop = StepLoop(
-            model=model,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            precision=mixed_precision,
-            accumulation=accumulation,
-            strategy=strategy,
-            objective=objective,
-            errors=error_handler,
-            max_grad_norm=config.max_grad_norm,
-            emit=self._emit,
-        )
+            model=model, optimizer=optimizer, scheduler=scheduler, precision=mixed_precision,
+            accumulation=accumulation, strategy=strategy, objective=objective,
+            errors=error_handler, max_grad_norm=config.max_grad_norm, emit=self._emit,
+        )  # fmt: skip
+        self._loop.on_step_end = self._checkpoint_if_due
         self.early_stopping = EarlyStopping(
             config.early_stopping_patience, config.early_stopping_min_delta
         )
-        self.epochs_completed = 0
+        self.state = RunState(
+            loop=self._loop, mixed_precision=mixed_precision, accumulation=accumulation,
+            scheduler=scheduler, early_stopping=self.early_stopping, errors=error_handler,
+            fingerprint=self._fingerprint(),
+        )  # fmt: skip
+        directory = checkpoint_config.checkpoint_dir or (
+            Path(config.log_dir) / config.experiment_name / "checkpoints"
+        )
+        self.checkpointer = Checkpointer(
+            checkpoint_config, Path(directory), strategy=strategy, model=model,
+            optimizer=optimizer, state=self.state, emit=self._emit, report_error=self._error,
+        )  # fmt: skip
         self.run_dir: Path | None = None
         self._running = False
 
@@ -137,9 +113,9 @@ class OptimizedTrainingOptimizer:
     def global_step(self) -> int:
         return self._loop.global_step
 
-    def close(self) -> None:
-        """Release the process group this job created (call once, after the last train())."""
-        self.multi_gpu_trainer.cleanup()
+    @property
+    def epochs_completed(self) -> int:
+        return self.state.epochs_completed
 
     def events(self, capacity: int | None = None) -> EventStream:
         """An async iterator over this run's records (those ``events.jsonl`` receives).
@@ -150,70 +126,86 @@ class OptimizedTrainingOptimizer:
         """
         return self._hub.subscribe(capacity or self.config.event_buffer_size)
 
+    def close(self) -> None:
+        """Release the process group this job created (call once, after the last train())."""
+        self.multi_gpu_trainer.cleanup()
+
     async def train(self) -> TrainingResults:
-        """Run epochs until ``max_epochs``, early stopping, an error or cancellation."""
+        """Run epochs until ``max_epochs``, early stopping, an error, a signal or cancellation."""
         if self._running:
             raise RuntimeError("train() is already running on this optimizer")
         self._running = True
         stop = threading.Event()
+        signals: list[int] = []
         log = self._open_run()
         status, error = "failed", None
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_stop_when_cancelled, stop)
-                tg.start_soon(_drain_periodically, log, self.config.log_flush_interval_s)
-                try:
-                    results = await self._fit(log, stop)
-                except Exception as exc:  # re-raised unwrapped, after the task group closes
-                    error = exc
-                tg.cancel_scope.cancel()
+            resume = await in_step_thread(self._resume)
+            with anyio.CancelScope() as run_scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(stop_when_cancelled, stop)
+                    tg.start_soon(drain_periodically, log, self.config.log_flush_interval_s)
+                    if self.config.handle_signals:
+                        tg.start_soon(watch_stop_signals, run_scope, signals)
+                    try:
+                        results = await self._fit(log, stop, resume)
+                    except Exception as exc:  # re-raised unwrapped, after the task group
+                        error = exc
+                    tg.cancel_scope.cancel()
+            if signals:
+                status = "stopped"
+                raise SignalReceived(signals[0], await self._save_shielded("signal"))
             if error is not None:
+                if isinstance(error, _CHECKPOINT_AFTER) and self.strategy.world_size == 1:
+                    await self._save_shielded("error", always=True)
                 raise error
-            status = "completed"
+            if results.interrupted:
+                await self._save_shielded("stopped_by_peer")
+            status = "stopped" if results.interrupted else "completed"
             return results
         except anyio.get_cancelled_exc_class():
             status = "cancelled"
+            await self._save_shielded("cancel")
             raise
         finally:
             self._close_run(log, status, error)
             self._running = False
 
     # -- the run --------------------------------------------------------------------------
-    async def _fit(self, log: RunLog, stop: threading.Event) -> TrainingResults:
-        progress = RunProgress()
-        for epoch in range(self.epochs_completed, self.config.max_epochs):
-            stats: EpochStats = await _in_step_thread(
-                self._loop.run_epoch, self.train_loader, epoch, stop
+    async def _fit(
+        self, log: RunLog, stop: threading.Event, resume: ResumePoint | None
+    ) -> TrainingResults:
+        progress = self.state.progress
+        for epoch in range(self.state.epochs_completed, self.config.max_epochs):
+            stats: EpochStats = await in_step_thread(
+                self._loop.run_epoch, self.train_loader, epoch, stop, resume
             )
+            resume = None
             progress.add_epoch(stats.samples, stats.time_s)
             if stats.interrupted:
                 progress.interrupted = await _stopped()
                 break
             progress.train_loss = monitored = self._mean_over_ranks(stats.loss_sum, stats.samples)
             if self.val_loader is not None:
-                evaluation: EvalStats = await _in_step_thread(
-                    self._loop.evaluate, self.val_loader, epoch, stop
-                )
+                evaluation = await in_step_thread(self._evaluate, epoch, stop)
                 if evaluation.interrupted:
                     progress.interrupted = await _stopped()
                     break
                 progress.add_validation(evaluation.loss, evaluation.accuracy)
                 monitored = evaluation.loss
                 log.emit(
-                    "validation",
-                    epoch=epoch,
-                    step=self.global_step,
-                    val_loss=evaluation.loss,
-                    val_accuracy=evaluation.accuracy,
-                    samples=evaluation.samples,
-                )
-            self.epochs_completed = epoch + 1
+                    "validation", epoch=epoch, step=self.global_step, val_loss=evaluation.loss,
+                    val_accuracy=evaluation.accuracy, samples=evaluation.samples,
+                )  # fmt: skip
+            self.state.epochs_completed = epoch + 1
             # Rank 0 decides, every rank follows: no rank is left waiting in a collective.
             progress.stopped_early = self.strategy.broadcast_object(
                 self.early_stopping.update(monitored)
             )
             self.multi_gpu_trainer.record_epoch(stats.samples, stats.time_s)
-            self._end_epoch(log, epoch, stats, progress)
+            self._end_epoch(log, epoch, stats)
+            if self.checkpointer.due_after_epoch(self.state.epochs_completed):
+                await in_step_thread(self._save, "epoch")
             if progress.stopped_early:
                 break
         return progress.results(
@@ -222,30 +214,65 @@ class OptimizedTrainingOptimizer:
             run_dir=log.run_dir,
         )
 
+    def _evaluate(self, epoch: int, stop: threading.Event) -> EvalStats:
+        assert self.val_loader is not None
+        return evaluate(
+            self.model, self.val_loader, epoch=epoch, stop=stop,
+            precision=self.mixed_precision.precision, strategy=self.strategy,
+            objective=self.objective, errors=self.error_handler,
+        )  # fmt: skip
+
     def _mean_over_ranks(self, total: float, count: int) -> float:
         sums = self.strategy.all_reduce_sum(torch.tensor([total, count], dtype=torch.float64))
         return float(sums[0] / sums[1])
 
-    def _end_epoch(self, log: RunLog, epoch: int, stats: EpochStats, progress: RunProgress) -> None:
+    def _end_epoch(self, log: RunLog, epoch: int, stats: EpochStats) -> None:
+        progress = self.state.progress
         log.emit(
-            "epoch_end",
-            epoch=epoch,
-            step=self.global_step,
-            train_loss=progress.train_loss,
-            val_loss=progress.val_loss,
-            val_accuracy=progress.val_accuracy,
-            steps=stats.steps,
-            skipped_steps=stats.skipped_steps,
-            samples=stats.samples,
-            epoch_time_s=stats.time_s,
+            "epoch_end", epoch=epoch, step=self.global_step, train_loss=progress.train_loss,
+            val_loss=progress.val_loss, val_accuracy=progress.val_accuracy, steps=stats.steps,
+            skipped_steps=stats.skipped_steps, samples=stats.samples, epoch_time_s=stats.time_s,
             data_time_s=stats.data_time_s,
             samples_per_s=stats.samples / stats.time_s if stats.time_s else None,
             early_stopping_bad_epochs=self.early_stopping.bad_epochs,
             stopped_early=progress.stopped_early,
-        )
+        )  # fmt: skip
         log.write_json("amp_stats.json", self.mixed_precision.get_amp_stats())
         log.drain()
 
+    # -- checkpoints ----------------------------------------------------------------------
+    def _resume(self) -> ResumePoint | None:
+        path = self.checkpointer.find()
+        if path is None:
+            return None
+        return self.state.resume_point(self.checkpointer.load(path))
+
+    def _checkpoint_if_due(self) -> None:
+        """Called by the step thread after every optimizer step."""
+        if self.checkpointer.due_after_step(self.global_step):
+            self._save("step")
+
+    def _save(self, reason: str) -> str | None:
+        self._loop.flush()  # the last step's readback: scheduler and statistics up to date
+        if self._log is not None:
+            self._log.drain()  # every record up to the checkpoint is on disk first
+        path = self.checkpointer.save(
+            step=self.global_step, epoch=self.epochs_completed, reason=reason
+        )
+        return None if path is None else str(path)
+
+    async def _save_shielded(self, reason: str, *, always: bool = False) -> str | None:
+        """A checkpoint at the step boundary where the run stopped, whatever cancels us.
+
+        Stops (cancellation, signals, a peer's stop) honour ``save_on_cancel``; a failure
+        in a step (``always``) checkpoints the last completed step regardless."""
+        if self.global_step == 0 or not (always or self.checkpointer.config.save_on_cancel):
+            return None
+        with anyio.CancelScope(shield=True):
+            return await in_step_thread(self._save, reason)
+        return None  # unreachable: a shielded scope never swallows the result
+
+    # -- the run's files ------------------------------------------------------------------
     def _open_run(self) -> RunLog:
         cfg = self.config
         run_id = self.strategy.broadcast_object(new_run_id())
@@ -270,7 +297,10 @@ class OptimizedTrainingOptimizer:
         return log
 
     def _close_run(self, log: RunLog, status: str, error: BaseException | None) -> None:
-        self._loop.flush()
+        try:
+            self._loop.flush()
+        except Exception as exc:  # the run already failed; keep the first error
+            error = error or exc
         log.write_json("amp_stats.json", self.mixed_precision.get_amp_stats())
         fields: dict[str, Any] = {
             "status": status,
@@ -290,33 +320,51 @@ class OptimizedTrainingOptimizer:
         if self._log is not None:
             self._log.emit(event, **fields)
 
+    def _error(self, event: str, **fields: Any) -> None:
+        if self._log is not None:
+            self._log.error(event, **fields)
+
+    def _fingerprint(self) -> dict[str, Any]:
+        """The settings a checkpoint's state depends on (compared before resuming)."""
+        return {
+            "model": type(self.strategy.unwrap(self.model)).__name__,
+            "parameters": parameter_count(self.strategy.unwrap(self.model)),
+            "optimizer": type(self.optimizer).__name__,
+            "scheduler": None if self.scheduler is None else type(self.scheduler).__name__,
+            "precision": self.mixed_precision.configured_precision,
+            "accumulation_steps": self.accumulation.accumulation_steps,
+            "world_size": self.strategy.world_size,
+            "batches_per_epoch": batches_per_epoch(self.train_loader),
+            "batch_size": getattr(self.train_loader, "batch_size", None),
+        }
+
     def describe(self) -> dict[str, Any]:
         """The resolved configuration of this job (what ``config.json`` holds)."""
         model = self.strategy.unwrap(self.model)
         return {
             "training": self.config.to_dict(),
             "mixed_precision": {
-                **{k: _jsonable(v) for k, v in vars(self.mixed_precision.config).items()},
+                **{k: jsonable(v) for k, v in vars(self.mixed_precision.config).items()},
                 "resolved_precision": self.mixed_precision.amp_precision.name,
             },
             "gradient_accumulation": vars(self.accumulation.config),
             "strategy": self.multi_gpu_trainer.get_training_info(),
+            "checkpoints": {
+                **{k: jsonable(v) for k, v in vars(self.checkpointer.config).items()},
+                "directory": str(self.checkpointer.store.directory),
+            },
+            "error_handling": jsonable(vars(self.error_handler.config)),
             "model": type(model).__name__,
-            "parameters": sum(p.numel() for p in model.parameters()),
+            "parameters": parameter_count(model),
             "optimizer": type(self.optimizer).__name__,
-            "optimizer_defaults": {k: _jsonable(v) for k, v in self.optimizer.defaults.items()},
+            "optimizer_defaults": jsonable(self.optimizer.defaults),
             "scheduler": None if self.scheduler is None else type(self.scheduler).__name__,
-            "loss_fn": _name(self._loop.objective.loss_fn),
+            "loss_fn": name_of(self.objective.loss_fn),
         }
 
 
-def _name(obj: object) -> str:
-    return getattr(obj, "__name__", None) or type(obj).__name__
-
-
-def _jsonable(value: object) -> object:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (tuple, list)):
-        return [_jsonable(v) for v in value]
-    return str(value)
+async def _stopped() -> bool:
+    """After the ranks agreed to stop: re-raise this task's cancellation if it was cancelled;
+    otherwise another rank asked to stop, and this one ends its run as interrupted."""
+    await anyio.lowlevel.checkpoint()
+    return True

@@ -1,4 +1,4 @@
-"""The synchronous step loop: one epoch of optimizer steps, and one pass of evaluation.
+"""The synchronous step loop: one epoch of optimizer steps.
 
 Plain PyTorch, run in a worker thread by the orchestrator; nothing in here awaits. One
 optimizer step, top to bottom::
@@ -6,37 +6,43 @@ optimizer step, top to bottom::
     window of batches -> each micro-batch: autocast(forward + loss) -> weighted backward
                          (gradient sync only on the window's last micro-batch)
     boundary:            unscale -> total norm -> clip -> [read back step N-1]
-                         -> optimizer step (skipped on overflow) -> scale update
+                         -> optimizer step (skipped on overflow / non-finite gradients)
+                         -> scale update
 
 Host syncs: none per step on CUDA with a fused optimizer. Step N's loss, gradient norm,
-overflow flag and loss scale are read back during step N+1 (see ``core.readback``); the LR
+skip flag and loss scale are read back during step N+1 (see ``core.readback``); the LR
 scheduler is stepped for step N at that point, only if step N was applied, which is before
-step N+1's optimizer step, so the schedule is exactly that of an eager loop.
+step N+1's optimizer step, so the schedule is exactly that of an eager loop. The loop knows
+where it is (epoch, loader batches consumed) so a checkpoint can resume mid-epoch.
 """
 
 from __future__ import annotations
 
+import gc
+import itertools
 import threading
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
 from time import perf_counter
 from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
-from core.batches import count_samples, take_samples, to_device
-from core.error_handler import ErrorHandler
+from core.batches import to_device
+from core.error_handler import ErrorHandler, is_out_of_memory
 from core.errors import EmptyLoaderError
 from core.gradient_accumulation import GradientAccumulation, Window
 from core.memory import device_memory
 from core.mixed_precision_training import MixedPrecisionTrainer
 from core.objective import Objective
 from core.optim_step import OptimizerStepper
+from core.precision import Precision
 from core.readback import Readback
+from core.rng import capture_rng, restore_rng
 from core.strategies import Strategy
 
-__all__ = ("EpochStats", "EvalStats", "StepLoop")
+__all__ = ("EpochStats", "ResumePoint", "StepLoop")
 
 Emit = Callable[..., None]
 Scheduler = Any  # torch.optim.lr_scheduler.LRScheduler or anything with .step()
@@ -58,12 +64,13 @@ class EpochStats:
         return self.loss_sum / self.samples if self.samples else None
 
 
-@dataclass(frozen=True)
-class EvalStats:
-    loss: float
-    accuracy: float | None
-    samples: int
-    interrupted: bool = False
+class ResumePoint(NamedTuple):
+    """Where a checkpoint left an epoch: batches consumed, its statistics, the RNG states."""
+
+    batches_done: int
+    stats: EpochStats
+    rng_epoch_start: dict[str, Any]
+    rng_now: dict[str, Any]
 
 
 class _Pending(NamedTuple):
@@ -105,37 +112,58 @@ class StepLoop:
         self.errors = errors
         self.max_grad_norm = max_grad_norm
         self.emit = emit
+        self.on_step_end: Callable[[], None] | None = None
         self.device = strategy.device
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.stepper = OptimizerStepper(optimizer)
         self.memory = device_memory(self.device)
+        self.recover_oom = strategy.world_size == 1 and errors.config.oom_recovery != "off"
         self.global_step = 0
+        self.epoch = 0
+        self.batches_done = 0
+        self.epoch_rng: dict[str, Any] = {}
         self._pending: _Pending | None = None
         self._stats = EpochStats(epoch=0)
         accumulation.install_sync_skipper(lambda: strategy.no_sync(model))
 
-    # -- training -------------------------------------------------------------------------
-    def run_epoch(self, loader: Iterable[Any], epoch: int, stop: threading.Event) -> EpochStats:
-        """Train one epoch; return early, at a step boundary, once ``stop`` is set."""
+    # -- an epoch -------------------------------------------------------------------------
+    def run_epoch(
+        self,
+        loader: Iterable[Any],
+        epoch: int,
+        stop: threading.Event,
+        resume: ResumePoint | None = None,
+    ) -> EpochStats:
+        """Train one epoch (the rest of it after ``resume``); return early, at a step
+        boundary all ranks agree on, once ``stop`` is set."""
         self.model.train()
         self.strategy.set_epoch(loader, epoch)
-        self._stats = stats = EpochStats(epoch=epoch)
-        batches = (
-            self.errors.check_batch(batch, epoch=epoch, batch_index=index)
-            for index, batch in enumerate(loader)
-        )
-        windows = self.accumulation.windows(batches)
+        batches = self._open_epoch(loader, epoch, resume)
+        stats = self._stats
+        windows = self.accumulation.windows(batches, start_index=self.batches_done)
         started = tick = perf_counter()
-        while (window := next(windows, None)) is not None:
+        while True:
+            try:
+                window = next(windows, None)
+            except Exception as exc:
+                raise self._failure(exc, "loading a batch", self.batches_done) from exc
+            if window is None:
+                break
             data_time = perf_counter() - tick
-            self._optimizer_step(window, epoch, data_time, tick)
+            try:
+                self._optimizer_step(window, epoch, data_time, tick)
+            except Exception as exc:
+                raise self._failure(exc, "the step", window.first_batch_index) from exc
+            self.batches_done = window.first_batch_index + len(window.batches)
+            if self.on_step_end is not None:
+                self.on_step_end()
             tick = perf_counter()
             if self.strategy.should_stop(stop.is_set()):  # agreed by all ranks
                 stats.interrupted = True
                 break
         stats.interrupted |= self.strategy.settle_stop_votes()
         self.flush()
-        stats.time_s = perf_counter() - started
+        stats.time_s += perf_counter() - started
         if stats.steps == 0 and not stats.interrupted:
             raise EmptyLoaderError(
                 f"train_loader yielded no batch in epoch {epoch}; allowed: a loader with at "
@@ -143,28 +171,54 @@ class StepLoop:
             )
         return stats
 
+    def _open_epoch(
+        self, loader: Iterable[Any], epoch: int, resume: ResumePoint | None
+    ) -> Iterator[Any]:
+        """The epoch's checked batches; after ``resume``, the same order, consumed ones skipped."""
+        self.epoch = epoch
+        if resume is None or resume.batches_done == 0:
+            if resume is not None:
+                restore_rng(resume.rng_now)
+            self.batches_done = 0
+            self._stats = EpochStats(epoch=epoch)
+            self.epoch_rng = capture_rng()  # before the loader draws its shuffle seed
+            return self._checked(iter(loader), epoch, 0)
+        restore_rng(resume.rng_epoch_start)
+        self.epoch_rng = resume.rng_epoch_start
+        iterator = iter(loader)
+        for _ in itertools.islice(iterator, resume.batches_done):
+            pass  # the same shuffle: consume what the interrupted run had trained on
+        restore_rng(resume.rng_now)
+        self.batches_done = resume.batches_done
+        self._stats = resume.stats
+        return self._checked(iterator, epoch, resume.batches_done)
+
+    def _checked(self, batches: Iterator[Any], epoch: int, start: int) -> Iterator[Any]:
+        for index, batch in enumerate(batches, start=start):
+            yield self.errors.check_batch(batch, epoch=epoch, batch_index=index)
+
+    def _failure(self, exc: Exception, phase: str, batch_index: int) -> BaseException:
+        timeout = getattr(self.strategy, "timeout_s", None)
+        return self.errors.step_error(
+            exc, epoch=self.epoch, step=self.global_step + 1, batch_index=batch_index,
+            rank=self.strategy.rank, timeout_s=timeout, phase=phase,
+        )  # fmt: skip
+
+    # -- a step ---------------------------------------------------------------------------
     def _optimizer_step(self, window: Window, epoch: int, data_time: float, tick: float) -> None:
         precision = self.precision.begin_step()
         normaliser = self.strategy.window_normaliser(window.samples)
-        losses: list[torch.Tensor] = []
-        sizes: list[int] = []
-        for micro in self.accumulation.micro_batches(window):
-            batch = to_device(micro.data, self.device)
-            with self.accumulation.sync_context(micro):
-                with precision.autocast():
-                    _, loss = self.objective(self.model, batch)
-                loss = self.errors.check_loss(
-                    loss, epoch=epoch, batch_index=window.first_batch_index
-                )
-                precision.backward(loss * (micro.samples / normaliser))
-            losses.append(loss.detach().float())
-            sizes.append(micro.samples)
+        while (done := self._accumulate(window, precision, normaliser, epoch)) is None:
+            self._shrink_after_oom(window, epoch)
+        losses, sizes = done
 
         grads = [p.grad for p in self.params if p.grad is not None]
         found_inf = precision.unscale_(grads)
         if found_inf is not None:
             found_inf = self.strategy.reduce_found_inf(found_inf)
         grad_norm = self.strategy.total_norm(grads)
+        if found_inf is None and self.errors.config.skip_nonfinite:
+            found_inf = (~torch.isfinite(grad_norm)).float()  # skipped on the device
         if self.max_grad_norm is not None:
             torch.nn.utils.clip_grads_with_norm_(self.params, self.max_grad_norm, grad_norm)
 
@@ -176,10 +230,48 @@ class StepLoop:
         self.optimizer.zero_grad(set_to_none=True)
 
         self.global_step += 1
-        now = perf_counter()
         self._pending = _Pending(
-            readback, epoch, self.global_step, lr, window.samples, now - tick, data_time
+            readback, epoch, self.global_step, lr, window.samples, perf_counter() - tick, data_time
         )
+
+    def _accumulate(
+        self, window: Window, precision: Precision, normaliser: float | torch.Tensor, epoch: int
+    ) -> tuple[list[torch.Tensor], list[int]] | None:
+        """Forward and backward every micro-batch; None after an out-of-memory error."""
+        losses: list[torch.Tensor] = []
+        sizes: list[int] = []
+        try:
+            for micro in self.accumulation.micro_batches(window):
+                batch = to_device(micro.data, self.device)
+                with self.accumulation.sync_context(micro):
+                    with precision.autocast():
+                        _, loss = self.objective(self.model, batch)
+                    loss = self.errors.check_loss(
+                        loss, epoch=epoch, batch_index=window.first_batch_index
+                    )
+                    precision.backward(loss * (micro.samples / normaliser))
+                losses.append(loss.detach().float())
+                sizes.append(micro.samples)
+        except Exception as exc:
+            if not (self.recover_oom and is_out_of_memory(exc)):
+                raise
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
+        return losses, sizes
+
+    def _shrink_after_oom(self, window: Window, epoch: int) -> None:
+        """Free what the failed attempt held and halve the micro-batch (same result)."""
+        largest = max(window.sizes)
+        size = self.accumulation.halve_micro_batch(largest)
+        if size is None:
+            raise self.errors.out_of_memory(batch_size=largest, micro_batch_size=1)
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.emit(
+            "oom_recovered", epoch=epoch, step=self.global_step + 1,
+            batch_index=window.first_batch_index, batch_size=largest, micro_batch_size=size,
+        )  # fmt: skip
 
     def _resolve_pending(self) -> None:
         pending, self._pending = self._pending, None
@@ -217,68 +309,33 @@ class StepLoop:
             mem_allocated_bytes=self.memory.allocated(),
             max_mem_allocated_bytes=self.memory.max_allocated(),
         )
+        if scalars.skipped and not scalars.overflow:
+            self.emit("nonfinite_skipped", epoch=pending.epoch, step=pending.step,
+                      loss=scalars.loss, grad_norm=scalars.grad_norm)  # fmt: skip
+        fall_back = self.errors.after_step(
+            step=pending.step, skipped=scalars.skipped, overflow=scalars.overflow,
+            loss_scale=scalars.loss_scale, min_scale=self.precision.config.min_scale,
+        )  # fmt: skip
+        if fall_back:
+            before, after = self.precision.fall_back()
+            self.emit("precision_fallback", step=pending.step, from_precision=before,
+                      to_precision=after, reason="overflow at min_scale")  # fmt: skip
 
     def flush(self) -> None:
         """Read back the last step (end of epoch, before a checkpoint or a stop)."""
         self._resolve_pending()
 
-    # -- evaluation -----------------------------------------------------------------------
-    @torch.no_grad()
-    def evaluate(self, loader: Iterable[Any], epoch: int, stop: threading.Event) -> EvalStats:
-        """Sample-weighted mean loss (and accuracy where it applies) over ``loader``.
+    # -- checkpoints ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "global_step": self.global_step,
+            "epoch": self.epoch,
+            "batches_done": self.batches_done,
+            "epoch_stats": asdict(self._stats),
+        }
 
-        Under a distributed strategy each rank evaluates its shard; samples that only pad a
-        shard still run forward (FSDP2 needs every rank in every all-gather) but are not
-        counted, and the sums are all-reduced, so the metrics equal one process's.
-        """
-        self.model.eval()
-        precision = self.precision.precision
-        limit = self.strategy.eval_sample_limit(loader)
-        zero = torch.zeros((), dtype=torch.float64, device=self.device)
-        loss_sum, correct, counted = zero.clone(), zero.clone(), zero.clone()
-        samples = 0
-        accuracy_applies = True
-        interrupted = False
-        for index, raw in enumerate(loader):
-            batch = to_device(
-                self.errors.check_batch(raw, epoch=epoch, batch_index=index), self.device
-            )
-            size = count_samples(batch)
-            keep = size if limit is None else max(0, min(size, limit - samples))
-            if 0 < keep < size:
-                batch, size = take_samples(batch, keep), keep
-            with precision.autocast():
-                outputs, loss = self.objective(self.model, batch)
-            loss = self.errors.check_loss(loss, epoch=epoch, batch_index=index)
-            if keep:
-                loss_sum += loss.detach().double() * size
-                samples += size
-                hits = self.objective.correct(outputs, batch)
-                if hits is None:
-                    accuracy_applies = False
-                else:
-                    correct += hits[0]
-                    counted += hits[1]
-            if self.strategy.should_stop(stop.is_set()):
-                interrupted = True
-                break
-        interrupted |= self.strategy.settle_stop_votes()
-        local = torch.stack([loss_sum, correct, counted, zero + samples, zero + accuracy_applies])
-        totals = self.strategy.all_reduce_sum(local)
-        # Host sync, once per validation: early stopping needs the value now.
-        loss_total, correct_total, counted_total, sample_total, applies = totals.tolist()
-        if sample_total == 0 and interrupted:
-            return EvalStats(loss=float("nan"), accuracy=None, samples=0, interrupted=True)
-        if sample_total == 0:
-            raise EmptyLoaderError(
-                "val_loader yielded no batch; allowed: a loader with at least one batch, or "
-                "val_loader=None. Fix: check the validation dataset, or pass val_loader=None."
-            )
-        world = self.strategy.world_size
-        accuracy = correct_total / counted_total if applies == world and counted_total else None
-        return EvalStats(
-            loss=loss_total / sample_total,
-            accuracy=accuracy,
-            samples=int(sample_total),
-            interrupted=interrupted,
-        )
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.global_step = int(state["global_step"])
+        self.epoch = int(state["epoch"])
+        self.batches_done = int(state["batches_done"])
+        self._stats = EpochStats(**state["epoch_stats"])

@@ -73,7 +73,7 @@ def test_train_script_runs_unchanged_under_torchrun(tmp_path: Path) -> None:
         command, env=env, capture_output=True, text=True, timeout=240, check=False
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    (run_dir,) = (tmp_path / "email_sequence").iterdir()
+    (run_dir,) = (p for p in (tmp_path / "email_sequence").iterdir() if p.name != "checkpoints")
     names = {p.name for p in run_dir.iterdir()}
     assert {"events.jsonl", "events.rank1.jsonl", "results.json"} <= names
     start = json.loads((run_dir / "events.jsonl").read_text().splitlines()[0])

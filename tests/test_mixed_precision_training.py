@@ -15,6 +15,7 @@ from core import (
     MixedPrecisionTrainer,
     create_optimized_training_optimizer,
 )
+from core.error_handler import ErrorHandlerConfig
 from core.mixed_precision_training import resolve_precision
 from core.precision import FP32, Autocast, ScaledFP16
 from tests.helpers import loaders, make_model
@@ -161,7 +162,10 @@ def test_fp16_overflowing_steps_are_skipped_and_scheduler_does_not_move(log_dir:
 
 
 def test_fp16_scale_stops_at_min_scale(log_dir: Path) -> None:
-    optimizer, _ = train(InfInjector(make_model()), log_dir, amp_init_scale=8.0, amp_min_scale=2.0)
+    optimizer, _ = train(
+        InfInjector(make_model()), log_dir, amp_init_scale=8.0, amp_min_scale=2.0,
+        error_handler_config=ErrorHandlerConfig(precision_fallback=False),
+    )  # fmt: skip
     assert optimizer.mixed_precision.get_amp_stats()["current_scale"] == 2.0
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 from torch import nn
+from torch.optim import Optimizer
 
 __all__ = ("Strategy",)
 
@@ -84,6 +86,21 @@ class Strategy:
         """The full (unsharded) model state; under FSDP2 a collective, filled on rank 0."""
         return self.unwrap(model).state_dict()
 
+    # -- checkpoints ----------------------------------------------------------------------
+    def checkpoint_state(self, model: nn.Module, optimizer: Optimizer) -> dict[str, Any]:
+        """Model and optimizer state to store in ``state.pt`` (rank 0's, for replicas)."""
+        return {"model": self.unwrap(model).state_dict(), "optimizer": optimizer.state_dict()}
+
+    def save_sharded(self, model: nn.Module, optimizer: Optimizer, path: Path) -> None:
+        """Write sharded state with torch.distributed.checkpoint (FSDP2 only)."""
+
+    def load_checkpoint_state(
+        self, model: nn.Module, optimizer: Optimizer, payload: dict[str, Any], sharded: Path
+    ) -> None:
+        """Restore what :meth:`checkpoint_state` (or :meth:`save_sharded`) stored."""
+        self.unwrap(model).load_state_dict(payload["model"])
+        optimizer.load_state_dict(payload["optimizer"])
+
     def set_epoch(self, loader: Iterable[Any], epoch: int) -> None:
         """Tell the loader's sampler which epoch starts (for a distinct shuffle per epoch)."""
         sampler = getattr(loader, "sampler", None)
@@ -128,6 +145,10 @@ class Strategy:
     def broadcast_object(self, obj: T) -> T:
         """Rank 0's value of ``obj`` on every rank."""
         return obj
+
+    def gather_object(self, obj: T) -> list[T]:
+        """Every rank's ``obj``, in rank order, on rank 0 (others get an empty list)."""
+        return [obj]
 
     def barrier(self) -> None:
         """Wait for every rank."""

@@ -13,14 +13,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.optim import Optimizer
 
 from core.strategies.process_group import ProcessGroupStrategy
 
@@ -96,6 +105,21 @@ class FSDPStrategy(ProcessGroupStrategy):
     def model_state_dict(self, model: nn.Module) -> dict[str, Any]:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(model, options=options)
+
+    # Sharded checkpoints: every rank writes its shards; ``.metadata`` is written last.
+    def checkpoint_state(self, model: nn.Module, optimizer: Optimizer) -> dict[str, Any]:
+        return {}
+
+    def save_sharded(self, model: nn.Module, optimizer: Optimizer, path: Path) -> None:
+        model_state, optim_state = get_state_dict(model, optimizer)
+        dcp_save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(path))
+
+    def load_checkpoint_state(
+        self, model: nn.Module, optimizer: Optimizer, payload: dict[str, Any], sharded: Path
+    ) -> None:
+        model_state, optim_state = get_state_dict(model, optimizer)
+        dcp_load({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(sharded))
+        set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
 
 
 @contextmanager

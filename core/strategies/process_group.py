@@ -184,5 +184,12 @@ class ProcessGroupStrategy(Strategy):
         dist.broadcast_object_list(box, src=0, group=self._control)
         return cast(T, box[0])
 
+    def gather_object(self, obj: T) -> list[T]:
+        gathered: list[Any] = [None] * self.world_size if self.is_global_zero else []
+        dist.gather_object(
+            obj, gathered if self.is_global_zero else None, dst=0, group=self._control
+        )
+        return cast(list[T], gathered)
+
     def barrier(self) -> None:
         dist.barrier(group=self._control)
