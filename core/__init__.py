@@ -12,13 +12,23 @@ accumulation, per-step JSON telemetry) from inside any asyncio or trio program::
 
 from __future__ import annotations
 
+from core.checkpointing import CheckpointConfig
 from core.config import TrainingConfig
+from core.error_handler import ErrorHandler, ErrorHandlerConfig
 from core.errors import (
     BatchFormatError,
+    CheckpointError,
     ConfigError,
     CoreError,
+    DistributedTimeoutError,
     EmptyLoaderError,
+    IncompatibleCheckpointError,
     LossFormatError,
+    NonFiniteLossError,
+    OutOfMemoryError,
+    SignalReceived,
+    TrainingStepError,
+    UnsafeCheckpointError,
 )
 from core.events import EventStream
 from core.gradient_accumulation import GradientAccumulation, GradientAccumulationConfig
@@ -35,9 +45,20 @@ __version__ = "0.1.0"
 
 __all__ = (
     "BatchFormatError",
+    "CheckpointConfig",
+    "CheckpointError",
     "ConfigError",
     "CoreError",
+    "DistributedTimeoutError",
     "EmptyLoaderError",
+    "ErrorHandler",
+    "ErrorHandlerConfig",
+    "IncompatibleCheckpointError",
+    "NonFiniteLossError",
+    "OutOfMemoryError",
+    "SignalReceived",
+    "TrainingStepError",
+    "UnsafeCheckpointError",
     "EventStream",
     "GradientAccumulation",
     "GradientAccumulationConfig",

@@ -22,7 +22,7 @@ import gc
 import itertools
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from time import perf_counter
 from typing import Any, NamedTuple
 
@@ -190,7 +190,7 @@ class StepLoop:
             pass  # the same shuffle: consume what the interrupted run had trained on
         restore_rng(resume.rng_now)
         self.batches_done = resume.batches_done
-        self._stats = resume.stats
+        self._stats = replace(resume.stats, interrupted=False)
         return self._checked(iterator, epoch, resume.batches_done)
 
     def _checked(self, batches: Iterator[Any], epoch: int, start: int) -> Iterator[Any]:

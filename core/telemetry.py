@@ -41,8 +41,11 @@ _Queued = tuple[str, str, float, dict[str, Any]]
 
 
 def new_run_id() -> str:
-    """A sortable, collision-resistant run id such as ``20261122-031500-a1b2c3``."""
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+    """A run id that sorts by start time (UTC, to the millisecond) and does not collide,
+    such as ``20261122-031500.123-a1b2c3``."""
+    now = time.time()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}"
+    return f"{stamp}-{secrets.token_hex(3)}"
 
 
 def _orjson_dumps(obj: Any, default: Any = None) -> bytes:

@@ -37,6 +37,10 @@ class DistributedEnvironment:
     local_world_size: int
     master_addr: str | None
     master_port: int | None
+    restart_count: int = 0
+    """``TORCHELASTIC_RESTART_COUNT``: how often torchrun restarted this job's workers."""
+    agent_store: bool = False
+    """Workers share the torchrun agent's store (``TORCHELASTIC_USE_AGENT_STORE``)."""
 
     @classmethod
     def from_environ(
@@ -68,7 +72,24 @@ class DistributedEnvironment:
             local_world_size=_int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else 1,
             master_addr=env.get("MASTER_ADDR"),
             master_port=_int(env, "MASTER_PORT") if "MASTER_PORT" in env else None,
+            restart_count=(
+                _int(env, "TORCHELASTIC_RESTART_COUNT")
+                if "TORCHELASTIC_RESTART_COUNT" in env
+                else 0
+            ),
+            agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
         )
+
+    def agent_rendezvous(self) -> tuple[str, int, str] | None:
+        """``(host, port, key prefix)`` for joining the agent's store, or None.
+
+        torchrun reuses its store across restarts, so the keys of a previous attempt's
+        process group (gloo's peer addresses among them) are still there; a prefix per
+        attempt keeps a restarted worker from connecting to a dead peer's address.
+        """
+        if not self.agent_store or self.master_addr is None or self.master_port is None:
+            return None
+        return self.master_addr, self.master_port, f"core/attempt_{self.restart_count}/"
 
 
 def rendezvous_address(environ: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:

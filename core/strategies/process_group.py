@@ -22,6 +22,7 @@ from typing import Any, TypeVar, cast
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from core.errors import ConfigError
 from core.strategies.base import Strategy
@@ -50,6 +51,7 @@ class ProcessGroupStrategy(Strategy):
         use_distributed_sampler: bool = True,
         seed: int = 0,
         vote_interval: int = 16,
+        agent_rendezvous: tuple[str, int, str] | None = None,
     ) -> None:
         super().__init__(device, name)
         self.backend = backend
@@ -65,6 +67,7 @@ class ProcessGroupStrategy(Strategy):
         self._control: Any = None
         self._equal_shards = False
         self.vote_interval = vote_interval
+        self.agent_rendezvous = agent_rendezvous
         self._boundaries = 0
         self._vote = torch.zeros(1, dtype=torch.int32)
         self._vote_work: Any = None
@@ -95,18 +98,27 @@ class ProcessGroupStrategy(Strategy):
                     f"{self._world_size}, rank={self._rank}. Fix: leave world_size/rank at -1."
                 )
         else:
-            dist.init_process_group(
-                backend=self.backend,
-                init_method=self.init_method,
-                world_size=self._world_size,
-                rank=self._rank,
-                timeout=timedelta(seconds=self.timeout_s),
-            )
+            self._init_group()
             self._owns_group = True
         if dist.get_backend() != "gloo":
             self._control = dist.new_group(
                 backend="gloo", timeout=timedelta(seconds=self.timeout_s)
             )
+
+    def _init_group(self) -> None:
+        timeout = timedelta(seconds=self.timeout_s)
+        size, rank = self._world_size, self._rank
+        if self.agent_rendezvous is None or self.init_method != "env://":
+            dist.init_process_group(
+                self.backend, self.init_method, timeout=timeout, world_size=size, rank=rank
+            )
+            return
+        host, port, prefix = self.agent_rendezvous  # see DistributedEnvironment
+        agent = TCPStore(host, port, size, is_master=False, timeout=timeout)
+        store = PrefixStore(prefix, agent)
+        dist.init_process_group(
+            self.backend, timeout=timeout, world_size=size, rank=rank, store=store
+        )
 
     def teardown(self) -> None:
         if self._owns_group and dist.is_initialized():

@@ -161,6 +161,7 @@ def _group(
         "use_distributed_sampler": options.use_distributed_sampler,
         "seed": options.seed,
         "vote_interval": config.stop_vote_interval,
+        "agent_rendezvous": env.agent_rendezvous() if env is not None else None,
     }
 
 

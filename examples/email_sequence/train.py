@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
 
-from core import GradientAccumulationConfig, create_optimized_training_optimizer
+from core import GradientAccumulationConfig, SignalReceived, create_optimized_training_optimizer
 from examples.email_sequence import (
     EmailSequenceDataset,
     EmailSequenceModel,
@@ -52,6 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--experiment", default="email_sequence")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--checkpoint-every-n-steps", type=int, default=None)
+    parser.add_argument("--resume", default=None, help="'auto' or a checkpoint directory")
     return parser.parse_args(argv)
 
 
@@ -92,6 +94,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         max_grad_norm=1.0,
         log_dir=args.log_dir,
         seed=args.seed,
+        checkpoint_every_n_steps=args.checkpoint_every_n_steps,
+        resume=args.resume,
+        handle_signals=True,  # this script owns its process: SIGTERM/SIGINT stop gracefully
     )
     rank = optimizer.strategy.rank
     loader = optimizer.train_loader  # under torchrun: this rank's shard
@@ -100,13 +105,19 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         if isinstance(loader, Sized)
         else None
     )
+    stopped: SignalReceived | None = None
     try:
         async with anyio.create_task_group() as tg:
             if rank == 0 and not args.no_progress:
                 tg.start_soon(show_progress, optimizer.events(), total)
-            results = await optimizer.train()
+            try:
+                results = await optimizer.train()
+            except SignalReceived as exc:  # raised after the task group, not wrapped in it
+                stopped = exc
     finally:
         optimizer.close()  # under torchrun: leaves the process group
+    if stopped is not None:
+        raise stopped
     summary = results.to_dict() | {
         "majority_class_rate": majority_class_rate(val_set),
         "amp_stats": optimizer.mixed_precision.get_amp_stats(),
@@ -129,7 +140,10 @@ def report(summary: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    arguments = parse_args()
-    outcome = anyio.run(main, arguments)
+    try:
+        outcome = anyio.run(main, parse_args())
+    except SignalReceived as stopped:  # checkpoint written; resume with --resume auto
+        print(f"\n{stopped}", file=sys.stderr)
+        sys.exit(stopped.exit_code)  # 143 after SIGTERM, 130 after SIGINT
     if int(os.environ.get("RANK", "0")) == 0:
         report(outcome)

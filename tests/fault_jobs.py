@@ -1,0 +1,153 @@
+"""A training process for fault-injection tests (tests/test_reliability.py).
+
+    python tests/fault_jobs.py --out DIR [--resume auto] [--kill-at-call K] ...
+    python -m torch.distributed.run --nproc_per_node=2 tests/fault_jobs.py --out DIR ...
+
+Trains a small model with dropout on shuffled data in fp16 with an LR schedule and
+checkpoints every ``--every-n-steps`` steps; then writes its final state to
+``DIR/final.rank<R>.pt``. Faults are injected from inside the process, at a chosen forward
+call: SIGKILL itself, stall between a checkpoint's write and its commit, exit once, or hang.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from core import MultiGPUConfig, create_optimized_training_optimizer  # noqa: E402
+from core.errors import CoreError, SignalReceived  # noqa: E402
+
+
+class Faulty(nn.Module):
+    """An MLP with dropout that can kill, hang or exit its process at a chosen forward call."""
+
+    def __init__(self, args: argparse.Namespace, rank: int) -> None:
+        super().__init__()
+        torch.manual_seed(7)
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.Dropout(0.2), nn.Tanh(), nn.Linear(32, 2))
+        self.args, self.rank, self.calls = args, rank, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.calls += 1
+            self._inject()
+        out: torch.Tensor = self.net(x)
+        return out
+
+    def _inject(self) -> None:
+        a = self.args
+        if self.calls == a.kill_at_call:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.calls == a.exit_at_call and self.rank == a.exit_rank:
+            marker = Path(a.out) / "exited_once"
+            if not marker.exists():
+                marker.write_text("1")
+                os._exit(1)
+        if self.calls == a.hang_at_call and self.rank == a.hang_rank:
+            (Path(a.out) / f"hanging.rank{self.rank}").write_text("1")
+            time.sleep(3600)
+        if a.slow_s:
+            time.sleep(a.slow_s)
+
+
+def stall_before_commit(out: Path, from_step: int) -> Any:
+    def hook(staging: Path) -> None:
+        if int(staging.name.split(".")[1].removeprefix("step-")) >= from_step:
+            (out / "stalled").write_text(str(staging))
+            time.sleep(3600)
+
+    return hook
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--samples", type=int, default=192)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--accum", type=int, default=1)
+    p.add_argument("--every-n-steps", type=int, default=2)
+    p.add_argument("--precision", default="fp16")
+    p.add_argument("--resume", default=None)
+    p.add_argument("--kill-at-call", type=int, default=-1)
+    p.add_argument("--stall-commit-from-step", type=int, default=-1)
+    p.add_argument("--exit-rank", type=int, default=-1)
+    p.add_argument("--exit-at-call", type=int, default=-1)
+    p.add_argument("--hang-rank", type=int, default=-1)
+    p.add_argument("--hang-at-call", type=int, default=-1)
+    p.add_argument("--timeout-s", type=float, default=60.0)
+    p.add_argument("--slow-s", type=float, default=0.0)
+    return p.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
+    torch.set_num_threads(1)
+    rank = int(os.environ.get("RANK", "0"))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(args.samples, 8, generator=g)
+    data = TensorDataset(x, (x[:, 0] * x[:, 1] > 0).long())
+    from core import GradientAccumulationConfig
+
+    optimizer = create_optimized_training_optimizer(
+        model=Faulty(args, rank),
+        train_loader=DataLoader(data, batch_size=args.batch, shuffle=True),
+        max_epochs=args.epochs,
+        learning_rate=1e-2,
+        amp_dtype=args.precision,
+        amp_init_scale=2.0**8,
+        scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=3, gamma=0.9),
+        gradient_accumulation_config=GradientAccumulationConfig(args.accum),
+        log_dir=args.out / "logs",
+        experiment_name="faults",
+        seed=0,
+        checkpoint_every_n_steps=args.every_n_steps,
+        keep_last_n=3,
+        resume=args.resume,
+        handle_signals=True,
+        multi_gpu_config=MultiGPUConfig(timeout_s=args.timeout_s),
+    )
+    if args.stall_commit_from_step > 0:
+        optimizer.checkpointer.store.before_commit = stall_before_commit(
+            args.out, args.stall_commit_from_step
+        )
+    try:
+        results = anyio.run(optimizer.train)
+    except SignalReceived as exc:
+        print(f"rank {rank}: {exc}", flush=True)
+        return exc.exit_code
+    except CoreError as exc:
+        print(f"rank {rank}: {type(exc).__name__}: {exc}", flush=True)
+        return 1
+    finally:
+        optimizer.close()
+    inner = optimizer.strategy.unwrap(optimizer.model)
+    torch.save(
+        {
+            "model": inner.state_dict(),
+            "optimizer": optimizer.optimizer.state_dict(),
+            "scheduler": optimizer.scheduler.state_dict(),
+            "precision": optimizer.mixed_precision.state_dict(),
+            "global_step": optimizer.global_step,
+            "results": results.to_dict(),
+        },
+        args.out / f"final.rank{rank}.pt",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(parse()))
