@@ -1,0 +1,87 @@
+"""A per-epoch verdict on what limits training speed, in plain words.
+
+Two numbers decide it, checked in this order:
+
+1. **Input stall**: the fraction of step time spent waiting for the next batch. Above
+   :data:`INPUT_STALL_FRACTION` (20%) the device is starved by the input pipeline:
+   ``input_bound``, whatever the utilisation says (a starved device also looks idle).
+2. **Utilisation**: the monitor's mean ``util_pct`` over the epoch. Below
+   :data:`UNDERUTILISED_PCT` (60%) with the input keeping up, the device does too little work
+   per launch: ``underutilised``. A GPU's NVML utilisation is the share of time a kernel
+   was running, so 60% means 40% of the time it sat idle between launches. A psutil (CPU)
+   reading is 100 per busy core, so it is first divided by the number of torch threads.
+
+Otherwise, or when utilisation is unknown: ``compute_bound``, the model's own arithmetic is
+the limit.
+
+>>> bottleneck_verdict(step_time_s=0.1, data_time_s=0.05, util_mean_pct=90.0,
+...                    util_source="nvml")["verdict"]
+'input_bound'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from core.errors import config_error
+
+__all__ = ("INPUT_STALL_FRACTION", "UNDERUTILISED_PCT", "bottleneck_verdict")
+
+INPUT_STALL_FRACTION = 0.20
+"""Waiting for data more than this share of the step time means input-bound."""
+
+UNDERUTILISED_PCT = 60.0
+"""Mean utilisation below this (per core for a CPU) without input stall means underutilised."""
+
+
+def bottleneck_verdict(
+    *,
+    step_time_s: float,
+    data_time_s: float,
+    util_mean_pct: float | None,
+    util_source: str | None,
+    cpu_threads: int | None = None,
+) -> dict[str, Any]:
+    """Classify an epoch as ``input_bound``, ``underutilised`` or ``compute_bound``.
+
+    ``step_time_s`` and ``data_time_s`` are the epoch's (or a step's mean) total step time and
+    the part of it spent waiting for batches. ``util_source`` is the monitor's source
+    (``"nvml"`` or ``"psutil"``); for ``"psutil"`` the reading is divided by ``cpu_threads``
+    (default: ``torch.get_num_threads()``). Returns ``input_stall_fraction``,
+    ``util_mean_pct`` (as given), ``verdict`` and ``advice``.
+    """
+    if not step_time_s >= 0:
+        raise config_error("step_time_s", step_time_s, "a number of seconds >= 0")
+    if not data_time_s >= 0:
+        raise config_error("data_time_s", data_time_s, "a number of seconds >= 0")
+    stall = data_time_s / step_time_s if step_time_s > 0 else 0.0
+    result: dict[str, Any] = {"input_stall_fraction": stall, "util_mean_pct": util_mean_pct}
+    if stall > INPUT_STALL_FRACTION:
+        advice = (
+            f"The step waited for data {stall:.0%} of the time (more than "
+            f"{INPUT_STALL_FRACTION:.0%}): the input pipeline starves the device. Raise the "
+            "DataLoader's num_workers, set pin_memory=True and persistent_workers=True, or "
+            "cache the decoded dataset in memory."
+        )
+        return result | {"verdict": "input_bound", "advice": advice}
+    if util_mean_pct is not None:
+        cpu = util_source == "psutil"
+        threads = max(1, cpu_threads or torch.get_num_threads()) if cpu else 1
+        relative = util_mean_pct / threads
+        if relative < UNDERUTILISED_PCT:
+            what = f"{'CPU use per thread' if cpu else 'GPU utilisation'} averaged {relative:.0f}%"
+            advice = (
+                f"Input keeps up (waited {stall:.0%}) but {what}, below "
+                f"{UNDERUTILISED_PCT:.0f}%: each step gives the device too little work. Use "
+                "a larger batch size, or torch.compile the model to cut per-kernel overhead."
+            )
+            return result | {"verdict": "underutilised", "advice": advice}
+    known = "" if util_mean_pct is not None else " (utilisation unknown, so assumed)"
+    advice = (
+        f"Input keeps up (waited {stall:.0%}) and the device is busy{known}: the model's "
+        "own compute is the limit. Further speed comes from bf16 mixed precision, "
+        "torch.compile, or a faster device."
+    )
+    return result | {"verdict": "compute_bound", "advice": advice}
