@@ -21,13 +21,14 @@ the limit.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from core.errors import config_error
 
-__all__ = ("INPUT_STALL_FRACTION", "UNDERUTILISED_PCT", "bottleneck_verdict")
+__all__ = ("INPUT_STALL_FRACTION", "UNDERUTILISED_PCT", "bottleneck_verdict", "mean_util_since")
 
 INPUT_STALL_FRACTION = 0.20
 """Waiting for data more than this share of the step time means input-bound."""
@@ -85,3 +86,13 @@ def bottleneck_verdict(
         "torch.compile, or a faster device."
     )
     return result | {"verdict": "compute_bound", "advice": advice}
+
+
+def mean_util_since(samples: Sequence[Mapping[str, Any]], since: float) -> float | None:
+    """Mean ``util_pct`` of the first device over monitor samples taken at ``t_s >= since``."""
+    values = [
+        s["devices"][0]["util_pct"]
+        for s in samples
+        if s["t_s"] >= since and s["devices"] and s["devices"][0]["util_pct"] is not None
+    ]
+    return sum(values) / len(values) if values else None

@@ -42,6 +42,7 @@ class TrainingConfig:
     event_buffer_size: int = 1024
     log_flush_interval_s: float = 0.25
     handle_signals: bool = False
+    monitor_interval_s: float = 1.0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.experiment_name, str) and _SAFE_NAME.match(self.experiment_name)):
@@ -82,6 +83,8 @@ class TrainingConfig:
             raise config_error("seed", self.seed, "None or an integer >= 0")
         if not (_is_int(self.event_buffer_size) and self.event_buffer_size >= 1):
             raise config_error("event_buffer_size", self.event_buffer_size, "an integer >= 1")
+        if not (isinstance(self.monitor_interval_s, (int, float)) and self.monitor_interval_s > 0):
+            raise config_error("monitor_interval_s", self.monitor_interval_s, "seconds > 0")
         interval = self.log_flush_interval_s
         if not (isinstance(interval, (int, float)) and 0 < interval <= 60):
             raise config_error("log_flush_interval_s", interval, "a number of seconds in (0, 60]")

@@ -28,6 +28,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from core.errors import ConfigError
+from core.gpu_manager import GPUManager, GPUManagerConfig
+from core.gpu_monitor import GPUMonitor
 from core.launch import get_free_port, launch_distributed_training, setup_distributed_environment
 from core.multi_gpu_config import MultiGPUConfig, TrainingMode
 from core.strategies.selection import Machine, StrategyOptions, build_strategy, resolve_mode
@@ -65,13 +67,17 @@ class MultiGPUTrainer:
         use_distributed_sampler: bool = True,
         seed: int = 0,
         machine: Machine | None = None,
+        gpu_manager_config: GPUManagerConfig | None = None,
     ) -> None:
         self.config = config or MultiGPUConfig()
         self.machine = machine or Machine.detect()
         self.training_mode, self.notes = resolve_mode(self.config, self.machine)
         options = StrategyOptions(use_distributed_sampler, seed)
         self.strategy = build_strategy(self.training_mode, self.config, self.machine, options)
-        self.gpu_monitor: Any = None  # set by the GPU monitor issue
+        self.gpu_manager = GPUManager(gpu_manager_config, self.strategy.device)
+        self.device_settings: dict[str, Any] = {}
+        self.gpu_monitor: GPUMonitor | None = None
+        """The running job's monitor (set by the orchestrator for the length of a run)."""
         self._throughput = _Throughput()
         self._ready = False
         if self.machine.cuda_count > 1 and self.training_mode in ("single_gpu", "data_parallel"):
@@ -86,6 +92,7 @@ class MultiGPUTrainer:
         """Join or create the process group (idempotent)."""
         if not self._ready:
             self.strategy.setup()
+            self.device_settings = self.gpu_manager.apply()  # TF32, cudnn.benchmark, memory
             self._ready = True
 
     def initialize_training(
@@ -120,6 +127,7 @@ class MultiGPUTrainer:
         count = self.machine.cuda_count
         return self.strategy.describe() | {
             "notes": list(self.notes),
+            "device_settings": self.device_settings,
             "gpu_info": {
                 "device_count": count,
                 "current_device": torch.cuda.current_device() if cuda and count else None,
@@ -151,18 +159,15 @@ class MultiGPUTrainer:
         }
 
     def record_gpu_metrics(self) -> dict[str, Any] | None:
-        """This rank's device memory now (the GPU monitor replaces this with NVML samples)."""
+        """The monitor's latest sample of this rank's devices; without a running monitor,
+        one taken now (NVML, or psutil on a machine without GPUs)."""
         if self.gpu_monitor is not None:
-            latest: dict[str, Any] | None = self.gpu_monitor.get_latest_metrics()
-            return latest
-        if self.device.type != "cuda":
-            return None
-        return {
-            "device": str(self.device),
-            "mem_allocated_bytes": torch.cuda.memory_allocated(self.device),
-            "mem_reserved_bytes": torch.cuda.memory_reserved(self.device),
-            "max_mem_allocated_bytes": torch.cuda.max_memory_allocated(self.device),
-        }
+            return self.gpu_monitor.get_latest_metrics()
+        monitor = GPUMonitor(device_indices=self.strategy.device_indices())
+        try:
+            return monitor.sample()
+        finally:
+            monitor.close()
 
     def cleanup(self) -> None:
         """Tear down what setup created (a process group this trainer did not create stays)."""

@@ -24,6 +24,7 @@ from core.checkpointing import CheckpointConfig
 from core.config import TrainingConfig
 from core.error_handler import ErrorHandler, ErrorHandlerConfig
 from core.errors import ConfigError, EmptyLoaderError, config_error
+from core.gpu_manager import GPUManagerConfig
 from core.gradient_accumulation import GradientAccumulation, GradientAccumulationConfig
 from core.mixed_precision_training import AmpDtype, MixedPrecisionConfig, MixedPrecisionTrainer
 from core.multi_gpu_training import MultiGPUConfig, MultiGPUTrainer
@@ -117,6 +118,10 @@ def create_optimized_training_optimizer(
     handle_signals: bool = False,
     max_consecutive_nonfinite: int = 10,
     error_handler_config: ErrorHandlerConfig | None = None,
+    monitor_interval_s: float = 1.0,
+    tf32: bool = True,
+    cudnn_benchmark: bool = False,
+    memory_fraction: float | None = None,
 ) -> OptimizedTrainingOptimizer:
     """Validate every argument, then build the parts and the orchestrator.
 
@@ -128,7 +133,9 @@ def create_optimized_training_optimizer(
     ``core.multi_gpu_training``); under DDP/FSDP2 a plain DataLoader is rebuilt with a
     DistributedSampler unless ``use_distributed_sampler=False``. The checkpoint arguments
     form a :class:`~core.checkpointing.CheckpointConfig` (``resume="auto"`` continues from the
-    newest valid checkpoint of the experiment).
+    newest valid checkpoint of the experiment). ``tf32``, ``cudnn_benchmark`` and
+    ``memory_fraction`` are applied to CUDA devices by ``core.gpu_manager``; the monitor
+    (``MultiGPUConfig.enable_gpu_monitoring``) samples every ``monitor_interval_s``.
     """
     _check_model(model)
     _check_loader(train_loader, "train_loader")
@@ -150,6 +157,10 @@ def create_optimized_training_optimizer(
         event_buffer_size=event_buffer_size,
         log_flush_interval_s=log_flush_interval_s,
         handle_signals=handle_signals,
+        monitor_interval_s=monitor_interval_s,
+    )
+    gpu_manager_config = GPUManagerConfig(
+        tf32=tf32, cudnn_benchmark=cudnn_benchmark, memory_fraction=memory_fraction
     )
     checkpoint_config = CheckpointConfig(
         checkpoint_dir=checkpoint_dir,
@@ -177,7 +188,10 @@ def create_optimized_training_optimizer(
     if not any(p.requires_grad for p in model.parameters()):
         raise config_error("model", type(model).__name__, "a module with trainable parameters")
     trainer = MultiGPUTrainer(
-        multi_gpu_config, use_distributed_sampler=use_distributed_sampler, seed=seed or 0
+        multi_gpu_config,
+        use_distributed_sampler=use_distributed_sampler,
+        seed=seed or 0,
+        gpu_manager_config=gpu_manager_config,
     )
     trainer.setup()
     try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import platform
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import torch
 from torch import nn
 
 from core.async_tools import drain_periodically, in_step_thread, stop_when_cancelled
+from core.bottleneck import bottleneck_verdict, mean_util_since
 from core.checkpointing import CheckpointConfig, Checkpointer
 from core.config import TrainingConfig
 from core.early_stopping import EarlyStopping
@@ -34,6 +36,7 @@ from core.error_handler import ErrorHandler
 from core.errors import NonFiniteLossError, OutOfMemoryError, SignalReceived, TrainingStepError
 from core.evaluation import EvalStats, evaluate
 from core.events import EventHub, EventStream
+from core.gpu_monitor import GPUMonitor, GPUMonitorConfig
 from core.gradient_accumulation import GradientAccumulation
 from core.mixed_precision_training import MixedPrecisionTrainer
 from core.multi_gpu_training import MultiGPUTrainer
@@ -138,6 +141,7 @@ class OptimizedTrainingOptimizer:
         stop = threading.Event()
         signals: list[int] = []
         log = self._open_run()
+        monitor = self._monitor(log)
         status, error = "failed", None
         try:
             resume = await in_step_thread(self._resume)
@@ -147,6 +151,8 @@ class OptimizedTrainingOptimizer:
                     tg.start_soon(drain_periodically, log, self.config.log_flush_interval_s)
                     if self.config.handle_signals:
                         tg.start_soon(watch_stop_signals, run_scope, signals)
+                    if monitor is not None:
+                        tg.start_soon(monitor.run)
                     try:
                         results = await self._fit(log, stop, resume)
                     except Exception as exc:  # re-raised unwrapped, after the task group
@@ -177,6 +183,7 @@ class OptimizedTrainingOptimizer:
     ) -> TrainingResults:
         progress = self.state.progress
         for epoch in range(self.state.epochs_completed, self.config.max_epochs):
+            started = time.monotonic()  # the monitor's clock: this epoch's samples follow
             stats: EpochStats = await in_step_thread(
                 self._loop.run_epoch, self.train_loader, epoch, stop, resume
             )
@@ -203,7 +210,7 @@ class OptimizedTrainingOptimizer:
                 self.early_stopping.update(monitored)
             )
             self.multi_gpu_trainer.record_epoch(stats.samples, stats.time_s)
-            self._end_epoch(log, epoch, stats)
+            self._end_epoch(log, epoch, stats, started)
             if self.checkpointer.due_after_epoch(self.state.epochs_completed):
                 await in_step_thread(self._save, "epoch")
             if progress.stopped_early:
@@ -226,8 +233,17 @@ class OptimizedTrainingOptimizer:
         sums = self.strategy.all_reduce_sum(torch.tensor([total, count], dtype=torch.float64))
         return float(sums[0] / sums[1])
 
-    def _end_epoch(self, log: RunLog, epoch: int, stats: EpochStats) -> None:
+    def _end_epoch(self, log: RunLog, epoch: int, stats: EpochStats, started: float) -> None:
         progress = self.state.progress
+        monitor = self.multi_gpu_trainer.gpu_monitor
+        verdict = bottleneck_verdict(
+            step_time_s=stats.time_s,
+            data_time_s=stats.data_time_s,
+            util_mean_pct=mean_util_since(monitor.get_metrics_history(), started)
+            if monitor is not None
+            else None,
+            util_source=monitor.source if monitor is not None else None,
+        )
         log.emit(
             "epoch_end", epoch=epoch, step=self.global_step, train_loss=progress.train_loss,
             val_loss=progress.val_loss, val_accuracy=progress.val_accuracy, steps=stats.steps,
@@ -236,9 +252,33 @@ class OptimizedTrainingOptimizer:
             samples_per_s=stats.samples / stats.time_s if stats.time_s else None,
             early_stopping_bad_epochs=self.early_stopping.bad_epochs,
             stopped_early=progress.stopped_early,
+            input_stall_fraction=verdict["input_stall_fraction"],
+            util_mean_pct=verdict["util_mean_pct"], bottleneck=verdict["verdict"],
+            bottleneck_advice=verdict["advice"],
         )  # fmt: skip
         log.write_json("amp_stats.json", self.mixed_precision.get_amp_stats())
         log.drain()
+
+    def _monitor(self, log: RunLog) -> GPUMonitor | None:
+        """This run's device monitor (this rank's devices), or None when it is switched off."""
+        if not self.multi_gpu_trainer.config.enable_gpu_monitoring:
+            return None
+        monitor = GPUMonitor(
+            GPUMonitorConfig(interval_s=self.config.monitor_interval_s),
+            device_indices=self.strategy.device_indices() or None,
+            emit=log.emit,
+        )
+
+        def device_fields() -> dict[str, Any]:
+            latest = monitor.step_fields()
+            return {
+                "device_util_pct": latest["util_pct"],
+                "device_mem_used_bytes": latest["mem_used_bytes"],
+            }
+
+        self._loop.device_fields = device_fields
+        self.multi_gpu_trainer.gpu_monitor = monitor
+        return monitor
 
     # -- checkpoints ----------------------------------------------------------------------
     def _resume(self) -> ResumePoint | None:

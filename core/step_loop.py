@@ -85,6 +85,10 @@ class _Pending(NamedTuple):
     data_time_s: float
 
 
+def _no_device_fields() -> dict[str, Any]:
+    return {"device_util_pct": None, "device_mem_used_bytes": None}
+
+
 class StepLoop:
     """Runs optimizer steps for the orchestrator; owns no thread and no file."""
 
@@ -113,6 +117,8 @@ class StepLoop:
         self.max_grad_norm = max_grad_norm
         self.emit = emit
         self.on_step_end: Callable[[], None] | None = None
+        self.device_fields: Callable[[], dict[str, Any]] = _no_device_fields
+        """Latest device utilisation and memory, merged into every ``train_step`` record."""
         self.device = strategy.device
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.stepper = OptimizerStepper(optimizer)
@@ -308,6 +314,7 @@ class StepLoop:
             samples_per_s=pending.samples / pending.step_time_s if pending.step_time_s else None,
             mem_allocated_bytes=self.memory.allocated(),
             max_mem_allocated_bytes=self.memory.max_allocated(),
+            **self.device_fields(),
         )
         if scalars.skipped and not scalars.overflow:
             self.emit("nonfinite_skipped", epoch=pending.epoch, step=pending.step,

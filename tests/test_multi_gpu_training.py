@@ -170,7 +170,9 @@ def test_seed_helpers_on_cpu() -> None:
     assert trainer.training_mode == "cpu" and next(model.parameters()).device.type == "cpu"
     loader = trainer.setup_dataloader(IndexedData(10), batch_size=4)
     assert len(loader) == 3
-    assert trainer.record_gpu_metrics() is None
+    sample = trainer.record_gpu_metrics()  # no GPU here: the host, through psutil
+    assert sample is not None and sample["source"] == "psutil"
+    assert sample["devices"][0]["mem_used_bytes"] > 0
     trainer.record_epoch(samples=100, seconds=2.0)
     assert trainer.get_performance_summary()["samples_per_s"] == 50.0
     trainer.cleanup()

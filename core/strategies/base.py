@@ -55,6 +55,12 @@ class Strategy:
             "local_rank": self.local_rank,
         }
 
+    def device_indices(self) -> list[int]:
+        """The CUDA devices this process drives (for the monitor); empty off CUDA."""
+        if self.device.type != "cuda":
+            return []
+        return [self.device.index if self.device.index is not None else 0]
+
     # -- lifecycle ------------------------------------------------------------------------
     def setup(self) -> None:
         """Bring up what the strategy needs (a process group, the current CUDA device)."""

@@ -24,6 +24,9 @@ class DataParallelStrategy(Strategy):
         super().__init__(torch.device("cuda", device_ids[0]), "data_parallel")
         self.device_ids = list(device_ids)
 
+    def device_indices(self) -> list[int]:
+        return list(self.device_ids)
+
     def describe(self) -> dict[str, Any]:
         return super().describe() | {"device_ids": self.device_ids}
 
