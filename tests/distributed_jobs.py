@@ -177,6 +177,20 @@ def fsdp_bf16_policy(out: Path, rank: int) -> None:
 
 
 @scenario
+def fsdp_resume(out: Path, rank: int) -> None:
+    # One epoch, a torch.distributed.checkpoint at its end, then a new job resumes for the
+    # second: the weights must equal fsdp_fp32's two uninterrupted epochs.
+    common: dict[str, Any] = {"batch_size": 8, "mode": "fsdp", "log_dir": out / "resume_logs"}
+    run_job(epochs=1, experiment_name="fsdp_resume", **common)
+    _save(
+        out,
+        "fsdp_resume",
+        rank,
+        *run_job(epochs=2, resume="auto", experiment_name="fsdp_resume", **common),
+    )
+
+
+@scenario
 def ddp_sync_bn(out: Path, rank: int) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(

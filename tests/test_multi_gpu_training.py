@@ -3,6 +3,7 @@ validation, early stopping, stop agreement and two "nodes" with real torchrun jo
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -224,6 +225,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "ddp_shuffle",
         "fsdp_fp32",
         "fsdp_bf16_policy",
+        "fsdp_resume",
         "early_stop",
         "cancel_rank1",
     )
@@ -291,6 +293,17 @@ def test_fsdp2_two_ranks_equal_one_process(jobs: Path, tmp_path: Path) -> None:
     weights = run_job(batch_size=16, mode="cpu", log_dir=tmp_path)[2]
     assert_same_weights(load(jobs, "fsdp_fp32")["weights"], weights)
     assert load(jobs, "fsdp_fp32", rank=1)["weights"] == {}  # gathered on rank 0 only
+
+
+@pytest.mark.distributed
+def test_fsdp2_checkpoint_through_dcp_resumes_exactly(jobs: Path) -> None:
+    resumed = load(jobs, "fsdp_resume")
+    assert resumed["results"]["global_step"] == 12
+    assert_same_weights(resumed["weights"], load(jobs, "fsdp_fp32")["weights"], atol=0)
+    (checkpoint,) = sorted((jobs / "resume_logs" / "fsdp_resume" / "checkpoints").iterdir())[:1]
+    assert (checkpoint / "sharded" / ".metadata").exists()  # the DCP commit marker
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    assert any(name.startswith("sharded/") for name in manifest["files"])
 
 
 @pytest.mark.distributed
