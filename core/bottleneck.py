@@ -22,13 +22,19 @@ the limit.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from core.errors import config_error
 
-__all__ = ("INPUT_STALL_FRACTION", "UNDERUTILISED_PCT", "bottleneck_verdict", "mean_util_since")
+__all__ = (
+    "INPUT_STALL_FRACTION",
+    "UNDERUTILISED_PCT",
+    "bottleneck_verdict",
+    "epoch_verdict",
+    "mean_util_since",
+)
 
 INPUT_STALL_FRACTION = 0.20
 """Waiting for data more than this share of the step time means input-bound."""
@@ -96,3 +102,26 @@ def mean_util_since(samples: Sequence[Mapping[str, Any]], since: float) -> float
         if s["t_s"] >= since and s["devices"] and s["devices"][0]["util_pct"] is not None
     ]
     return sum(values) / len(values) if values else None
+
+
+class _Monitor(Protocol):
+    @property
+    def source(self) -> str: ...
+
+    def get_metrics_history(self) -> list[dict[str, Any]]: ...
+
+
+def epoch_verdict(
+    time_s: float, data_time_s: float, monitor: _Monitor | None, started: float
+) -> dict[str, Any]:
+    """The verdict for an epoch that began at monitor time ``started`` (no monitor: unknown)."""
+    if monitor is None:
+        return bottleneck_verdict(
+            step_time_s=time_s, data_time_s=data_time_s, util_mean_pct=None, util_source=None
+        )
+    return bottleneck_verdict(
+        step_time_s=time_s,
+        data_time_s=data_time_s,
+        util_mean_pct=mean_util_since(monitor.get_metrics_history(), started),
+        util_source=monitor.source,
+    )

@@ -41,32 +41,13 @@ import anyio.abc
 import structlog
 import torch
 
+from core.device_metrics import SAMPLE_FIELDS, HostReader, summarize, torch_memory
 from core.errors import config_error
 from core.nvml import NvmlReader, load_nvml, nvml_acquire, nvml_release
 
 __all__ = ("SAMPLE_FIELDS", "GPUMonitor", "GPUMonitorConfig")
 
 _log = structlog.get_logger("core")
-
-SAMPLE_FIELDS: tuple[str, ...] = (
-    "device",
-    "source",
-    "t_s",
-    "util_pct",
-    "mem_util_pct",
-    "mem_used_bytes",
-    "mem_total_bytes",
-    "temperature_c",
-    "power_w",
-    "power_limit_w",
-    "sm_clock_mhz",
-    "mem_clock_mhz",
-    "throttle_reasons",
-    "torch_mem_allocated_bytes",
-    "torch_mem_reserved_bytes",
-    "torch_max_mem_allocated_bytes",
-)
-"""The keys of every per-device record, whatever the source (a missing value is None)."""
 
 Sample = dict[str, Any]
 Emit = Callable[..., None]
@@ -104,61 +85,6 @@ def _next_tick(start: float, tick: int, interval: float, now: float) -> tuple[in
     """
     tick = max(tick + 1, math.floor((now - start) / interval) + 1)
     return tick, start + tick * interval - now
-
-
-class HostReader:
-    """This process's CPU and memory via psutil, under the GPU field names."""
-
-    def __init__(self) -> None:
-        import psutil
-
-        self._psutil = psutil
-        self._process = psutil.Process()
-        self._process.cpu_percent(None)  # the first call only sets the baseline
-
-    def read(self) -> dict[str, Any]:
-        with self._process.oneshot():
-            util = self._process.cpu_percent(None)  # since the previous call: never blocks
-            rss = self._process.memory_info().rss
-        memory = self._psutil.virtual_memory()
-        return {
-            "util_pct": float(util),
-            "mem_util_pct": float(memory.percent),
-            "mem_used_bytes": int(rss),
-            "mem_total_bytes": int(memory.total),
-        }
-
-
-def _torch_memory(index: int | None) -> dict[str, Any]:
-    """Allocator counters (host-side bookkeeping: no sync; zeros before CUDA is initialised)."""
-    if index is None:
-        return {}
-    return {
-        "torch_mem_allocated_bytes": torch.cuda.memory_allocated(index),
-        "torch_mem_reserved_bytes": torch.cuda.memory_reserved(index),
-        "torch_max_mem_allocated_bytes": torch.cuda.max_memory_allocated(index),
-    }
-
-
-def _summary(history: Sequence[Sample]) -> dict[str, Any]:
-    numeric = [f for f in SAMPLE_FIELDS if f not in ("device", "source", "t_s", "throttle_reasons")]
-    values: dict[Any, dict[str, list[float]]] = {}
-    for sample in history:
-        for record in sample["devices"]:
-            per_field = values.setdefault(record["device"], {f: [] for f in numeric})
-            for field in numeric:
-                value = record[field]
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    per_field[field].append(value)
-    devices: dict[Any, dict[str, float | None]] = {}
-    for device, per_field in values.items():
-        stats: dict[str, float | None] = {}
-        for field, xs in per_field.items():
-            stats[f"{field}_mean"] = sum(xs) / len(xs) if xs else None
-            stats[f"{field}_max"] = max(xs) if xs else None
-            stats[f"{field}_min"] = min(xs) if xs else None
-        devices[device] = stats
-    return {"samples": len(history), "devices": devices}
 
 
 class GPUMonitor:
@@ -306,12 +232,20 @@ class GPUMonitor:
     ) -> dict[str, Any]:
         record: dict[str, Any] = dict.fromkeys(SAMPLE_FIELDS)
         record.update(values)
-        record.update(_torch_memory(torch_index))
+        record.update(torch_memory(torch_index))
         record.update(device=device, source=self._source(), t_s=t_s)
         return record
 
     def _source(self) -> Literal["nvml", "psutil"]:
         return "nvml" if self._reader is not None else "psutil"
+
+    def step_record_fields(self) -> dict[str, Any]:
+        """:meth:`step_fields` under the names ``train_step`` records use."""
+        latest = self._step
+        return {
+            "device_util_pct": latest["util_pct"],
+            "device_mem_used_bytes": latest["mem_used_bytes"],
+        }
 
     def step_fields(self) -> dict[str, Any]:
         """``util_pct`` and ``mem_used_bytes`` of the first device, latest sample (O(1))."""
@@ -402,7 +336,7 @@ class GPUMonitor:
 
     def get_gpu_summary(self) -> dict[str, Any]:
         """Per device, ``<field>_mean``/``_max``/``_min`` of every numeric field in the history."""
-        return _summary(self.get_metrics_history()) | {"source": self.source}
+        return summarize(self.get_metrics_history()) | {"source": self.source}
 
     def get_gpu_info(self) -> dict[str, Any]:
         """Device count, current device, driver and CUDA versions, and per monitored device its

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from core.async_tools import drain_periodically, in_step_thread, stop_when_cancelled
-from core.bottleneck import bottleneck_verdict, mean_util_since
+from core.bottleneck import epoch_verdict
 from core.checkpointing import CheckpointConfig, Checkpointer
 from core.config import TrainingConfig
 from core.early_stopping import EarlyStopping
@@ -42,7 +42,7 @@ from core.mixed_precision_training import MixedPrecisionTrainer
 from core.multi_gpu_training import MultiGPUTrainer
 from core.objective import Objective
 from core.results import TrainingResults
-from core.run_description import batches_per_epoch, jsonable, name_of, parameter_count
+from core.run_description import describe_job, fingerprint
 from core.run_state import RunState
 from core.seeding import seed_everything
 from core.signals import watch_stop_signals
@@ -99,7 +99,7 @@ class OptimizedTrainingOptimizer:
         self.state = RunState(
             loop=self._loop, mixed_precision=mixed_precision, accumulation=accumulation,
             scheduler=scheduler, early_stopping=self.early_stopping, errors=error_handler,
-            fingerprint=self._fingerprint(),
+            fingerprint=fingerprint(self),
         )  # fmt: skip
         directory = checkpoint_config.checkpoint_dir or (
             Path(config.log_dir) / config.experiment_name / "checkpoints"
@@ -235,14 +235,8 @@ class OptimizedTrainingOptimizer:
 
     def _end_epoch(self, log: RunLog, epoch: int, stats: EpochStats, started: float) -> None:
         progress = self.state.progress
-        monitor = self.multi_gpu_trainer.gpu_monitor
-        verdict = bottleneck_verdict(
-            step_time_s=stats.time_s,
-            data_time_s=stats.data_time_s,
-            util_mean_pct=mean_util_since(monitor.get_metrics_history(), started)
-            if monitor is not None
-            else None,
-            util_source=monitor.source if monitor is not None else None,
+        verdict = epoch_verdict(
+            stats.time_s, stats.data_time_s, self.multi_gpu_trainer.gpu_monitor, started
         )
         log.emit(
             "epoch_end", epoch=epoch, step=self.global_step, train_loss=progress.train_loss,
@@ -269,14 +263,7 @@ class OptimizedTrainingOptimizer:
             emit=log.emit,
         )
 
-        def device_fields() -> dict[str, Any]:
-            latest = monitor.step_fields()
-            return {
-                "device_util_pct": latest["util_pct"],
-                "device_mem_used_bytes": latest["mem_used_bytes"],
-            }
-
-        self._loop.device_fields = device_fields
+        self._loop.device_fields = monitor.step_record_fields
         self.multi_gpu_trainer.gpu_monitor = monitor
         return monitor
 
@@ -364,43 +351,9 @@ class OptimizedTrainingOptimizer:
         if self._log is not None:
             self._log.error(event, **fields)
 
-    def _fingerprint(self) -> dict[str, Any]:
-        """The settings a checkpoint's state depends on (compared before resuming)."""
-        return {
-            "model": type(self.strategy.unwrap(self.model)).__name__,
-            "parameters": parameter_count(self.strategy.unwrap(self.model)),
-            "optimizer": type(self.optimizer).__name__,
-            "scheduler": None if self.scheduler is None else type(self.scheduler).__name__,
-            "precision": self.mixed_precision.configured_precision,
-            "accumulation_steps": self.accumulation.accumulation_steps,
-            "world_size": self.strategy.world_size,
-            "batches_per_epoch": batches_per_epoch(self.train_loader),
-            "batch_size": getattr(self.train_loader, "batch_size", None),
-        }
-
     def describe(self) -> dict[str, Any]:
         """The resolved configuration of this job (what ``config.json`` holds)."""
-        model = self.strategy.unwrap(self.model)
-        return {
-            "training": self.config.to_dict(),
-            "mixed_precision": {
-                **{k: jsonable(v) for k, v in vars(self.mixed_precision.config).items()},
-                "resolved_precision": self.mixed_precision.amp_precision.name,
-            },
-            "gradient_accumulation": vars(self.accumulation.config),
-            "strategy": self.multi_gpu_trainer.get_training_info(),
-            "checkpoints": {
-                **{k: jsonable(v) for k, v in vars(self.checkpointer.config).items()},
-                "directory": str(self.checkpointer.store.directory),
-            },
-            "error_handling": jsonable(vars(self.error_handler.config)),
-            "model": type(model).__name__,
-            "parameters": parameter_count(model),
-            "optimizer": type(self.optimizer).__name__,
-            "optimizer_defaults": jsonable(self.optimizer.defaults),
-            "scheduler": None if self.scheduler is None else type(self.scheduler).__name__,
-            "loss_fn": name_of(self.objective.loss_fn),
-        }
+        return describe_job(self)
 
 
 async def _stopped() -> bool:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sized
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-__all__ = ("jsonable", "name_of", "parameter_count")
+if TYPE_CHECKING:
+    from core.orchestrator import OptimizedTrainingOptimizer
+
+__all__ = ("describe_job", "fingerprint", "jsonable")
 
 
 def jsonable(value: object) -> object:
@@ -31,3 +34,44 @@ def parameter_count(model: nn.Module) -> int:
 
 def batches_per_epoch(loader: Iterable[Any]) -> int | None:
     return len(loader) if isinstance(loader, Sized) else None
+
+
+def fingerprint(job: OptimizedTrainingOptimizer) -> dict[str, Any]:
+    """The settings a checkpoint's state depends on (compared before resuming)."""
+    model = job.strategy.unwrap(job.model)
+    return {
+        "model": type(model).__name__,
+        "parameters": parameter_count(model),
+        "optimizer": type(job.optimizer).__name__,
+        "scheduler": None if job.scheduler is None else type(job.scheduler).__name__,
+        "precision": job.mixed_precision.configured_precision,
+        "accumulation_steps": job.accumulation.accumulation_steps,
+        "world_size": job.strategy.world_size,
+        "batches_per_epoch": batches_per_epoch(job.train_loader),
+        "batch_size": getattr(job.train_loader, "batch_size", None),
+    }
+
+
+def describe_job(job: OptimizedTrainingOptimizer) -> dict[str, Any]:
+    """What ``config.json`` and ``run_start`` hold: every resolved setting of the job."""
+    model = job.strategy.unwrap(job.model)
+    return {
+        "training": job.config.to_dict(),
+        "mixed_precision": {
+            **{k: jsonable(v) for k, v in vars(job.mixed_precision.config).items()},
+            "resolved_precision": job.mixed_precision.amp_precision.name,
+        },
+        "gradient_accumulation": vars(job.accumulation.config),
+        "strategy": job.multi_gpu_trainer.get_training_info(),
+        "checkpoints": {
+            **{k: jsonable(v) for k, v in vars(job.checkpointer.config).items()},
+            "directory": str(job.checkpointer.store.directory),
+        },
+        "error_handling": jsonable(vars(job.error_handler.config)),
+        "model": type(model).__name__,
+        "parameters": parameter_count(model),
+        "optimizer": type(job.optimizer).__name__,
+        "optimizer_defaults": jsonable(job.optimizer.defaults),
+        "scheduler": None if job.scheduler is None else type(job.scheduler).__name__,
+        "loss_fn": name_of(job.objective.loss_fn),
+    }

@@ -1,0 +1,86 @@
+"""Where a monitor's numbers come from besides NVML: the host (psutil) and torch's allocator,
+plus the summary of a sample history. Every source fills the same :data:`SAMPLE_FIELDS`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+__all__ = ("SAMPLE_FIELDS", "HostReader", "summarize", "torch_memory")
+
+SAMPLE_FIELDS: tuple[str, ...] = (
+    "device",
+    "source",
+    "t_s",
+    "util_pct",
+    "mem_util_pct",
+    "mem_used_bytes",
+    "mem_total_bytes",
+    "temperature_c",
+    "power_w",
+    "power_limit_w",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "throttle_reasons",
+    "torch_mem_allocated_bytes",
+    "torch_mem_reserved_bytes",
+    "torch_max_mem_allocated_bytes",
+)
+"""The keys of every per-device record, whatever the source (a missing value is None)."""
+
+
+class HostReader:
+    """This process's CPU and memory via psutil, under the GPU field names."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self._process = psutil.Process()
+        self._process.cpu_percent(None)  # the first call only sets the baseline
+
+    def read(self) -> dict[str, Any]:
+        with self._process.oneshot():
+            util = self._process.cpu_percent(None)  # since the previous call: never blocks
+            rss = self._process.memory_info().rss
+        memory = self._psutil.virtual_memory()
+        return {
+            "util_pct": float(util),
+            "mem_util_pct": float(memory.percent),
+            "mem_used_bytes": int(rss),
+            "mem_total_bytes": int(memory.total),
+        }
+
+
+def torch_memory(index: int | None) -> dict[str, Any]:
+    """Allocator counters (host-side bookkeeping: no sync; zeros before CUDA is initialised)."""
+    if index is None:
+        return {}
+    return {
+        "torch_mem_allocated_bytes": torch.cuda.memory_allocated(index),
+        "torch_mem_reserved_bytes": torch.cuda.memory_reserved(index),
+        "torch_max_mem_allocated_bytes": torch.cuda.max_memory_allocated(index),
+    }
+
+
+def summarize(history: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    numeric = [f for f in SAMPLE_FIELDS if f not in ("device", "source", "t_s", "throttle_reasons")]
+    values: dict[Any, dict[str, list[float]]] = {}
+    for sample in history:
+        for record in sample["devices"]:
+            per_field = values.setdefault(record["device"], {f: [] for f in numeric})
+            for field in numeric:
+                value = record[field]
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    per_field[field].append(value)
+    devices: dict[Any, dict[str, float | None]] = {}
+    for device, per_field in values.items():
+        stats: dict[str, float | None] = {}
+        for field, xs in per_field.items():
+            stats[f"{field}_mean"] = sum(xs) / len(xs) if xs else None
+            stats[f"{field}_max"] = max(xs) if xs else None
+            stats[f"{field}_min"] = min(xs) if xs else None
+        devices[device] = stats
+    return {"samples": len(history), "devices": devices}
