@@ -14,6 +14,8 @@ from typing import NamedTuple
 
 import torch
 
+from core.optim_step import SkipFlag
+
 __all__ = ("Readback", "StepScalars")
 
 
@@ -39,21 +41,30 @@ class Readback:
     copied to pinned memory without blocking, and read after an event says they landed.
     """
 
-    __slots__ = ("_event", "_has_flag", "_has_scale", "_host", "_micro_samples", "_values")
+    __slots__ = (
+        "_event",
+        "_has_flag",
+        "_has_scale",
+        "_host",
+        "_known_skip",
+        "_micro_samples",
+        "_values",
+    )
 
     def __init__(
         self,
         micro_losses: list[torch.Tensor],
         micro_samples: list[int],
         grad_norm: torch.Tensor,
-        found_inf: torch.Tensor | None,
+        skipped: SkipFlag,
         loss_scale: torch.Tensor | None,
     ) -> None:
         parts = [*micro_losses, grad_norm]
-        self._has_flag = found_inf is not None
+        self._known_skip = skipped if isinstance(skipped, bool) else None
+        self._has_flag = isinstance(skipped, torch.Tensor)
         self._has_scale = loss_scale is not None
-        if found_inf is not None:
-            parts.append(found_inf)
+        if isinstance(skipped, torch.Tensor):
+            parts.append(skipped)
         if loss_scale is not None:
             parts.append(loss_scale)
         self._micro_samples = micro_samples
@@ -76,7 +87,7 @@ class Readback:
             values = self._host.tolist()
         n = len(self._micro_samples)
         loss = sum(v * k for v, k in zip(values[:n], self._micro_samples, strict=True))
-        skipped = self._has_flag and values[n + 1] > 0
+        skipped = self._known_skip or (self._has_flag and values[n + 1] > 0)
         return StepScalars(
             loss=loss / sum(self._micro_samples),
             grad_norm=values[n],

@@ -36,7 +36,7 @@ from core.gradient_accumulation import GradientAccumulation, Window
 from core.memory import device_memory
 from core.mixed_precision_training import MixedPrecisionTrainer
 from core.objective import Objective
-from core.optim_step import OptimizerStepper
+from core.optim_step import stepper_for
 from core.precision import Precision
 from core.readback import Readback
 from core.rng import capture_rng, restore_rng
@@ -121,7 +121,9 @@ class StepLoop:
         """Latest device utilisation and memory, merged into every ``train_step`` record."""
         self.device = strategy.device
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.stepper = OptimizerStepper(optimizer)
+        self.stepper = stepper_for(
+            optimizer, strategy.device, guard_nonfinite=errors.config.skip_nonfinite
+        )
         self.memory = device_memory(self.device)
         self.recover_oom = strategy.world_size == 1 and errors.config.oom_recovery != "off"
         self.global_step = 0
@@ -223,15 +225,13 @@ class StepLoop:
         if found_inf is not None:
             found_inf = self.strategy.reduce_found_inf(found_inf)
         grad_norm = self.strategy.total_norm(grads)
-        if found_inf is None and self.errors.config.skip_nonfinite:
-            found_inf = (~torch.isfinite(grad_norm)).float()  # skipped on the device
         if self.max_grad_norm is not None:
             torch.nn.utils.clip_grads_with_norm_(self.params, self.max_grad_norm, grad_norm)
 
         self._resolve_pending()  # step N-1: read back, step the scheduler if it was applied
         lr = float(self.optimizer.param_groups[0]["lr"])
-        self.stepper.step(found_inf)
-        readback = Readback(losses, sizes, grad_norm, found_inf, precision.loss_scale)
+        skipped = self.stepper.step(found_inf, grad_norm)
+        readback = Readback(losses, sizes, grad_norm, skipped, precision.loss_scale)
         precision.update(found_inf)
         self.optimizer.zero_grad(set_to_none=True)
 
