@@ -31,7 +31,7 @@ __all__ = (
 )
 
 _session_lock = threading.Lock()
-_session_users: dict[int, int] = {}  # id(nvml module) -> monitors holding it
+_session_users: dict[Any, int] = {}  # nvml module (held, so ids are never reused) -> users
 
 
 def load_nvml() -> Any:
@@ -44,21 +44,21 @@ def load_nvml() -> Any:
 def nvml_acquire(nvml: Any) -> None:
     """``nvmlInit`` on the first user of this library in the process; raises what it raises."""
     with _session_lock:
-        users = _session_users.get(id(nvml), 0)
+        users = _session_users.get(nvml, 0)
         if users == 0:
             nvml.nvmlInit()
-        _session_users[id(nvml)] = users + 1
+        _session_users[nvml] = users + 1
 
 
 def nvml_release(nvml: Any) -> None:
     """Drop one user; ``nvmlShutdown`` when it was the last (errors there are ignored)."""
     with _session_lock:
-        users = _session_users.get(id(nvml), 0)
+        users = _session_users.get(nvml, 0)
         if users > 1:
-            _session_users[id(nvml)] = users - 1
+            _session_users[nvml] = users - 1
             return
         if users == 1:
-            del _session_users[id(nvml)]
+            del _session_users[nvml]
             with contextlib.suppress(nvml.NVMLError):  # a driver gone meanwhile: nothing held
                 nvml.nvmlShutdown()
 

@@ -292,12 +292,18 @@ class OptimizedTrainingOptimizer:
         """A checkpoint at the step boundary where the run stopped, whatever cancels us.
 
         Stops (cancellation, signals, a peer's stop) honour ``save_on_cancel``; a failure
-        in a step (``always``) checkpoints the last completed step regardless."""
+        in a step (``always``) checkpoints the last completed step regardless. A failing
+        save is recorded, never raised: it must not hide why the run stopped."""
         if self.global_step == 0 or not (always or self.checkpointer.config.save_on_cancel):
             return None
         with anyio.CancelScope(shield=True):
-            return await in_step_thread(self._save, reason)
-        return None  # unreachable: a shielded scope never swallows the result
+            try:
+                return await in_step_thread(self._save, reason)
+            except Exception as exc:
+                self._error(
+                    "error", kind="checkpoint_failed", reason=f"{type(exc).__name__}: {exc}"
+                )
+        return None
 
     # -- the run's files ------------------------------------------------------------------
     def _open_run(self) -> RunLog:
