@@ -1,14 +1,24 @@
-"""Where a monitor's numbers come from besides NVML: the host (psutil) and torch's allocator,
-plus the summary of a sample history. Every source fills the same :data:`SAMPLE_FIELDS`."""
+"""Where a monitor's numbers come from besides NVML (the host through psutil, torch's
+allocator), when it samples (a fixed grid, also from a plain thread), and the summary of a
+sample history. Every source fills the same :data:`SAMPLE_FIELDS`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ("SAMPLE_FIELDS", "HostReader", "summarize", "torch_memory")
+__all__ = (
+    "SAMPLE_FIELDS",
+    "HostReader",
+    "SamplingThread",
+    "next_tick",
+    "summarize",
+    "torch_memory",
+)
 
 SAMPLE_FIELDS: tuple[str, ...] = (
     "device",
@@ -84,3 +94,43 @@ def summarize(history: Sequence[dict[str, Any]]) -> dict[str, Any]:
             stats[f"{field}_min"] = min(xs) if xs else None
         devices[device] = stats
     return {"samples": len(history), "devices": devices}
+
+
+def next_tick(start: float, tick: int, interval: float, now: float) -> tuple[int, float]:
+    """The next tick of the grid ``start + k * interval`` after ``now``, and the wait for it.
+
+    Ticks sit on a fixed grid, so time spent sampling does not add up into drift; a sample
+    that overran its slot skips the ticks it missed instead of bursting to catch up.
+    """
+    tick = max(tick + 1, math.floor((now - start) / interval) + 1)
+    return tick, start + tick * interval - now
+
+
+class SamplingThread(threading.Thread):
+    """The seed API's background sampling for synchronous callers (``start_monitoring``), on
+    the same fixed grid as the coroutine; calls ``close`` when stopped."""
+
+    def __init__(
+        self,
+        sample: Callable[[], object],
+        close: Callable[[], None],
+        clock: Callable[[], float],
+        interval: float,
+    ) -> None:
+        super().__init__(name="core-gpu-monitor", daemon=True)
+        self._sample, self._close, self._clock, self.interval = sample, close, clock, interval
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        start, tick = self._clock(), 0
+        try:
+            while not self._stop_event.is_set():
+                self._sample()
+                tick, delay = next_tick(start, tick, self.interval, self._clock())
+                self._stop_event.wait(delay)
+        finally:
+            self._close()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()

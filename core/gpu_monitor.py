@@ -41,7 +41,14 @@ import anyio.abc
 import structlog
 import torch
 
-from core.device_metrics import SAMPLE_FIELDS, HostReader, summarize, torch_memory
+from core.device_metrics import (
+    SAMPLE_FIELDS,
+    HostReader,
+    SamplingThread,
+    next_tick,
+    summarize,
+    torch_memory,
+)
 from core.errors import config_error
 from core.nvml import NvmlReader, load_nvml, nvml_acquire, nvml_release
 
@@ -62,29 +69,17 @@ class GPUMonitorConfig:
     history_size: int = 3600
 
     def __post_init__(self) -> None:
-        interval = self.interval_s
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)):
-            raise config_error("interval_s", interval, "a finite number of seconds > 0")
-        if not (0 < interval < math.inf):
-            raise config_error("interval_s", interval, "a finite number of seconds > 0")
-        if not (
-            isinstance(self.history_size, int)
-            and not isinstance(self.history_size, bool)
-            and self.history_size >= 1
+        interval, size = self.interval_s, self.history_size
+        if (
+            isinstance(interval, bool)
+            or not isinstance(interval, (int, float))
+            or not 0 < interval < math.inf
         ):
+            raise config_error("interval_s", interval, "a finite number of seconds > 0")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise config_error(
-                "history_size", self.history_size, "an integer >= 1", "e.g. 3600 (an hour at 1 s)"
+                "history_size", size, "an integer >= 1", "e.g. 3600 (an hour at 1 s)"
             )
-
-
-def _next_tick(start: float, tick: int, interval: float, now: float) -> tuple[int, float]:
-    """The next tick of the grid ``start + k * interval`` after ``now``, and the wait for it.
-
-    Ticks sit on a fixed grid, so time spent sampling does not add up into drift; a sample
-    that overran its slot skips the ticks it missed instead of bursting to catch up.
-    """
-    tick = max(tick + 1, math.floor((now - start) / interval) + 1)
-    return tick, start + tick * interval - now
 
 
 class GPUMonitor:
@@ -124,8 +119,7 @@ class GPUMonitor:
         self._cuda = False
         self._degraded_reason: str | None = None
         self._failed = False
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._thread: SamplingThread | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
 
     # -- opening and degrading ------------------------------------------------------------
@@ -264,7 +258,7 @@ class GPUMonitor:
         try:
             while True:
                 await anyio.to_thread.run_sync(self.sample)
-                tick, delay = _next_tick(start, tick, interval, self._clock())
+                tick, delay = next_tick(start, tick, interval, self._clock())
                 await self._sleep(delay)
         finally:
             with anyio.CancelScope(shield=True):
@@ -292,31 +286,15 @@ class GPUMonitor:
         """Sample every ``interval`` seconds in a daemon thread (for synchronous callers)."""
         if not interval > 0:
             raise config_error("interval", interval, "a number of seconds > 0")
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._thread_main, args=(interval,), name="core-gpu-monitor", daemon=True
-        )
-        self._thread.start()
-
-    def _thread_main(self, interval: float) -> None:
-        start = self._clock()
-        tick = 0
-        try:
-            while not self._stop.is_set():
-                self.sample()
-                tick, delay = _next_tick(start, tick, interval, self._clock())
-                self._stop.wait(delay)
-        finally:
-            self.close()
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = SamplingThread(self.sample, self.close, self._clock, interval)
+            self._thread.start()
 
     def stop_monitoring(self) -> None:
         """Stop the thread of :meth:`start_monitoring` and wait for it (one sample at most)."""
-        self._stop.set()
         thread, self._thread = self._thread, None
         if thread is not None:
-            thread.join()
+            thread.stop()
 
     def close(self) -> None:
         """Release this monitor's NVML session (idempotent; a later sample reopens it)."""

@@ -16,7 +16,6 @@ Example::
 
 from __future__ import annotations
 
-import platform
 import threading
 import time
 from collections.abc import Iterable
@@ -42,7 +41,7 @@ from core.mixed_precision_training import MixedPrecisionTrainer
 from core.multi_gpu_training import MultiGPUTrainer
 from core.objective import Objective
 from core.results import TrainingResults
-from core.run_description import describe_job, fingerprint
+from core.run_description import describe_job, fingerprint, run_end_fields, run_start_fields
 from core.run_state import RunState
 from core.seeding import seed_everything
 from core.signals import watch_stop_signals
@@ -316,17 +315,9 @@ class OptimizedTrainingOptimizer:
         self.run_dir = log.run_dir
         if cfg.seed is not None:
             seed_everything(cfg.seed)
-        resolved = self.describe()
-        log.write_json("config.json", resolved)
-        log.emit(
-            "run_start",
-            config=resolved,
-            torch_version=torch.__version__,
-            python_version=platform.python_version(),
-            device=str(self.strategy.device),
-            precision=self.mixed_precision.precision.name,
-            run_dir=str(log.run_dir),
-        )
+        start = run_start_fields(self)
+        log.write_json("config.json", start["config"])
+        log.emit("run_start", **start)
         return log
 
     def _close_run(self, log: RunLog, status: str, error: BaseException | None) -> None:
@@ -335,16 +326,7 @@ class OptimizedTrainingOptimizer:
         except Exception as exc:  # the run already failed; keep the first error
             error = error or exc
         log.write_json("amp_stats.json", self.mixed_precision.get_amp_stats())
-        fields: dict[str, Any] = {
-            "status": status,
-            "epochs_completed": self.epochs_completed,
-            "global_step": self.global_step,
-            "best_metric": self.early_stopping.best,
-            "events_dropped": self._hub.dropped,
-        }
-        if error is not None:
-            fields["error_type"] = type(error).__name__
-            fields["error"] = str(error)
+        fields = run_end_fields(self, status, error, events_dropped=self._hub.dropped)
         (log.error if status == "failed" else log.emit)("run_end", **fields)
         log.close()
         self._hub.close()

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Iterable, Sized
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 if TYPE_CHECKING:
     from core.orchestrator import OptimizedTrainingOptimizer
 
-__all__ = ("describe_job", "fingerprint", "jsonable")
+__all__ = ("describe_job", "fingerprint", "jsonable", "run_end_fields", "run_start_fields")
 
 
 def jsonable(value: object) -> object:
@@ -75,3 +77,32 @@ def describe_job(job: OptimizedTrainingOptimizer) -> dict[str, Any]:
         "scheduler": None if job.scheduler is None else type(job.scheduler).__name__,
         "loss_fn": name_of(job.objective.loss_fn),
     }
+
+
+def run_start_fields(job: OptimizedTrainingOptimizer) -> dict[str, Any]:
+    """The ``run_start`` record: the resolved config, versions, device and precision."""
+    return {
+        "config": describe_job(job),
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "device": str(job.strategy.device),
+        "precision": job.mixed_precision.precision.name,
+        "run_dir": str(job.run_dir),
+    }
+
+
+def run_end_fields(
+    job: OptimizedTrainingOptimizer, status: str, error: BaseException | None, events_dropped: int
+) -> dict[str, Any]:
+    """The ``run_end`` record: how the run ended, where it got, and why it failed."""
+    fields: dict[str, Any] = {
+        "status": status,
+        "epochs_completed": job.epochs_completed,
+        "global_step": job.global_step,
+        "best_metric": job.early_stopping.best,
+        "events_dropped": events_dropped,
+    }
+    if error is not None:
+        fields["error_type"] = type(error).__name__
+        fields["error"] = str(error)
+    return fields
