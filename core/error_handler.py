@@ -158,6 +158,14 @@ class ErrorHandler:
         """The error to raise for an exception escaping a step (the original is chained)."""
         if isinstance(exc, CoreError):
             return exc
+        if is_out_of_memory(exc):  # here only where re-splitting is off (several ranks)
+            return OutOfMemoryError(
+                f"rank {rank} ran out of memory in epoch {epoch}, step {step}, batch "
+                f"{batch_index}; re-splitting batches after an OOM works in one process only "
+                "(ranks would have to agree before the gradient sync). Fix: a smaller batch "
+                "size, micro_batch_size in GradientAccumulationConfig, bf16, or gradient "
+                "checkpointing; the last checkpoint is intact."
+            )
         if timeout_s is not None and is_collective_failure(exc):
             return DistributedTimeoutError(
                 f"rank {rank}: a collective ({phase}, epoch {epoch}, step {step}) did not "

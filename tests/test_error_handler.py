@@ -18,7 +18,7 @@ from core import (
 )
 from core.checkpoint_store import CheckpointStore
 from core.error_handler import ErrorHandler, is_collective_failure, is_out_of_memory
-from core.errors import DistributedTimeoutError, NonFiniteLossError
+from core.errors import DistributedTimeoutError, NonFiniteLossError, OutOfMemoryError
 from tests.helpers import make_classification, make_model
 
 
@@ -122,6 +122,15 @@ def test_collective_failures_become_distributed_timeout_errors() -> None:
         gloo, epoch=1, step=7, batch_index=3, rank=0, timeout_s=None, phase="x"
     )
     assert isinstance(plain, TrainingStepError)  # one process: no collective to blame
+
+
+def test_an_oom_where_re_splitting_is_off_is_named_as_such() -> None:
+    error = ErrorHandler().step_error(
+        torch.OutOfMemoryError("CUDA out of memory"), epoch=0, step=3, batch_index=2, rank=1,
+        timeout_s=60.0, phase="the step",
+    )  # fmt: skip
+    assert isinstance(error, OutOfMemoryError)
+    assert "rank 1 ran out of memory in epoch 0, step 3, batch 2" in str(error)
 
 
 def test_consecutive_nonfinite_steps_and_fallback_decisions() -> None:
