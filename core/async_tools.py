@@ -1,32 +1,15 @@
-"""Small coroutines and wrappers the orchestrator composes its run from."""
+"""Small coroutines the orchestrator runs beside the step thread."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
-from typing import Any, TypeVar
+from time import perf_counter
+from typing import Protocol
 
 import anyio
 
-from core.openmp import release_thread_pool
 from core.telemetry import RunLog
 
-__all__ = ("drain_periodically", "in_step_thread", "stop_when_cancelled")
-
-R = TypeVar("R")
-
-
-async def in_step_thread(fn: Callable[..., R], *args: Any) -> R:
-    """Run ``fn`` in a worker thread, with one OpenMP pool alive at a time (core.openmp)."""
-    release_thread_pool()  # the event loop thread's, before the step thread builds its own
-    return await anyio.to_thread.run_sync(_releasing_pool, fn, *args)
-
-
-def _releasing_pool(fn: Callable[..., R], *args: Any) -> R:
-    try:
-        return fn(*args)
-    finally:
-        release_thread_pool()  # the step thread's: the application's own torch code stays fast
+__all__ = ("drain_periodically", "watch_data_stalls")
 
 
 async def drain_periodically(log: RunLog, interval_s: float) -> None:
@@ -40,10 +23,35 @@ async def drain_periodically(log: RunLog, interval_s: float) -> None:
         log.drain()
 
 
-async def stop_when_cancelled(stop: threading.Event) -> None:
-    """Set ``stop`` when the task group is cancelled: the step thread sees it at the next
-    step boundary (``to_thread`` itself is shielded and would not notice)."""
-    try:
-        await anyio.sleep_forever()
-    finally:
-        stop.set()
+class WaitsForData(Protocol):
+    """The step loop as the data watchdog sees it."""
+
+    epoch: int
+    batches_done: int
+    waiting_for_data_since: float | None
+    """``perf_counter()`` when the loop asked the loader for its next batch; None otherwise."""
+
+
+async def watch_data_stalls(loop: WaitsForData, log: RunLog, warn_after_s: float) -> None:
+    """Warn with a ``data_stall`` record while the loader has not delivered for
+    ``warn_after_s`` seconds, again after 2x, 4x, ... that long (the same wait)."""
+    check_every = min(1.0, warn_after_s / 4)
+    warned_wait: float | None = None
+    next_warning_s = warn_after_s
+    while True:
+        await anyio.sleep(check_every)
+        since = loop.waiting_for_data_since
+        if since is None:
+            continue
+        if since != warned_wait:  # a new wait: start the backoff over
+            warned_wait, next_warning_s = since, warn_after_s
+        waited = perf_counter() - since
+        if waited >= next_warning_s:
+            log.warning(
+                "data_stall", epoch=loop.epoch, batch_index=loop.batches_done,
+                waited_s=round(waited, 3), next_warning_after_s=2 * next_warning_s,
+                advice="the loader has not returned a batch: check its workers, storage "
+                "and network; a stop request is honoured within stop_grace_s",
+            )  # fmt: skip
+            log.drain()
+            next_warning_s *= 2

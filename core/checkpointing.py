@@ -104,6 +104,8 @@ class Checkpointer:
         self.emit = emit
         self.report_error = report_error
         self.last_saved_step: int | None = None
+        self.last_path: str | None = None
+        """The newest checkpoint this run wrote or resumed from (the last good one)."""
 
     # -- when -----------------------------------------------------------------------------
     def due_after_step(self, global_step: int) -> bool:
@@ -142,6 +144,7 @@ class Checkpointer:
             final = self.store.commit(Path(staging), step, {"epoch": epoch, "reason": reason})
         final = Path(strategy.broadcast_object(str(final) if final else None) or staging)
         self.last_saved_step = step
+        self.last_path = str(final)
         self.emit(
             "checkpoint",
             path=str(final),
@@ -185,6 +188,7 @@ class Checkpointer:
         rngs = payload["rng"]
         rank = self.strategy.rank
         self.last_saved_step = payload["trainer"]["global_step"]
+        self.last_path = str(path)
         self.emit(
             "resumed", path=str(path), step=self.last_saved_step, epoch=payload["trainer"]["epoch"]
         )

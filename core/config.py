@@ -19,6 +19,10 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class TrainingConfig:
     """Epochs, optimizer defaults, early stopping, logging and seeding of one job.
@@ -28,6 +32,12 @@ class TrainingConfig:
     written to the JSONL log and to ``events()`` every ``log_flush_interval_s`` seconds, at
     every epoch end and at the end of the run. ``handle_signals=True`` turns SIGTERM/SIGINT
     into a graceful stop (see ``core.signals``); scripts that own their process want it.
+
+    A stop (cancellation, a signal) waits at most ``stop_grace_s`` for the step thread to
+    reach a step boundary; past that the run is abandoned (``run_end`` status
+    ``abandoned``, naming the last good checkpoint) and ``train()`` returns control. A
+    loader that has not delivered a batch for ``data_stall_warn_s`` gets a ``data_stall``
+    warning record, repeated with backoff.
     """
 
     experiment_name: str = "experiment"
@@ -43,6 +53,8 @@ class TrainingConfig:
     log_flush_interval_s: float = 0.25
     handle_signals: bool = False
     monitor_interval_s: float = 1.0
+    stop_grace_s: float = 30.0
+    data_stall_warn_s: float = 60.0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.experiment_name, str) and _SAFE_NAME.match(self.experiment_name)):
@@ -53,11 +65,11 @@ class TrainingConfig:
             )
         if not (_is_int(self.max_epochs) and self.max_epochs >= 1):
             raise config_error("max_epochs", self.max_epochs, "an integer >= 1")
-        if not (isinstance(self.learning_rate, (int, float)) and 0 < self.learning_rate < math.inf):
+        if not (_is_number(self.learning_rate) and 0 < self.learning_rate < math.inf):
             raise config_error(
                 "learning_rate", self.learning_rate, "a finite float > 0", "try learning_rate=1e-3."
             )
-        if not (isinstance(self.weight_decay, (int, float)) and 0 <= self.weight_decay < math.inf):
+        if not (_is_number(self.weight_decay) and 0 <= self.weight_decay < math.inf):
             raise config_error("weight_decay", self.weight_decay, "a finite float >= 0")
         patience = self.early_stopping_patience
         if patience is not None and not (_is_int(patience) and patience >= 1):
@@ -67,15 +79,12 @@ class TrainingConfig:
                 "None (off) or an integer >= 1",
                 "pass None to train for max_epochs.",
             )
-        if not (
-            isinstance(self.early_stopping_min_delta, (int, float))
-            and self.early_stopping_min_delta >= 0
-        ):
+        if not (_is_number(self.early_stopping_min_delta) and self.early_stopping_min_delta >= 0):
             raise config_error(
                 "early_stopping_min_delta", self.early_stopping_min_delta, "a float >= 0"
             )
         norm = self.max_grad_norm
-        if norm is not None and not (isinstance(norm, (int, float)) and 0 < norm < math.inf):
+        if norm is not None and not (_is_number(norm) and 0 < norm < math.inf):
             raise config_error(
                 "max_grad_norm", norm, "None (no clipping) or a finite float > 0", "try 1.0."
             )
@@ -83,11 +92,16 @@ class TrainingConfig:
             raise config_error("seed", self.seed, "None or an integer >= 0")
         if not (_is_int(self.event_buffer_size) and self.event_buffer_size >= 1):
             raise config_error("event_buffer_size", self.event_buffer_size, "an integer >= 1")
-        if not (isinstance(self.monitor_interval_s, (int, float)) and self.monitor_interval_s > 0):
+        if not (_is_number(self.monitor_interval_s) and self.monitor_interval_s > 0):
             raise config_error("monitor_interval_s", self.monitor_interval_s, "seconds > 0")
         interval = self.log_flush_interval_s
-        if not (isinstance(interval, (int, float)) and 0 < interval <= 60):
+        if not (_is_number(interval) and 0 < interval <= 60):
             raise config_error("log_flush_interval_s", interval, "a number of seconds in (0, 60]")
+
+        for name in ("stop_grace_s", "data_stall_warn_s"):
+            seconds = getattr(self, name)
+            if not (_is_number(seconds) and 0 < seconds < math.inf):
+                raise config_error(name, seconds, "a finite number of seconds > 0")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -82,17 +82,29 @@ class IncompatibleCheckpointError(CheckpointError):
 
 class SignalReceived(CoreError):
     """Raised by ``train()`` after SIGTERM/SIGINT stopped it at a step boundary and a
-    checkpoint was written; ``exit_code`` is the shell convention (143, 130)."""
+    checkpoint was written; ``exit_code`` is the shell convention (143, 130).
 
-    def __init__(self, signum: int, checkpoint: str | None) -> None:
+    With ``abandoned=True`` the step thread did not reach a boundary within
+    ``stop_grace_s`` (a hung loader): nothing new was saved, and ``checkpoint`` is the last
+    good one."""
+
+    def __init__(self, signum: int, checkpoint: str | None, *, abandoned: bool = False) -> None:
         self.signum = signum
         self.exit_code = 128 + signum
         self.checkpoint = checkpoint
-        kept = f"checkpoint {checkpoint} written" if checkpoint else "no checkpoint written"
-        super().__init__(
-            f"stopped by {signal.Signals(signum).name} at a step boundary; {kept}. "
-            "Resume with resume='auto'."
-        )
+        self.abandoned = abandoned
+        name = signal.Signals(signum).name
+        if abandoned:
+            kept = f"the last good checkpoint is {checkpoint}" if checkpoint else "none was saved"
+            message = (
+                f"stopped by {name}, but the step thread did not reach a step boundary within "
+                f"stop_grace_s (it is left running as a daemon thread); no new checkpoint, "
+                f"{kept}."
+            )
+        else:
+            kept = f"checkpoint {checkpoint} written" if checkpoint else "no checkpoint written"
+            message = f"stopped by {name} at a step boundary; {kept}."
+        super().__init__(f"{message} Resume with resume='auto'.")
 
 
 def _short_repr(value: object) -> str:

@@ -116,6 +116,8 @@ def create_optimized_training_optimizer(
     resume: str | Path | None = None,
     save_on_cancel: bool = True,
     handle_signals: bool = False,
+    stop_grace_s: float = 30.0,
+    data_stall_warn_s: float = 60.0,
     max_consecutive_nonfinite: int = 10,
     error_handler_config: ErrorHandlerConfig | None = None,
     monitor_interval_s: float = 1.0,
@@ -157,6 +159,8 @@ def create_optimized_training_optimizer(
         event_buffer_size=event_buffer_size,
         log_flush_interval_s=log_flush_interval_s,
         handle_signals=handle_signals,
+        stop_grace_s=stop_grace_s,
+        data_stall_warn_s=data_stall_warn_s,
         monitor_interval_s=monitor_interval_s,
     )
     gpu_manager_config = GPUManagerConfig(

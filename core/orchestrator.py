@@ -16,9 +16,14 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +31,7 @@ import anyio
 import torch
 from torch import nn
 
-from core.async_tools import drain_periodically, in_step_thread, stop_when_cancelled
+from core.async_tools import drain_periodically, watch_data_stalls
 from core.bottleneck import epoch_verdict
 from core.checkpointing import CheckpointConfig, Checkpointer
 from core.config import TrainingConfig
@@ -46,6 +51,7 @@ from core.run_state import RunState
 from core.seeding import seed_everything
 from core.signals import watch_stop_signals
 from core.step_loop import EpochStats, ResumePoint, Scheduler, StepLoop
+from core.step_thread import StepThread
 from core.telemetry import RunLog, new_run_id
 
 __all__ = ("OptimizedTrainingOptimizer",)
@@ -137,53 +143,71 @@ class OptimizedTrainingOptimizer:
         if self._running:
             raise RuntimeError("train() is already running on this optimizer")
         self._running = True
-        stop = threading.Event()
-        signals: list[int] = []
-        log = self._open_run()
-        monitor = self._monitor(log)
-        status, error = "failed", None
+        worker = StepThread(threading.Event(), grace_s=self.config.stop_grace_s)
+        end = _Ending()
+        log: RunLog | None = None
         try:
-            resume = await in_step_thread(self._resume)
-            with anyio.CancelScope() as run_scope:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(stop_when_cancelled, stop)
-                    tg.start_soon(drain_periodically, log, self.config.log_flush_interval_s)
-                    if self.config.handle_signals:
-                        tg.start_soon(watch_stop_signals, run_scope, signals)
-                    if monitor is not None:
-                        tg.start_soon(monitor.run)
-                    try:
-                        results = await self._fit(log, stop, resume)
-                    except Exception as exc:  # re-raised unwrapped, after the task group
-                        error = exc
+            log = self._open_run()
+            monitor = self._monitor(log)
+            run_scope = anyio.CancelScope()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(drain_periodically, log, self.config.log_flush_interval_s)
+                tg.start_soon(watch_data_stalls, self._loop, log, self.config.data_stall_warn_s)
+                if self.config.handle_signals:
+                    tg.start_soon(functools.partial(
+                        watch_stop_signals, run_scope, end.signals,
+                        on_hurry=self._hurry, on_force=self._force_exit,
+                    ))  # fmt: skip
+                if monitor is not None:
+                    tg.start_soon(monitor.run)
+                try:
+                    return await self._supervise(worker, run_scope, end)
+                except Exception as exc:  # re-raised unwrapped, after the task group
+                    end.error = exc
+                finally:
                     tg.cancel_scope.cancel()
-            if signals:
-                status = "stopped"
-                raise SignalReceived(signals[0], await self._save_shielded("signal"))
-            if error is not None:
-                if isinstance(error, _CHECKPOINT_AFTER) and self.strategy.world_size == 1:
-                    await self._save_shielded("error", always=True)
-                raise error
-            if results.interrupted:
-                await self._save_shielded("stopped_by_peer")
-            status = "stopped" if results.interrupted else "completed"
-            return results
-        except anyio.get_cancelled_exc_class():
-            status = "cancelled"
-            await self._save_shielded("cancel")
-            raise
+            assert end.error is not None
+            raise end.error
         finally:
-            self._close_run(log, status, error)
+            if worker.abandoned:
+                end.status = "abandoned"
+            self._close_run(log, end, worker)
+            worker.close()
             self._running = False
 
-    # -- the run --------------------------------------------------------------------------
-    async def _fit(
-        self, log: RunLog, stop: threading.Event, resume: ResumePoint | None
+    async def _supervise(
+        self, worker: StepThread, run_scope: anyio.CancelScope, end: _Ending
     ) -> TrainingResults:
+        """The run itself, and the stop checkpoint whatever ends it."""
+        try:
+            with run_scope:  # cancelled by the first stop signal
+                resume = await worker.call(self._resume)
+                results = await self._fit(worker, resume)
+            if end.signals:
+                end.status = "stopped"
+                checkpoint = await self._save_at_stop(worker, "signal")
+                raise SignalReceived(end.signals[0], checkpoint, abandoned=worker.abandoned)
+            if results.interrupted:
+                await self._save_at_stop(worker, "stopped_by_peer")
+            end.status = "stopped" if results.interrupted else "completed"
+            return results
+        except anyio.get_cancelled_exc_class():
+            end.status = "cancelled"
+            await self._save_at_stop(worker, "cancel")
+            raise
+        except _CHECKPOINT_AFTER:
+            if self.strategy.world_size == 1:
+                await self._save_at_stop(worker, "error", always=True)
+            raise
+
+    # -- the run --------------------------------------------------------------------------
+    async def _fit(self, worker: StepThread, resume: ResumePoint | None) -> TrainingResults:
+        log, stop = self._log, worker.stop
+        assert log is not None  # opened by train()
         progress = self.state.progress
         for epoch in range(self.state.epochs_completed, self.config.max_epochs):
             started = time.monotonic()  # the monitor's clock: this epoch's samples follow
-            stats: EpochStats = await in_step_thread(
+            stats: EpochStats = await worker.call(
                 self._loop.run_epoch, self.train_loader, epoch, stop, resume
             )
             resume = None
@@ -193,7 +217,7 @@ class OptimizedTrainingOptimizer:
                 break
             progress.train_loss = monitored = self._mean_over_ranks(stats.loss_sum, stats.samples)
             if self.val_loader is not None:
-                evaluation = await in_step_thread(self._evaluate, epoch, stop)
+                evaluation = await worker.call(self._evaluate, epoch, stop)
                 if evaluation.interrupted:
                     progress.interrupted = await _stopped()
                     break
@@ -211,7 +235,7 @@ class OptimizedTrainingOptimizer:
             self.multi_gpu_trainer.record_epoch(stats.samples, stats.time_s)
             self._end_epoch(log, epoch, stats, started)
             if self.checkpointer.due_after_epoch(self.state.epochs_completed):
-                await in_step_thread(self._save, "epoch")
+                await worker.call(self._save, "epoch")
             if progress.stopped_early:
                 break
         return progress.results(
@@ -287,22 +311,59 @@ class OptimizedTrainingOptimizer:
         )
         return None if path is None else str(path)
 
-    async def _save_shielded(self, reason: str, *, always: bool = False) -> str | None:
-        """A checkpoint at the step boundary where the run stopped, whatever cancels us.
+    async def _save_at_stop(
+        self, worker: StepThread, reason: str, *, always: bool = False
+    ) -> str | None:
+        """A checkpoint at the step boundary where the run stopped, whatever cancels us;
+        returns the last good checkpoint (this one, or an older one if none was written).
 
         Stops (cancellation, signals, a peer's stop) honour ``save_on_cancel``; a failure
         in a step (``always``) checkpoints the last completed step regardless. A failing
-        save is recorded, never raised: it must not hide why the run stopped."""
-        if self.global_step == 0 or not (always or self.checkpointer.config.save_on_cancel):
-            return None
-        with anyio.CancelScope(shield=True):
-            try:
-                return await in_step_thread(self._save, reason)
-            except Exception as exc:
-                self._error(
-                    "error", kind="checkpoint_failed", reason=f"{type(exc).__name__}: {exc}"
-                )
-        return None
+        save is recorded, never raised: it must not hide why the run stopped. An abandoned
+        step thread (still inside a step) is never saved from."""
+        if worker.abandoned:
+            self._report_abandoned()
+        elif self.global_step > 0 and (always or self.checkpointer.config.save_on_cancel):
+            with anyio.CancelScope(shield=True):
+                try:
+                    return await worker.call(self._save, reason)
+                except Exception as exc:
+                    self._error(
+                        "error", kind="checkpoint_failed", reason=f"{type(exc).__name__}: {exc}",
+                        last_checkpoint=self.checkpointer.last_path,
+                    )  # fmt: skip
+        return self.checkpointer.last_path
+
+    def _report_abandoned(self) -> None:
+        self._error(
+            "step_thread_abandoned", stop_grace_s=self.config.stop_grace_s,
+            last_checkpoint=self.checkpointer.last_path, step=self.global_step,
+            reason="the step thread did not reach a step boundary within stop_grace_s (a hung "
+            "loader or collective); it is left running as a daemon thread, and nothing it "
+            "holds was saved",
+        )  # fmt: skip
+
+    def _hurry(self, signum: int) -> None:
+        self._emit(
+            "signal_received", signal=signal.Signals(signum).name, action="hurry",
+            note="the stop skips the rest of the epoch and validation, and still writes the "
+            "checkpoint at the step boundary; a third signal exits at once",
+        )  # fmt: skip
+
+    def _force_exit(self, signum: int) -> None:
+        """A third stop signal: leave now, saying where the last good checkpoint is."""
+        last = self.checkpointer.last_path
+        message = (
+            f"core: forced exit by a third {signal.Signals(signum).name}; the stop checkpoint "
+            f"was not waited for. Last good checkpoint: {last or 'none'}. "
+            "Resume with resume='auto'.\n"
+        )
+        with contextlib.suppress(Exception):
+            self._error("forced_exit", signal=signal.Signals(signum).name, last_checkpoint=last)
+            if self._log is not None:
+                self._log.close()
+        os.write(2, message.encode())
+        os._exit(128 + signum)
 
     # -- the run's files ------------------------------------------------------------------
     def _open_run(self) -> RunLog:
@@ -320,16 +381,28 @@ class OptimizedTrainingOptimizer:
         log.emit("run_start", **start)
         return log
 
-    def _close_run(self, log: RunLog, status: str, error: BaseException | None) -> None:
+    def _close_run(self, log: RunLog | None, end: _Ending, worker: StepThread) -> None:
+        """Write ``run_end`` and close the log and the event hub, whatever fails here:
+        a consumer of ``events()`` always sees its stream end."""
         try:
-            self._loop.flush()
-        except Exception as exc:  # the run already failed; keep the first error
-            error = error or exc
-        log.write_json("amp_stats.json", self.mixed_precision.get_amp_stats())
-        fields = run_end_fields(self, status, error, events_dropped=self._hub.dropped)
-        (log.error if status == "failed" else log.emit)("run_end", **fields)
-        log.close()
-        self._hub.close()
+            if log is None:
+                return
+            error = end.error
+            if not worker.abandoned:  # an abandoned thread still owns the loop's state
+                try:
+                    self._loop.flush()
+                except Exception as exc:  # the run already failed; keep the first error
+                    error = error or exc
+            log.write_json("amp_stats.json", self.mixed_precision.get_amp_stats())
+            fields = run_end_fields(self, end.status, error, events_dropped=self._hub.dropped)
+            fields["last_checkpoint"] = self.checkpointer.last_path
+            (log.error if end.status in ("failed", "abandoned") else log.emit)("run_end", **fields)
+        finally:
+            try:
+                if log is not None:
+                    log.close()
+            finally:
+                self._hub.close()
 
     def _emit(self, event: str, **fields: Any) -> None:
         if self._log is not None:
@@ -342,6 +415,15 @@ class OptimizedTrainingOptimizer:
     def describe(self) -> dict[str, Any]:
         """The resolved configuration of this job (what ``config.json`` holds)."""
         return describe_job(self)
+
+
+@dataclass
+class _Ending:
+    """How a run is ending: its ``run_end`` status, the error, the stop signals received."""
+
+    status: str = "failed"
+    error: Exception | None = None
+    signals: list[int] = field(default_factory=list)
 
 
 async def _stopped() -> bool:

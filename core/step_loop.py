@@ -130,6 +130,7 @@ class StepLoop:
         self.epoch = 0
         self.batches_done = 0
         self.epoch_rng: dict[str, Any] = {}
+        self.waiting_for_data_since: float | None = None
         self._pending: _Pending | None = None
         self._stats = EpochStats(epoch=0)
         accumulation.install_sync_skipper(lambda: strategy.no_sync(model))
@@ -151,10 +152,13 @@ class StepLoop:
         windows = self.accumulation.windows(batches, start_index=self.batches_done)
         started = tick = perf_counter()
         while True:
+            self.waiting_for_data_since = tick  # read by the data watchdog (core.async_tools)
             try:
                 window = next(windows, None)
             except Exception as exc:
                 raise self._failure(exc, "loading a batch", self.batches_done) from exc
+            finally:
+                self.waiting_for_data_since = None
             if window is None:
                 break
             data_time = perf_counter() - tick

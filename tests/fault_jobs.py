@@ -12,6 +12,7 @@ call: SIGKILL itself, stall between a checkpoint's write and its commit, exit on
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import signal
 import sys
@@ -60,6 +61,9 @@ class Faulty(nn.Module):
         if self.calls == a.hang_at_call and self.rank == a.hang_rank:
             (Path(a.out) / f"hanging.rank{self.rank}").write_text("1")
             time.sleep(3600)
+        if self.calls == a.pause_at_call:
+            (Path(a.out) / "paused").write_text(str(self.calls))
+            time.sleep(a.pause_s)
         if a.slow_s:
             time.sleep(a.slow_s)
 
@@ -91,7 +95,30 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hang-at-call", type=int, default=-1)
     p.add_argument("--timeout-s", type=float, default=60.0)
     p.add_argument("--slow-s", type=float, default=0.0)
+    p.add_argument("--pause-at-call", type=int, default=-1)
+    p.add_argument("--pause-s", type=float, default=1.0)
+    p.add_argument("--runner", choices=("anyio", "asyncio"), default="anyio")
+    p.add_argument("--hang-loader-at-batch", type=int, default=-1)
+    p.add_argument("--stop-grace-s", type=float, default=30.0)
     return p.parse_args(argv)
+
+
+class HangingLoader:
+    """A loader whose ``at``-th batch (counted over the whole job) never comes."""
+
+    def __init__(self, loader: DataLoader[Any], at: int, out: Path) -> None:
+        self.loader, self.at, self.out, self.served = loader, at, out, 0
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Any:
+        for batch in self.loader:
+            if self.served == self.at:
+                (self.out / "loader_hung").write_text(str(self.served))
+                time.sleep(3600)
+            self.served += 1
+            yield batch
 
 
 def main(args: argparse.Namespace) -> int:
@@ -102,9 +129,12 @@ def main(args: argparse.Namespace) -> int:
     data = TensorDataset(x, (x[:, 0] * x[:, 1] > 0).long())
     from core import GradientAccumulationConfig
 
+    loader: Any = DataLoader(data, batch_size=args.batch, shuffle=True)
+    if args.hang_loader_at_batch >= 0:
+        loader = HangingLoader(loader, args.hang_loader_at_batch, args.out)
     optimizer = create_optimized_training_optimizer(
         model=Faulty(args, rank),
-        train_loader=DataLoader(data, batch_size=args.batch, shuffle=True),
+        train_loader=loader,
         max_epochs=args.epochs,
         learning_rate=1e-2,
         amp_dtype=args.precision,
@@ -117,7 +147,8 @@ def main(args: argparse.Namespace) -> int:
         checkpoint_every_n_steps=args.every_n_steps,
         keep_last_n=3,
         resume=args.resume,
-        handle_signals=True,
+        handle_signals=args.runner == "anyio",  # asyncio.run: the defaults a newcomer keeps
+        stop_grace_s=args.stop_grace_s,
         multi_gpu_config=MultiGPUConfig(timeout_s=args.timeout_s),
     )
     if args.stall_commit_from_step > 0:
@@ -125,10 +156,16 @@ def main(args: argparse.Namespace) -> int:
             args.out, args.stall_commit_from_step
         )
     try:
-        results = anyio.run(optimizer.train)
+        if args.runner == "asyncio":
+            results = asyncio.run(optimizer.train())
+        else:
+            results = anyio.run(optimizer.train)
     except SignalReceived as exc:
         print(f"rank {rank}: {exc}", flush=True)
         return exc.exit_code
+    except KeyboardInterrupt:  # Ctrl-C under asyncio.run: train() was cancelled, then saved
+        print(f"rank {rank}: interrupted", flush=True)
+        return 130
     except CoreError as exc:
         print(f"rank {rank}: {type(exc).__name__}: {exc}", flush=True)
         return 1

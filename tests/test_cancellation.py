@@ -1,0 +1,268 @@
+"""Stopping a run the way asyncio applications do, and when something hangs.
+
+Every native form of cancellation (``task.cancel()``, ``asyncio.wait_for``,
+``asyncio.timeout``, Ctrl-C under ``asyncio.run``) must checkpoint only after the step thread
+has stopped at a step boundary: the resumed run ends ``torch.equal`` to an uninterrupted
+one. A stop that cannot reach a boundary (a hung loader) returns control within
+``stop_grace_s``; a repeated signal never kills the run before its checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from core.checkpoint_store import CheckpointStore
+from tests.test_reliability import (
+    ENV,
+    JOB,
+    assert_equal_states,
+    assert_same_as_uninterrupted,
+    build,
+    job,
+    records,
+    step_losses,
+)
+
+FORMS = ("task.cancel", "wait_for", "timeout")
+
+
+async def cancel_natively(optimizer: Any, form: str, after_s: float) -> None:
+    """Run ``train()`` and interrupt it after ``after_s`` seconds with plain asyncio."""
+    if form == "wait_for":
+        await asyncio.wait_for(optimizer.train(), timeout=after_s)
+    elif form == "timeout":
+        async with asyncio.timeout(after_s):
+            await optimizer.train()
+    else:
+        task = asyncio.create_task(optimizer.train())
+        await asyncio.sleep(after_s)
+        task.cancel()
+        await task
+
+
+def test_native_asyncio_cancellation_20_times_then_resume_is_exact(tmp_path: Path) -> None:
+    reference = build(tmp_path / "ref", 1)
+    started = time.perf_counter()
+    asyncio.run(reference.train())
+    duration = time.perf_counter() - started
+    rng = random.Random()
+    stopped_mid_run = 0
+    for trial in range(20):
+        form = FORMS[trial % len(FORMS)]
+        root = tmp_path / f"{trial}-{form}"
+        interrupted = build(root, 1)
+        try:
+            asyncio.run(cancel_natively(interrupted, form, rng.uniform(0.0, duration)))
+        except (asyncio.CancelledError, TimeoutError):
+            stopped_mid_run += 1
+            newest = interrupted.checkpointer.store.committed()
+            if interrupted.global_step:
+                # the stop checkpoint is that of the last step run, never one behind
+                assert int(newest[0].name.split("-")[1]) == interrupted.global_step, form
+        resumed = build(root, 1, resume="auto")
+        asyncio.run(resumed.train())
+        assert resumed.global_step == reference.global_step, (trial, form)
+        for a, b in zip(resumed.model.parameters(), reference.model.parameters(), strict=True):
+            assert torch.equal(a, b), (trial, form)
+        assert_equal_states(resumed.optimizer.state_dict(), reference.optimizer.state_dict())
+        assert resumed.scheduler.state_dict() == reference.scheduler.state_dict()
+        ours = step_losses(records(root, "resume"))
+        assert ours == step_losses(records(tmp_path / "ref", "resume")), (trial, form)
+    assert stopped_mid_run >= 10  # most trials really were cut short
+
+
+# Ctrl-C under asyncio.run with the default settings (handle_signals=False) -------------
+def start(out: Path, *args: str) -> subprocess.Popen[str]:
+    command = [sys.executable, str(JOB), "--out", str(out), *args]
+    return subprocess.Popen(
+        command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def train_steps(out: Path) -> int:
+    runs = out / "logs" / "faults"
+    if not runs.exists():
+        return 0
+    count = 0
+    for log in runs.glob("*/events.jsonl"):
+        count += log.read_text().count('"event":"train_step"')
+    return count
+
+
+def wait_for(
+    condition: Callable[[], Any], process: subprocess.Popen[str], timeout: float = 60
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, process.communicate()[0]
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("uninterrupted")
+    assert job(out, "--slow-s", "0.01").returncode == 0
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trial", range(3))
+def test_ctrl_c_under_asyncio_run_then_resume_is_exact(
+    tmp_path: Path, uninterrupted: Path, trial: int
+) -> None:
+    process = start(tmp_path, "--runner", "asyncio", "--slow-s", "0.01")
+    wait_for(lambda: train_steps(tmp_path) >= 2, process)
+    time.sleep(random.uniform(0.0, 0.2))
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 130, output
+    (run,) = records(tmp_path / "logs")
+    assert run[-1]["event"] == "run_end" and run[-1]["status"] == "cancelled"
+    done = job(tmp_path, "--runner", "asyncio", "--resume", "auto", "--slow-s", "0.01")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert_same_as_uninterrupted(tmp_path, uninterrupted)
+
+
+# Signals twice and three times (handle_signals=True) ------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_second_signal_hurries_and_still_checkpoints(
+    tmp_path: Path, uninterrupted: Path, signum: int, code: int
+) -> None:
+    process = start(tmp_path, "--pause-at-call", "5")  # both come while step 5 runs
+    wait_for((tmp_path / "paused").exists, process)
+    process.send_signal(signum)
+    time.sleep(0.02)
+    process.send_signal(signum)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == code, output
+    assert "Traceback" not in output
+    (run,) = records(tmp_path / "logs")
+    hurried = [r for r in run if r["event"] == "signal_received"]
+    assert [r["action"] for r in hurried] == ["hurry"]
+    saved = [r for r in run if r["event"] == "checkpoint"][-1]
+    assert saved["reason"] == "signal" and saved["step"] == run[-1]["global_step"] == 5
+    assert job(tmp_path, "--resume", "auto", "--slow-s", "0.01").returncode == 0
+    assert_same_as_uninterrupted(tmp_path, uninterrupted)
+
+
+@pytest.mark.slow
+def test_a_third_signal_exits_at_once_naming_the_last_checkpoint(tmp_path: Path) -> None:
+    process = start(tmp_path, "--stall-commit-from-step", "4")  # the stop save never commits
+    wait_for((tmp_path / "stalled").exists, process)
+    for _ in range(3):
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.1)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 143, output
+    assert "forced exit by a third SIGTERM" in output
+    assert "step-000000002" in output  # the last committed checkpoint
+    store = CheckpointStore(tmp_path / "logs" / "faults" / "checkpoints", keep_last_n=3)
+    assert store.newest_valid(lambda p, r: None) == store.final_path(2)
+
+
+# A hung loader ------------------------------------------------------------------------
+@pytest.mark.slow
+def test_sigterm_with_a_hung_loader_returns_within_the_grace_naming_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    process = start(tmp_path, "--hang-loader-at-batch", "5", "--stop-grace-s", "1")
+    wait_for((tmp_path / "loader_hung").exists, process)
+    sent = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 143, output
+    assert time.monotonic() - sent < 15
+    assert "did not reach a step boundary within stop_grace_s" in output
+    assert "step-000000004" in output
+    (run,) = records(tmp_path / "logs")
+    end = run[-1]
+    assert end["event"] == "run_end" and end["status"] == "abandoned"
+    assert end["last_checkpoint"].endswith("step-000000004")
+    assert any(r["event"] == "step_thread_abandoned" for r in run)
+
+
+class StallingLoader:
+    """Yields ``before`` batches, then blocks until ``release`` is set."""
+
+    def __init__(self, batches: list[Any], before: int) -> None:
+        self.batches, self.before = batches, before
+        self.release = __import__("threading").Event()
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[Any]:
+        for index, batch in enumerate(self.batches):
+            if index == self.before:
+                self.release.wait(30)
+            yield batch
+
+
+def stalling_job(log_dir: Path, **kwargs: Any) -> tuple[Any, StallingLoader]:
+    from core import create_optimized_training_optimizer
+    from tests.helpers import make_classification, make_model
+
+    data = make_classification(64)
+    batches = [(data.tensors[0][i : i + 8], data.tensors[1][i : i + 8]) for i in range(0, 64, 8)]
+    loader = StallingLoader(batches, before=3)
+    optimizer = create_optimized_training_optimizer(
+        model=make_model(), train_loader=loader, max_epochs=1, log_dir=log_dir,
+        checkpoint_every_n_steps=2, **kwargs,
+    )  # fmt: skip
+    return optimizer, loader
+
+
+def test_anyio_fail_after_returns_within_the_grace_when_the_loader_hangs(tmp_path: Path) -> None:
+    import anyio
+
+    optimizer, loader = stalling_job(tmp_path, stop_grace_s=0.5)
+
+    async def main() -> None:
+        with anyio.fail_after(1.0):
+            await optimizer.train()
+
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        anyio.run(main)
+    assert time.monotonic() - started < 5
+    loader.release.set()
+    lines = (optimizer.run_dir / "events.jsonl").read_text().splitlines()
+    end = json.loads(lines[-1])
+    assert end["status"] == "abandoned" and end["last_checkpoint"].endswith("step-000000002")
+
+
+def test_a_data_stall_is_reported_with_backoff_and_the_run_goes_on(tmp_path: Path) -> None:
+    optimizer, loader = stalling_job(tmp_path, data_stall_warn_s=0.2)
+
+    async def main() -> Any:
+        async def release_later() -> None:
+            await asyncio.sleep(1.0)
+            loader.release.set()
+
+        releaser = asyncio.create_task(release_later())
+        results = await optimizer.train()
+        await releaser
+        return results
+
+    results = asyncio.run(main())
+    assert results.global_step == 8
+    lines = (optimizer.run_dir / "events.jsonl").read_text().splitlines()
+    stalls = [json.loads(x) for x in lines if '"data_stall"' in x]
+    assert 2 <= len(stalls) <= 3  # after 0.2 s, 0.4 s, 0.8 s of the same 1 s wait
+    assert all(s["level"] == "warning" and s["batch_index"] == 3 for s in stalls)
+    waits = [s["waited_s"] for s in stalls]
+    assert waits == sorted(waits) and waits[0] >= 0.2
