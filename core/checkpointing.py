@@ -24,7 +24,8 @@ from typing import Any, Protocol
 from torch import nn
 from torch.optim import Optimizer
 
-from core.checkpoint_store import CheckpointStore
+from core.checkpoint_store import CheckpointStore, disk_error
+from core.config import check_bool_fields, is_int, is_path
 from core.errors import CheckpointError, IncompatibleCheckpointError, config_error
 from core.rng import capture_rng
 from core.strategies import Strategy
@@ -36,7 +37,7 @@ Emit = Callable[..., None]
 
 
 def _optional_positive(value: object) -> bool:
-    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+    return value is None or (is_int(value) and value >= 1)
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,28 @@ class CheckpointConfig:
         for name in ("checkpoint_every_n_steps", "checkpoint_every_n_epochs"):
             if not _optional_positive(getattr(self, name)):
                 raise config_error(name, getattr(self, name), "None (never) or an integer >= 1")
-        if not (isinstance(self.keep_last_n, int) and self.keep_last_n >= 1):
+        if not (is_int(self.keep_last_n) and self.keep_last_n >= 1):
             raise config_error("keep_last_n", self.keep_last_n, "an integer >= 1")
-        if self.resume is not None and not isinstance(self.resume, (str, Path)):
-            raise config_error("resume", self.resume, "None, 'auto' or a checkpoint path")
+        check_bool_fields(self)
+        if self.checkpoint_dir is not None and not is_path(self.checkpoint_dir):
+            raise config_error(
+                "checkpoint_dir", self.checkpoint_dir, "None (next to the logs) or a directory path"
+            )
+        self._check_resume()
+
+    def _check_resume(self) -> None:
+        resume, allowed = self.resume, "None, 'auto' or the path of a checkpoint directory"
+        if resume is None or resume == "auto":
+            return
+        if not is_path(resume):
+            raise config_error("resume", resume, allowed)
+        if str(resume).lower() == "auto":
+            raise config_error("resume", resume, allowed, "write resume='auto' in lower case.")
+        if not Path(resume).is_dir():
+            raise config_error(
+                "resume", resume, allowed, "no such directory; pass an existing checkpoint "
+                "(a step-... directory) or resume='auto' for the newest one.",
+            )  # fmt: skip
 
 
 class TrainerState(Protocol):
@@ -117,31 +136,48 @@ class Checkpointer:
         return every is not None and epochs_completed % every == 0
 
     # -- saving ---------------------------------------------------------------------------
+    def begin_run(self, run_id: str) -> None:
+        """Name the checkpoints this run writes (and owns) after ``run_id``."""
+        self.store.run_id = run_id
+        self.store.parent = None
+
     def save(self, *, step: int, epoch: int, reason: str) -> Path | None:
-        """Write a checkpoint of the current state (a collective under DDP/FSDP2)."""
-        if self.last_saved_step == step:
-            return self.store.final_path(step)
+        """Write a checkpoint of the current state (a collective under DDP/FSDP2).
+
+        A write that fails (a full, read-only or forbidden disk) leaves no partial files
+        and raises :class:`~core.errors.CheckpointError` naming the path, the reason, the
+        free space and the last good checkpoint."""
+        if self.last_saved_step == step and self.last_path is not None:
+            return Path(self.last_path)
         started = time.perf_counter()
         strategy = self.strategy
         rngs = strategy.gather_object(
             {"now": capture_rng(), "epoch_start": self.state.rng_at_epoch_start()}
         )
-        staging = strategy.broadcast_object(
-            str(self.store.stage(step)) if strategy.is_global_zero else None
+        staging = Path(
+            strategy.broadcast_object(str(self._stage(step)) if strategy.is_global_zero else "")
         )
-        assert staging is not None
-        strategy.save_sharded(self.model, self.optimizer, Path(staging) / "sharded")
-        final: Path | None = None
-        if strategy.is_global_zero:
-            payload = {
-                "format": FORMAT,
-                "trainer": self.state.state_dict(),
-                "fingerprint": self.state.fingerprint(),
-                "rng": rngs,
-                **strategy.checkpoint_state(self.model, self.optimizer),
-            }
-            self.store.write_state(Path(staging), payload)
-            final = self.store.commit(Path(staging), step, {"epoch": epoch, "reason": reason})
+        try:
+            strategy.save_sharded(self.model, self.optimizer, staging / "sharded")
+            final: Path | None = None
+            if strategy.is_global_zero:
+                payload = {
+                    "format": FORMAT,
+                    "trainer": self.state.state_dict(),
+                    "fingerprint": self.state.fingerprint(),
+                    "rng": rngs,
+                    **strategy.checkpoint_state(self.model, self.optimizer),
+                }
+                self.store.write_state(staging, payload)
+                final = self.store.commit(staging, step, {"epoch": epoch, "reason": reason})
+        except (OSError, RuntimeError) as exc:
+            self.store.discard(staging)
+            what = f"the checkpoint of step {step}"
+            raise CheckpointError(
+                disk_error(exc, self.store.directory, what, self.last_path)
+                + ". Fix: free space or point checkpoint_dir at a writable disk, then resume "
+                "with resume='auto'."
+            ) from exc
         final = Path(strategy.broadcast_object(str(final) if final else None) or staging)
         self.last_saved_step = step
         self.last_path = str(final)
@@ -154,6 +190,14 @@ class Checkpointer:
             save_time_s=time.perf_counter() - started,
         )
         return final
+
+    def _stage(self, step: int) -> Path:
+        try:
+            return self.store.stage(step)
+        except OSError as exc:
+            raise CheckpointError(
+                disk_error(exc, self.store.directory, "a checkpoint", self.last_path)
+            ) from exc
 
     # -- resuming -------------------------------------------------------------------------
     def find(self) -> Path | None:
@@ -183,17 +227,35 @@ class Checkpointer:
                 f"checkpoint {path} has format {payload.get('format')!r}, expected {FORMAT}"
             )
         self._check_compatible(path, payload["fingerprint"])
+        if isinstance(payload.get("model"), dict):
+            self._check_shapes(path, payload["model"])
         self.strategy.load_checkpoint_state(self.model, self.optimizer, payload, path / "sharded")
         self.state.load_state_dict(payload["trainer"])
         rngs = payload["rng"]
         rank = self.strategy.rank
         self.last_saved_step = payload["trainer"]["global_step"]
         self.last_path = str(path)
+        self.store.parent = path.name  # this run's checkpoints descend from this one
         self.emit(
             "resumed", path=str(path), step=self.last_saved_step, epoch=payload["trainer"]["epoch"]
         )
         mine: dict[str, Any] = rngs[rank] if rank < len(rngs) else rngs[0]
         return mine
+
+    def _check_shapes(self, path: Path, saved: dict[str, Any]) -> None:
+        """Name the first parameter or buffer whose name or shape differs from the model's."""
+        current = self.strategy.unwrap(self.model).state_dict()
+        for key in [*current, *(k for k in saved if k not in current)]:
+            ours, theirs = current.get(key), saved.get(key)
+            ours_shape = None if ours is None else tuple(ours.shape)
+            theirs_shape = None if theirs is None else tuple(getattr(theirs, "shape", ()))
+            if ours_shape != theirs_shape:
+                raise IncompatibleCheckpointError(
+                    f"cannot resume from {path}: the model differs at {key!r} (checkpoint "
+                    f"{_shape(theirs_shape)}, now {_shape(ours_shape)}). Fix: build the model "
+                    "the checkpoint was written with, or start a new run (resume=None, or "
+                    "another experiment_name/checkpoint_dir)."
+                )
 
     def _check_compatible(self, path: Path, saved: dict[str, Any]) -> None:
         now = self.state.fingerprint()
@@ -208,3 +270,7 @@ class Checkpointer:
                 f"{', '.join(differ)}. Fix: restore those settings, or start a new run "
                 "(resume=None, or another experiment_name/checkpoint_dir)."
             )
+
+
+def _shape(shape: tuple[int, ...] | None) -> str:
+    return "absent" if shape is None else f"shape {list(shape)}"

@@ -1,26 +1,93 @@
-"""The orchestrator's own settings, validated before anything runs."""
+"""The orchestrator's own settings, validated before anything runs, and the small checks
+every component config shares (``is_int``, ``is_number``, ``check_bool_fields``...)."""
 
 from __future__ import annotations
 
 import math
+import os
 import re
-from dataclasses import asdict, dataclass
+import tempfile
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from core.errors import config_error
 
-__all__ = ("TrainingConfig",)
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+__all__ = (
+    "TrainingConfig",
+    "check_bool",
+    "check_bool_fields",
+    "check_writable_dir",
+    "is_finite_number",
+    "is_int",
+    "is_number",
+    "is_path",
+)
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
+    """An ``int`` that is not a ``bool`` (``True`` is an int to Python, not to a user)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: object) -> bool:
+def is_number(value: object) -> TypeGuard[float]:
+    """An ``int`` or ``float`` that is not a ``bool``."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_finite_number(value: object) -> TypeGuard[float]:
+    """A number (see :func:`is_number`) that is neither inf nor NaN."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_path(value: object) -> bool:
+    """A non-empty ``str`` or ``os.PathLike``."""
+    return isinstance(value, os.PathLike) or (isinstance(value, str) and value != "")
+
+
+def check_bool(field: str, value: object) -> None:
+    """Raise unless ``value`` is ``True`` or ``False`` (the string ``'no'`` is truthy)."""
+    if not isinstance(value, bool):
+        raise config_error(field, value, (True, False), f"pass {field}=True or {field}=False.")
+
+
+def check_bool_fields(config: DataclassInstance) -> None:
+    """:func:`check_bool` for every field of a config dataclass annotated ``bool``."""
+    for field in fields(config):
+        if field.type in ("bool", bool):
+            check_bool(field.name, getattr(config, field.name))
+
+
+def check_writable_dir(field: str, path: str | os.PathLike[str]) -> None:
+    """Create the directory ``path`` if missing, then write and delete a probe file in it,
+    so that a log directory that cannot be used fails before training, not at ``train()``.
+
+    >>> check_writable_dir("log_dir", tempfile.gettempdir())
+    """
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        fix = f"{str(target)!r} is a file, not a directory; pass a directory path."
+    else:
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=target, prefix=".core-write-probe-"):
+                return
+        except OSError as exc:
+            done = (
+                "cannot be created"
+                if not target.is_dir()
+                else "exists, but no file can be written in it"
+            )
+            fix = (
+                f"the directory {done} ({exc.strerror or exc}); pass another {field} or fix "
+                "the permissions."
+            )
+    raise config_error(field, path, "a writable directory (created if missing)", fix)
 
 
 @dataclass(frozen=True)
@@ -63,44 +130,53 @@ class TrainingConfig:
                 self.experiment_name,
                 "a non-empty name of letters, digits, '.', '_' or '-' (it becomes a folder)",
             )
-        if not (_is_int(self.max_epochs) and self.max_epochs >= 1):
+        if not (is_int(self.max_epochs) and self.max_epochs >= 1):
             raise config_error("max_epochs", self.max_epochs, "an integer >= 1")
-        if not (_is_number(self.learning_rate) and 0 < self.learning_rate < math.inf):
+        if not (is_finite_number(self.learning_rate) and self.learning_rate > 0):
             raise config_error(
                 "learning_rate", self.learning_rate, "a finite float > 0", "try learning_rate=1e-3."
             )
-        if not (_is_number(self.weight_decay) and 0 <= self.weight_decay < math.inf):
+        if not (is_finite_number(self.weight_decay) and self.weight_decay >= 0):
             raise config_error("weight_decay", self.weight_decay, "a finite float >= 0")
         patience = self.early_stopping_patience
-        if patience is not None and not (_is_int(patience) and patience >= 1):
+        if patience is not None and not (is_int(patience) and patience >= 1):
             raise config_error(
                 "early_stopping_patience",
                 patience,
                 "None (off) or an integer >= 1",
                 "pass None to train for max_epochs.",
             )
-        if not (_is_number(self.early_stopping_min_delta) and self.early_stopping_min_delta >= 0):
+        if not (
+            is_finite_number(self.early_stopping_min_delta) and self.early_stopping_min_delta >= 0
+        ):
             raise config_error(
-                "early_stopping_min_delta", self.early_stopping_min_delta, "a float >= 0"
+                "early_stopping_min_delta", self.early_stopping_min_delta, "a finite float >= 0"
             )
         norm = self.max_grad_norm
-        if norm is not None and not (_is_number(norm) and 0 < norm < math.inf):
+        if norm is not None and not (is_finite_number(norm) and norm > 0):
             raise config_error(
                 "max_grad_norm", norm, "None (no clipping) or a finite float > 0", "try 1.0."
             )
-        if self.seed is not None and not (_is_int(self.seed) and self.seed >= 0):
+        if self.seed is not None and not (is_int(self.seed) and self.seed >= 0):
             raise config_error("seed", self.seed, "None or an integer >= 0")
-        if not (_is_int(self.event_buffer_size) and self.event_buffer_size >= 1):
+        if not (is_int(self.event_buffer_size) and self.event_buffer_size >= 1):
             raise config_error("event_buffer_size", self.event_buffer_size, "an integer >= 1")
-        if not (_is_number(self.monitor_interval_s) and self.monitor_interval_s > 0):
-            raise config_error("monitor_interval_s", self.monitor_interval_s, "seconds > 0")
+        if not (is_finite_number(self.monitor_interval_s) and self.monitor_interval_s > 0):
+            raise config_error(
+                "monitor_interval_s", self.monitor_interval_s, "a finite number of seconds > 0"
+            )
+        if not is_path(self.log_dir):
+            raise config_error(
+                "log_dir", self.log_dir, "a non-empty str or pathlib.Path", "e.g. log_dir='logs'."
+            )
+        check_bool_fields(self)
         interval = self.log_flush_interval_s
-        if not (_is_number(interval) and 0 < interval <= 60):
+        if not (is_number(interval) and 0 < interval <= 60):
             raise config_error("log_flush_interval_s", interval, "a number of seconds in (0, 60]")
 
         for name in ("stop_grace_s", "data_stall_warn_s"):
             seconds = getattr(self, name)
-            if not (_is_number(seconds) and 0 < seconds < math.inf):
+            if not (is_finite_number(seconds) and seconds > 0):
                 raise config_error(name, seconds, "a finite number of seconds > 0")
 
     def to_dict(self) -> dict[str, Any]:

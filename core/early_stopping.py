@@ -11,6 +11,8 @@ __all__ = ("EarlyStopping",)
 class EarlyStopping:
     """Stop after ``patience`` epochs without an improvement larger than ``min_delta``.
 
+    A non-finite value (a NaN validation loss) is never the best: it counts as a bad epoch.
+
     >>> stopper = EarlyStopping(patience=2)
     >>> [stopper.update(v) for v in (1.0, 0.9, 0.95, 0.91)]
     [False, False, False, True]
@@ -24,7 +26,7 @@ class EarlyStopping:
 
     def update(self, value: float) -> bool:
         """Record one epoch's metric; return True when training should stop."""
-        if value < self.best - self.min_delta:
+        if math.isfinite(value) and value < self.best - self.min_delta:
             self.best = value
             self.bad_epochs = 0
         else:

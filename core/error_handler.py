@@ -33,6 +33,7 @@ from typing import Any, Literal
 import torch
 
 from core.batches import describe
+from core.config import check_bool_fields, is_int
 from core.errors import (
     BatchFormatError,
     CoreError,
@@ -66,9 +67,10 @@ class ErrorHandlerConfig:
     oom_recovery: Literal["auto", "on", "off"] = "auto"
 
     def __post_init__(self) -> None:
+        check_bool_fields(self)
         for name in ("max_consecutive_nonfinite", "overflows_at_min_scale_before_fallback"):
             value = getattr(self, name)
-            if not (isinstance(value, int) and value >= 1):
+            if not (is_int(value) and value >= 1):
                 raise config_error(name, value, "an integer >= 1")
         if self.oom_recovery not in ("auto", "on", "off"):
             raise config_error("oom_recovery", self.oom_recovery, ("auto", "on", "off"))

@@ -23,6 +23,7 @@ __all__ = (
     "OutOfMemoryError",
     "SignalReceived",
     "TrainingStepError",
+    "UnevenLoadersError",
     "UnsafeCheckpointError",
     "config_error",
 )
@@ -133,3 +134,10 @@ def config_error(
     if fix:
         message += f" Fix: {fix}"
     return error(message)
+
+
+class UnevenLoadersError(ConfigError):
+    """Raised on every rank when the ranks' ``train_loader`` (or ``val_loader``) hold
+    different numbers of batches: each step is a collective, so every rank must take the
+    same number. Raised when the optimizer is built (validation) or an epoch starts
+    (training), before a step; ``use_distributed_sampler=False`` lets a user shard unevenly."""

@@ -85,12 +85,21 @@ class EventHub:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._streams: list[EventStream] = []
+        self._closed = False
         self.published = 0
+
+    def reopen(self) -> None:
+        """A new run starts publishing: new subscriptions stay open until :meth:`close`."""
+        with self._lock:
+            self._closed = False
 
     def subscribe(self, capacity: int = 1024, poll_interval_s: float = 0.02) -> EventStream:
         stream = EventStream(self, capacity, poll_interval_s)
         with self._lock:
-            self._streams = [*self._streams, stream]
+            if self._closed:  # the run already ended: nothing will come
+                stream.close()
+            else:
+                self._streams = [*self._streams, stream]
         return stream
 
     def unsubscribe(self, stream: EventStream) -> None:
@@ -110,5 +119,6 @@ class EventHub:
         """End every current subscription (after its buffered records are read)."""
         with self._lock:
             streams, self._streams = self._streams, []
+            self._closed = True
         for stream in streams:
             stream.close()

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from core.config import check_bool_fields, is_number
 from core.errors import config_error
 
 __all__ = ("GPUManager", "GPUManagerConfig")
@@ -37,15 +38,9 @@ class GPUManagerConfig:
     memory_fraction: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("tf32", "cudnn_benchmark"):
-            if not isinstance(getattr(self, name), bool):
-                raise config_error(name, getattr(self, name), (True, False))
+        check_bool_fields(self)
         fraction = self.memory_fraction
-        if fraction is not None and not (
-            isinstance(fraction, (int, float))
-            and not isinstance(fraction, bool)
-            and 0 < fraction <= 1
-        ):
+        if fraction is not None and not (is_number(fraction) and 0 < fraction <= 1):
             raise config_error(
                 "memory_fraction",
                 fraction,

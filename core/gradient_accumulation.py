@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from core.batches import count_samples, split_batch
+from core.config import is_int
 from core.errors import config_error
 
 __all__ = (
@@ -46,7 +47,7 @@ class GradientAccumulationConfig:
     micro_batch_size: int | None = None
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.accumulation_steps, int) and self.accumulation_steps >= 1):
+        if not (is_int(self.accumulation_steps) and self.accumulation_steps >= 1):
             raise config_error(
                 "accumulation_steps",
                 self.accumulation_steps,
@@ -54,7 +55,7 @@ class GradientAccumulationConfig:
                 "use accumulation_steps=1 to step the optimizer after every batch.",
             )
         if self.micro_batch_size is not None and not (
-            isinstance(self.micro_batch_size, int) and self.micro_batch_size >= 1
+            is_int(self.micro_batch_size) and self.micro_batch_size >= 1
         ):
             raise config_error(
                 "micro_batch_size",

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import torch
 
+from core.config import check_bool_fields, is_finite_number, is_int, is_number
 from core.errors import config_error
 from core.loss_scaler import DynamicLossScaler
 from core.precision import FP32, Autocast, Precision, ScaledFP16
@@ -47,6 +48,7 @@ _DTYPE_NAMES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "fp32": torch.float32,
 }
+_DEFAULT_MIN_SCALE = 1.0
 _ALLOWED_DTYPES = "'auto', torch.float16, torch.bfloat16, torch.float32 (or their names)"
 
 
@@ -79,29 +81,50 @@ class MixedPrecisionConfig:
     backoff_factor: float = 0.5
     growth_interval: int = 2000
     hysteresis: int = 0
-    min_scale: float = 1.0
+    min_scale: float = _DEFAULT_MIN_SCALE
     max_scale: float = 2.0**24
     cache_enabled: bool = True
 
     def __post_init__(self) -> None:
+        check_bool_fields(self)
         parse_amp_dtype(self.dtype, "dtype")
-        if not self.growth_factor > 1.0:
-            raise config_error("growth_factor", self.growth_factor, "a float > 1.0")
-        if not 0.0 < self.backoff_factor < 1.0:
+        if not (is_finite_number(self.growth_factor) and self.growth_factor > 1.0):
+            raise config_error("growth_factor", self.growth_factor, "a float > 1.0 and finite")
+        if not (is_number(self.backoff_factor) and 0.0 < self.backoff_factor < 1.0):
             raise config_error("backoff_factor", self.backoff_factor, "a float in (0, 1)")
-        if not (isinstance(self.growth_interval, int) and self.growth_interval >= 1):
+        if not (is_int(self.growth_interval) and self.growth_interval >= 1):
             raise config_error("growth_interval", self.growth_interval, "an integer >= 1")
-        if not (isinstance(self.hysteresis, int) and self.hysteresis >= 0):
+        if not (is_int(self.hysteresis) and self.hysteresis >= 0):
             raise config_error("hysteresis", self.hysteresis, "an integer >= 0")
-        if not 0.0 < self.min_scale <= self.max_scale:
+        for name in ("init_scale", "min_scale", "max_scale"):
+            if not (is_finite_number(getattr(self, name)) and getattr(self, name) > 0):
+                raise config_error(name, getattr(self, name), "a finite float > 0")
+        self._check_scale_bounds()
+
+    def _check_scale_bounds(self) -> None:
+        low, high = self.min_scale, self.max_scale
+        if high < low:
+            # Blame the bound the user most likely set: a max_scale below the default
+            # min_scale is wrong whatever min_scale is; otherwise min_scale is too high.
+            if high < _DEFAULT_MIN_SCALE:
+                raise config_error(
+                    "max_scale",
+                    high,
+                    f"a finite float >= min_scale={low!r}",
+                    "raise max_scale (default 2.0**24), or lower min_scale below it.",
+                )
             raise config_error(
-                "min_scale", self.min_scale, f"a float in (0, max_scale={self.max_scale!r}]"
+                "min_scale",
+                low,
+                f"a float in (0, max_scale={high!r}]",
+                "lower min_scale (default 1.0), or raise max_scale above it.",
             )
-        if not self.min_scale <= self.init_scale <= self.max_scale:
+        if not low <= self.init_scale <= high:
             raise config_error(
                 "init_scale",
                 self.init_scale,
-                f"a float in [min_scale={self.min_scale!r}, max_scale={self.max_scale!r}]",
+                f"a float in [min_scale={low!r}, max_scale={high!r}]",
+                "choose init_scale (default 2.0**16) between min_scale and max_scale.",
             )
 
     def scaler(self, device: torch.device) -> DynamicLossScaler:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from core.config import check_bool_fields, is_finite_number, is_int
 from core.errors import config_error
 from core.strategies.fsdp import ShardPolicy
 
@@ -16,7 +17,7 @@ MODES: tuple[str, ...] = get_args(TrainingMode)
 
 
 def _nonnegative_or_unset(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= -1
+    return is_int(value) and value >= -1
 
 
 @dataclass(frozen=True)
@@ -49,14 +50,16 @@ class MultiGPUConfig:
     fsdp_reshard_after_forward: bool = True
 
     def __post_init__(self) -> None:
+        check_bool_fields(self)
         if self.training_mode not in MODES:
             raise config_error("training_mode", self.training_mode, MODES)
         if self.backend not in (None, "nccl", "gloo"):
             raise config_error("backend", self.backend, (None, "nccl", "gloo"))
         ids = self.device_ids
         if ids is not None and not (
-            len(ids) > 0
-            and all(isinstance(i, int) and i >= 0 for i in ids)
+            isinstance(ids, Sequence)  # a str fails below: its items are not ints
+            and len(ids) > 0
+            and all(is_int(i) and i >= 0 for i in ids)
             and len(set(ids)) == len(ids)
         ):
             raise config_error("device_ids", ids, "None or distinct CUDA device indices >= 0")
@@ -67,9 +70,11 @@ class MultiGPUConfig:
                 )
         if self.world_size == 0 or (self.world_size > 0 and self.rank >= self.world_size):
             raise config_error("rank", self.rank, f"0 <= rank < world_size={self.world_size}")
-        if not self.timeout_s > 0:
-            raise config_error("timeout_s", self.timeout_s, "a number of seconds > 0")
-        if not (isinstance(self.stop_vote_interval, int) and self.stop_vote_interval >= 1):
+        if not (is_finite_number(self.timeout_s) and self.timeout_s > 0):
+            raise config_error("timeout_s", self.timeout_s, "a finite number of seconds > 0")
+        if not (is_int(self.stop_vote_interval) and self.stop_vote_interval >= 1):
             raise config_error("stop_vote_interval", self.stop_vote_interval, "an integer >= 1")
-        if not self.bucket_cap_mb > 0:
-            raise config_error("bucket_cap_mb", self.bucket_cap_mb, "a number of MB > 0")
+        if not (is_finite_number(self.bucket_cap_mb) and self.bucket_cap_mb > 0):
+            raise config_error("bucket_cap_mb", self.bucket_cap_mb, "a finite number of MB > 0")
+        if not isinstance(self.init_method, str):
+            raise config_error("init_method", self.init_method, "a URL string such as 'env://'")

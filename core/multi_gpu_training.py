@@ -103,6 +103,9 @@ class MultiGPUTrainer:
         return self.strategy.wrap_model(model, compute_dtype=compute_dtype)
 
     def prepare_loader(self, loader: Iterable[Any], *, train: bool) -> Iterable[Any]:
+        """This rank's loader: under DDP/FSDP2 re-sharded with a DistributedSampler (unless
+        ``use_distributed_sampler=False``); a ``val_loader`` whose length differs between
+        ranks raises :class:`~core.errors.UnevenLoadersError` here (call on every rank)."""
         return self.strategy.prepare_loader(loader, train=train)
 
     def setup_dataloader(

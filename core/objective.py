@@ -5,6 +5,11 @@
   ``outputs = model(**batch)``; the loss is ``outputs`` itself when it is a tensor,
   ``outputs["loss"]`` for a mapping, or ``outputs.loss``.
 
+Without a ``loss_fn`` (:class:`DefaultObjective`) the loss is ``CrossEntropyLoss()`` and the
+targets must be integer class indices: float targets (regression values, or probabilities)
+raise :class:`~core.errors.LossFormatError` at the first step, before the loss would silently
+mean something else (a float target of the outputs' shape is read as class probabilities).
+
 Accuracy is counted when targets are integer class indices and the outputs carry one more
 dimension (the class dimension, dimension 1 as in ``CrossEntropyLoss``); targets equal to the
 loss function's ``ignore_index`` are not counted.
@@ -18,7 +23,10 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ("LossFn", "Objective")
+from core.batches import describe
+from core.errors import LossFormatError
+
+__all__ = ("DefaultObjective", "LossFn", "Objective")
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
@@ -45,7 +53,11 @@ class Objective:
             return outputs, _own_loss(outputs)
         inputs, targets = batch
         outputs = model(inputs)
-        return outputs, self.loss_fn(outputs, targets)
+        return outputs, self.loss(outputs, targets)
+
+    def loss(self, outputs: Any, targets: Any) -> Any:
+        """The loss of an ``(inputs, targets)`` batch."""
+        return self.loss_fn(outputs, targets)
 
     def correct(self, outputs: Any, batch: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(correct, counted)`` device tensors, or None when accuracy does not apply."""
@@ -65,3 +77,24 @@ class Objective:
         if valid is not None:
             return (hits & valid).sum(), valid.sum()
         return hits.sum(), torch.tensor(targets.numel(), device=targets.device)
+
+
+class DefaultObjective(Objective):
+    """``CrossEntropyLoss()`` over integer class indices, used when no ``loss_fn`` is given."""
+
+    def __init__(self) -> None:
+        super().__init__(nn.CrossEntropyLoss())
+
+    def loss(self, outputs: Any, targets: Any) -> Any:
+        # Tensor metadata only: no device sync.
+        if isinstance(targets, torch.Tensor) and (
+            targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool
+        ):
+            raise LossFormatError(
+                f"the targets are {describe(targets)} (outputs {describe(outputs)}), but the "
+                "default loss_fn, nn.CrossEntropyLoss(), needs integer class indices. Fix: "
+                "pass a loss_fn for these targets, e.g. loss_fn=nn.MSELoss() for regression; "
+                "convert class labels with targets.long(); for class probabilities pass "
+                "loss_fn=nn.CrossEntropyLoss() explicitly."
+            )
+        return super().loss(outputs, targets)

@@ -13,7 +13,8 @@ as in the seed API::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sized
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,14 +22,14 @@ import torch
 from torch import nn
 
 from core.checkpointing import CheckpointConfig
-from core.config import TrainingConfig
+from core.config import TrainingConfig, check_bool, check_writable_dir, is_path
 from core.error_handler import ErrorHandler, ErrorHandlerConfig
 from core.errors import ConfigError, EmptyLoaderError, config_error
 from core.gpu_manager import GPUManagerConfig
 from core.gradient_accumulation import GradientAccumulation, GradientAccumulationConfig
 from core.mixed_precision_training import AmpDtype, MixedPrecisionConfig, MixedPrecisionTrainer
 from core.multi_gpu_training import MultiGPUConfig, MultiGPUTrainer
-from core.objective import LossFn, Objective
+from core.objective import DefaultObjective, LossFn, Objective
 from core.optim_step import default_optimizer
 from core.orchestrator import OptimizedTrainingOptimizer
 from core.step_loop import Scheduler
@@ -45,36 +46,118 @@ def _check_model(model: object) -> None:
         raise config_error("model", model, "a torch.nn.Module")
 
 
+_FACTORY_CONTRACTS = {
+    "optimizer": "a callable that takes a list of the model's parameters and returns a "
+    "torch.optim.Optimizer",
+    "scheduler": "a callable that takes the optimizer and returns an LR scheduler",
+}
+_FACTORY_EXAMPLES = {
+    "loss_fn": "a loss module such as loss_fn=nn.CrossEntropyLoss() or nn.MSELoss()",
+    "optimizer": "a factory, e.g. optimizer=lambda params: torch.optim.SGD(params, lr=0.1) "
+    "(not an optimizer instance: core builds it on the placed, wrapped model's parameters)",
+    "scheduler": "a factory, e.g. scheduler=lambda opt: "
+    "torch.optim.lr_scheduler.StepLR(opt, step_size=100) (not a scheduler instance)",
+}
+
+
 def _check_callable(field: str, value: object, takes: str) -> None:
     if value is not None and not callable(value):
         raise config_error(
             field,
             value,
             f"None or a callable that takes {takes}",
-            f"pass e.g. {field}=lambda x: ... rather than an instance.",
+            f"pass {_FACTORY_EXAMPLES[field]}.",
         )
 
 
-def _check_loader(loader: object, field: str) -> None:
+def _check_loss_fn(loss_fn: object) -> None:
+    _check_callable("loss_fn", loss_fn, "(outputs, targets) and returns a scalar tensor")
+    if isinstance(loss_fn, type) and issubclass(loss_fn, nn.Module):
+        name = f"nn.{loss_fn.__name__}" if hasattr(nn, loss_fn.__name__) else loss_fn.__name__
+        raise config_error(
+            "loss_fn",
+            loss_fn,
+            "None or an instance of a loss module",
+            f"pass an instance, {name}(), not the class {name}.",
+        )
+
+
+def _check_parts(
+    gradient_accumulation_config: object,
+    multi_gpu_config: object,
+    error_handler_config: object,
+    checkpoint_dir: object,
+    use_distributed_sampler: object,
+) -> None:
+    """The arguments that are component configs, paths or flags of other components."""
+    steps = gradient_accumulation_config if isinstance(gradient_accumulation_config, int) else 4
+    mode = multi_gpu_config if isinstance(multi_gpu_config, str) else "cpu"
+    for field, value, kind, fix in (
+        ("gradient_accumulation_config", gradient_accumulation_config,
+         GradientAccumulationConfig, f"GradientAccumulationConfig(accumulation_steps={steps!r})"),
+        ("multi_gpu_config", multi_gpu_config, MultiGPUConfig,
+         f"MultiGPUConfig(training_mode={mode!r})"),
+        ("error_handler_config", error_handler_config, ErrorHandlerConfig,
+         "ErrorHandlerConfig(**the_dict)" if isinstance(error_handler_config, Mapping)
+         else "ErrorHandlerConfig(max_consecutive_nonfinite=10)"),
+    ):  # fmt: skip
+        if value is not None and not isinstance(value, kind):
+            raise config_error(
+                field, value, f"None or an instance of {kind.__name__}", f"pass {fix}."
+            )
+    if checkpoint_dir is not None and not is_path(checkpoint_dir):
+        raise config_error(
+            "checkpoint_dir",
+            checkpoint_dir,
+            "None (under log_dir) or a non-empty str or pathlib.Path",
+            "e.g. checkpoint_dir='checkpoints'.",
+        )
+    check_bool("use_distributed_sampler", use_distributed_sampler)
+
+
+def _check_loader(loader: object, field: str, max_epochs: int) -> None:
     if not isinstance(loader, Iterable):
         raise config_error(field, loader, "an iterable of batches, such as a torch DataLoader")
-    if isinstance(loader, Sized) and len(loader) == 0:
+    if isinstance(loader, Iterator) and max_epochs > 1:
+        raise config_error(
+            field,
+            loader,
+            "a re-iterable of batches (a DataLoader or a list) when max_epochs > 1",
+            "this is a one-shot iterator (a generator?) that would be empty from the second "
+            "epoch on; pass a DataLoader or list(batches), or max_epochs=1.",
+        )
+    try:
+        size = len(loader) if isinstance(loader, Sized) else None
+    except TypeError:  # a DataLoader over an IterableDataset without __len__: streamed
+        size = None
+    if size == 0:
         raise EmptyLoaderError(
             f"{field} has no batches (len 0); allowed: a loader with at least one batch. "
             "Fix: check the dataset, and drop_last with a batch size larger than the dataset."
         )
 
 
-def _prefixed_errors(prefix: str, build: Callable[..., T]) -> Callable[..., T]:
-    """Re-raise a component config's error under the factory's argument name (amp_dtype)."""
+def _renamed_errors(build: Callable[..., T], names: Mapping[str, str]) -> Callable[..., T]:
+    """Re-raise a component config's error under the factory's argument names
+    (``dtype`` becomes ``amp_dtype``), wherever the message names a field."""
+    pattern = re.compile(r"\b(" + "|".join(names) + r")\b")
 
     def wrapper(**kwargs: Any) -> T:
         try:
             return build(**kwargs)
         except ConfigError as exc:
-            raise ConfigError(f"{prefix}{exc}") from None
+            raise ConfigError(pattern.sub(lambda m: names[m[1]], str(exc))) from None
 
     return wrapper
+
+
+_AMP_ARGUMENTS = {
+    name: f"amp_{name}"
+    for name in (
+        "dtype", "init_scale", "growth_factor", "backoff_factor", "growth_interval",
+        "hysteresis", "min_scale", "max_scale",
+    )
+}  # fmt: skip
 
 
 def create_optimized_training_optimizer(
@@ -118,7 +201,7 @@ def create_optimized_training_optimizer(
     handle_signals: bool = False,
     stop_grace_s: float = 30.0,
     data_stall_warn_s: float = 60.0,
-    max_consecutive_nonfinite: int = 10,
+    max_consecutive_nonfinite: int | None = None,
     error_handler_config: ErrorHandlerConfig | None = None,
     monitor_interval_s: float = 1.0,
     tf32: bool = True,
@@ -138,14 +221,25 @@ def create_optimized_training_optimizer(
     newest valid checkpoint of the experiment). ``tf32``, ``cudnn_benchmark`` and
     ``memory_fraction`` are applied to CUDA devices by ``core.gpu_manager``; the monitor
     (``MultiGPUConfig.enable_gpu_monitoring``) samples every ``monitor_interval_s``.
+
+    A bad argument raises :class:`~core.errors.ConfigError` here, naming it: wrong types
+    (``True`` is not a number, ``'no'`` not a flag), a ``log_dir`` that cannot be created or
+    written (it is created and probed), a factory that raises, an optimizer over parameters
+    that are not the model's, ``ReduceLROnPlateau`` (it needs a metric; not supported yet),
+    and a one-shot iterator as a loader when ``max_epochs > 1``. Loaders without ``len()``
+    (a DataLoader over an ``IterableDataset``) are streamed.
     """
     _check_model(model)
-    _check_loader(train_loader, "train_loader")
-    if val_loader is not None:
-        _check_loader(val_loader, "val_loader")
-    _check_callable("loss_fn", loss_fn, "(outputs, targets) and returns a scalar tensor")
+    _check_loss_fn(loss_fn)
     _check_callable("optimizer", optimizer, "the model's parameters")
     _check_callable("scheduler", scheduler, "the optimizer")
+    _check_parts(
+        gradient_accumulation_config,
+        multi_gpu_config,
+        error_handler_config,
+        checkpoint_dir,
+        use_distributed_sampler,
+    )
     config = TrainingConfig(
         experiment_name=experiment_name,
         max_epochs=max_epochs,
@@ -163,6 +257,9 @@ def create_optimized_training_optimizer(
         data_stall_warn_s=data_stall_warn_s,
         monitor_interval_s=monitor_interval_s,
     )
+    _check_loader(train_loader, "train_loader", max_epochs)
+    if val_loader is not None:
+        _check_loader(val_loader, "val_loader", max_epochs)
     gpu_manager_config = GPUManagerConfig(
         tf32=tf32, cudnn_benchmark=cudnn_benchmark, memory_fraction=memory_fraction
     )
@@ -174,10 +271,18 @@ def create_optimized_training_optimizer(
         resume=resume,
         save_on_cancel=save_on_cancel,
     )
+    if error_handler_config is not None and max_consecutive_nonfinite is not None:
+        raise config_error(
+            "max_consecutive_nonfinite", max_consecutive_nonfinite,
+            "None when error_handler_config is given (one place for each setting)",
+            "set it inside error_handler_config=ErrorHandlerConfig(max_consecutive_nonfinite=...).",
+        )  # fmt: skip
     errors_config = error_handler_config or ErrorHandlerConfig(
-        max_consecutive_nonfinite=max_consecutive_nonfinite
+        max_consecutive_nonfinite=10
+        if max_consecutive_nonfinite is None
+        else max_consecutive_nonfinite
     )
-    precision_config = _prefixed_errors("amp_", MixedPrecisionConfig)(
+    precision_config = _renamed_errors(MixedPrecisionConfig, _AMP_ARGUMENTS)(
         enable_amp=enable_amp,
         dtype=amp_dtype,
         enable_grad_scaler=enable_grad_scaler,
@@ -191,6 +296,9 @@ def create_optimized_training_optimizer(
     )
     if not any(p.requires_grad for p in model.parameters()):
         raise config_error("model", type(model).__name__, "a module with trainable parameters")
+    check_writable_dir("log_dir", log_dir)
+    if checkpoint_dir is not None:
+        check_writable_dir("checkpoint_dir", checkpoint_dir)
     trainer = MultiGPUTrainer(
         multi_gpu_config,
         use_distributed_sampler=use_distributed_sampler,
@@ -237,17 +345,13 @@ def _compose(
     wrapped = trainer.initialize_training(model, mixed_precision.amp_precision.dtype)
     params = [p for p in wrapped.parameters() if p.requires_grad]
     built_optimizer = (
-        optimizer(params)
+        _built_by("optimizer", optimizer, params)
         if optimizer
         else default_optimizer(params, config.learning_rate, config.weight_decay)
     )
-    if not isinstance(built_optimizer, torch.optim.Optimizer):
-        raise config_error(
-            "optimizer", built_optimizer, "a callable returning a torch.optim.Optimizer"
-        )
-    built_scheduler = scheduler(built_optimizer) if scheduler else None
-    if built_scheduler is not None and not callable(getattr(built_scheduler, "step", None)):
-        raise config_error("scheduler", built_scheduler, "a callable returning an LR scheduler")
+    _check_optimizer(built_optimizer, wrapped)
+    built_scheduler = _built_by("scheduler", scheduler, built_optimizer) if scheduler else None
+    _check_scheduler(built_scheduler)
     return OptimizedTrainingOptimizer(
         model=wrapped,
         train_loader=trainer.prepare_loader(train_loader, train=True),
@@ -258,7 +362,58 @@ def _compose(
         multi_gpu_trainer=trainer,
         optimizer=built_optimizer,
         scheduler=built_scheduler,
-        objective=Objective(loss_fn or nn.CrossEntropyLoss()),
+        objective=DefaultObjective() if loss_fn is None else Objective(loss_fn),
         error_handler=ErrorHandler(errors_config),
         checkpoint_config=checkpoint_config,
     )
+
+
+def _built_by(field: str, factory: Callable[[Any], T], argument: object) -> T:
+    """Call a user's factory; its exception becomes a ConfigError naming the argument."""
+    try:
+        return factory(argument)
+    except Exception as exc:
+        raise config_error(
+            field,
+            factory,
+            _FACTORY_CONTRACTS[field],
+            f"calling it raised {type(exc).__name__}: {exc} (chained below); pass "
+            f"{_FACTORY_EXAMPLES[field]}.",
+        ) from exc
+
+
+def _check_optimizer(optimizer: object, model: nn.Module) -> None:
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise config_error("optimizer", optimizer, "a callable returning a torch.optim.Optimizer")
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    own = {id(p) for p in model.parameters()}
+    foreign = sum(id(p) not in own for p in held)
+    if not held or foreign:
+        problem = (
+            "it holds no parameters"
+            if not held
+            else f"{foreign} of its {len(held)} parameters are not the model's (as placed and "
+            "wrapped by core)"
+        )
+        raise config_error(
+            "optimizer",
+            optimizer,
+            "a factory whose optimizer holds the parameters it is given",
+            f"{problem}; build it from the argument: "
+            "optimizer=lambda params: torch.optim.SGD(params, lr=0.1).",
+        )
+
+
+def _check_scheduler(scheduler: object) -> None:
+    if scheduler is None:
+        return
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        raise config_error(
+            "scheduler",
+            scheduler,
+            "a scheduler stepped without a metric (StepLR, OneCycleLR, LambdaLR, ...)",
+            "ReduceLROnPlateau needs the monitored loss at each step and is not supported yet; "
+            "use another scheduler, or scheduler=None.",
+        )
+    if not callable(getattr(scheduler, "step", None)):
+        raise config_error("scheduler", scheduler, "a callable returning an LR scheduler")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import signal
 import threading
@@ -143,6 +144,7 @@ class OptimizedTrainingOptimizer:
         if self._running:
             raise RuntimeError("train() is already running on this optimizer")
         self._running = True
+        self._hub.reopen()
         worker = StepThread(threading.Event(), grace_s=self.config.stop_grace_s)
         end = _Ending()
         log: RunLog | None = None
@@ -221,6 +223,12 @@ class OptimizedTrainingOptimizer:
                 if evaluation.interrupted:
                     progress.interrupted = await _stopped()
                     break
+                if not math.isfinite(evaluation.loss):
+                    log.error(
+                        "error", kind="nonfinite_validation_loss", epoch=epoch,
+                        step=self.global_step, val_loss=evaluation.loss,
+                        effect="not counted as an improvement by early stopping or best_val_loss",
+                    )  # fmt: skip
                 progress.add_validation(evaluation.loss, evaluation.accuracy)
                 monitored = evaluation.loss
                 log.emit(
@@ -374,6 +382,7 @@ class OptimizedTrainingOptimizer:
         )
         self._log = log
         self.run_dir = log.run_dir
+        self.checkpointer.begin_run(run_id)
         if cfg.seed is not None:
             seed_everything(cfg.seed)
         start = run_start_fields(self)

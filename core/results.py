@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,9 @@ class RunProgress:
 
     def add_validation(self, loss: float, accuracy: float | None) -> None:
         self.val_loss, self.val_accuracy = loss, accuracy
-        self.best_val_loss = loss if self.best_val_loss is None else min(self.best_val_loss, loss)
+        if math.isfinite(loss):  # a NaN or inf validation loss is never the best
+            best = self.best_val_loss
+            self.best_val_loss = loss if best is None else min(best, loss)
 
     def results(self, *, epochs_completed: int, global_step: int, run_dir: Path) -> TrainingResults:
         return TrainingResults(

@@ -35,7 +35,16 @@ def parameter_count(model: nn.Module) -> int:
 
 
 def batches_per_epoch(loader: Iterable[Any]) -> int | None:
-    return len(loader) if isinstance(loader, Sized) else None
+    try:
+        return len(loader) if isinstance(loader, Sized) else None
+    except TypeError:  # a DataLoader over an IterableDataset without __len__
+        return None
+
+
+def _base_lr(optimizer: torch.optim.Optimizer) -> float | str | None:
+    """The learning rate the optimizer was built with (its defaults; schedules leave it)."""
+    lr = optimizer.defaults.get("lr")
+    return float(lr) if isinstance(lr, (int, float)) else None if lr is None else str(lr)
 
 
 def fingerprint(job: OptimizedTrainingOptimizer) -> dict[str, Any]:
@@ -45,6 +54,7 @@ def fingerprint(job: OptimizedTrainingOptimizer) -> dict[str, Any]:
         "model": type(model).__name__,
         "parameters": parameter_count(model),
         "optimizer": type(job.optimizer).__name__,
+        "learning_rate": _base_lr(job.optimizer),
         "scheduler": None if job.scheduler is None else type(job.scheduler).__name__,
         "precision": job.mixed_precision.configured_precision,
         "accumulation_steps": job.accumulation.accumulation_steps,

@@ -147,6 +147,7 @@ class StepLoop:
         boundary all ranks agree on, once ``stop`` is set."""
         self.model.train()
         self.strategy.set_epoch(loader, epoch)
+        lockstep = self.strategy.lockstep(loader, "train_loader", epoch=epoch)  # uneven: raises
         batches = self._open_epoch(loader, epoch, resume)
         stats = self._stats
         windows = self.accumulation.windows(batches, start_index=self.batches_done)
@@ -159,7 +160,13 @@ class StepLoop:
                 raise self._failure(exc, "loading a batch", self.batches_done) from exc
             finally:
                 self.waiting_for_data_since = None
-            if window is None:
+            # Streams: every rank ends the epoch where the first one runs out (lengths known:
+            # no collective, they end together).
+            uneven = lockstep.uneven_end(0 if window is None else len(window.batches))
+            if uneven is not None:
+                self.emit("uneven_inputs", epoch=epoch, step=self.global_step,
+                          loader="train_loader", **uneven)  # fmt: skip
+            if window is None or uneven is not None:
                 break
             data_time = perf_counter() - tick
             try:

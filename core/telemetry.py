@@ -19,12 +19,13 @@ Each run gets its own structlog logger over its own file: ``core`` never calls
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
@@ -60,17 +61,60 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+class _GuardedFile:
+    """The log file as structlog writes to it: a failing write (a full or read-only disk)
+    degrades logging to the event stream only, and never reaches the run."""
+
+    def __init__(self, path: Path, on_failure: Callable[[str], None]) -> None:
+        self.path = path
+        self._file: IO[bytes] = path.open("ab")
+        self._on_failure = on_failure
+        self.failure: str | None = None
+
+    def _fail(self, exc: OSError) -> None:
+        if self.failure is None:
+            self.failure = f"{type(exc).__name__}: {exc}"
+            self._on_failure(self.failure)
+
+    def write(self, data: bytes) -> None:
+        if self.failure is None:
+            try:
+                self._file.write(data)
+            except OSError as exc:
+                self._fail(exc)
+
+    def flush(self) -> None:
+        if self.failure is None:
+            try:
+                self._file.flush()
+            except OSError as exc:
+                self._fail(exc)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):  # buffered bytes on a full disk: already reported
+            self._file.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._file.closed
+
+
 class RunLog:
-    """Opens the run directory and writes records to its JSONL file."""
+    """Opens the run directory and writes records to its JSONL file.
+
+    Logging never stops a run: if the disk under the log fails (full, read-only), the
+    records keep flowing to ``events()``, a ``log_degraded`` error record says which file
+    failed and why, and checkpoints are written as usual."""
 
     def __init__(self, run_dir: Path, *, run_id: str, rank: int, hub: EventHub) -> None:
         self.run_dir = run_dir
         self.run_id = run_id
         self.rank = rank
+        self._hub = hub
         run_dir.mkdir(parents=True, exist_ok=True)
         name = "events.jsonl" if rank == 0 else f"events.rank{rank}.jsonl"
         self.events_path = run_dir / name
-        self._file: IO[bytes] = self.events_path.open("ab")
+        self._file = _GuardedFile(self.events_path, lambda why: self._degraded(name, why))
         self._queue: deque[_Queued] = deque()
         self._drain_lock = threading.Lock()
 
@@ -86,12 +130,21 @@ class RunLog:
             return record
 
         self._log = structlog.wrap_logger(
-            structlog.BytesLogger(self._file),
+            structlog.BytesLogger(self._file),  # type: ignore[arg-type]  # write/flush suffice
             processors=[publish, structlog.processors.JSONRenderer(serializer=_orjson_dumps)],
             wrapper_class=structlog.make_filtering_bound_logger(0),
             context_class=dict,
             cache_logger_on_first_use=True,
         ).bind(run_id=run_id, rank=rank)
+
+    def _degraded(self, name: str, why: str) -> None:
+        """Tell ``events()`` (the file cannot be told) that a log file stopped being written."""
+        self._hub.publish({
+            "event": "log_degraded", "ts": _iso(time.time()), "level": "error",
+            "run_id": self.run_id, "rank": self.rank, "file": str(self.run_dir / name),
+            "reason": why, "effect": "records go to events() only; training and checkpoints "
+            "go on",
+        })  # fmt: skip
 
     @classmethod
     def create(
@@ -123,11 +176,16 @@ class RunLog:
                 count += 1
             return count
 
-    def write_json(self, name: str, payload: Any) -> Path:
-        """Write ``payload`` as pretty JSON next to the event log (rank 0's name kept)."""
+    def write_json(self, name: str, payload: Any) -> Path | None:
+        """Write ``payload`` as pretty JSON next to the event log (rank 0's name kept); on a
+        failing disk, say so in a ``log_degraded`` record and return None."""
         stem, suffix = name.rsplit(".", 1)
         target = self.run_dir / (name if self.rank == 0 else f"{stem}.rank{self.rank}.{suffix}")
-        target.write_text(json.dumps(payload, indent=2, default=_json_default) + "\n")
+        try:
+            target.write_text(json.dumps(payload, indent=2, default=_json_default) + "\n")
+        except OSError as exc:
+            self._degraded(target.name, f"{type(exc).__name__}: {exc}")
+            return None
         return target
 
     def close(self) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from core import GradientAccumulationConfig, MultiGPUConfig, create_optimized_training_optimizer  # noqa: E402
+from core.errors import UnevenLoadersError  # noqa: E402
 from core.multi_gpu_training import setup_distributed_environment  # noqa: E402
 
 FEATURES = 8
@@ -262,6 +263,68 @@ def cancel_rank1(out: Path, rank: int) -> None:
     outcome["global_step"] = optimizer.global_step
     outcome["cancelled"] = "interrupted" not in outcome
     torch.save(outcome, out / f"cancel_rank1.rank{rank}.pt")
+
+
+class Stream:
+    """A re-iterable loader without ``len()``, like a stream or an IterableDataset."""
+
+    def __init__(self, loader: Iterable[Any]) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.loader)
+
+
+@scenario
+def uneven_stream(out: Path, rank: int) -> None:
+    # No len() and use_distributed_sampler=False: rank 0 streams 10 batches, rank 1 only 7,
+    # in windows of 2 (rank 1's 4th is short); validation streams 5 and 3 batches. Every
+    # epoch must end on both ranks where rank 1 runs out, and the run must complete.
+    def stream(n: int, seed: int = 0) -> Stream:
+        return Stream(DataLoader(IndexedData(n, seed), batch_size=8))
+
+    optimizer = create_optimized_training_optimizer(
+        model=Recorder(),
+        train_loader=stream(80 if rank == 0 else 56),
+        val_loader=stream(40 if rank == 0 else 24, seed=1),
+        max_epochs=2,
+        log_dir=out / "logs",
+        experiment_name="uneven_stream",
+        use_distributed_sampler=False,
+        gradient_accumulation_config=GradientAccumulationConfig(accumulation_steps=2),
+    )
+    results = anyio.run(optimizer.train)
+    optimizer.close()
+    assert optimizer.run_dir is not None
+    torch.save(
+        {"results": results.to_dict(), "run_dir": str(optimizer.run_dir)},
+        out / f"uneven_stream.rank{rank}.pt",
+    )
+
+
+@scenario
+def uneven_len(out: Path, rank: int) -> None:
+    # use_distributed_sampler=False with loaders of 10 and 6 batches: every rank must raise
+    # UnevenLoadersError (val_loader when the optimizer is built, train_loader when the
+    # first epoch starts), not crash gloo. Each rank writes its messages and exits non-zero.
+    messages: list[str] = []
+    common: dict[str, Any] = {"use_distributed_sampler": False, "log_dir": out / "logs"}
+    try:
+        create_optimized_training_optimizer(
+            model=Recorder(),
+            train_loader=DataLoader(IndexedData(48), batch_size=8),
+            val_loader=DataLoader(IndexedData(80 if rank == 0 else 48), batch_size=8),
+            **common,
+        )
+    except UnevenLoadersError as exc:
+        messages.append(str(exc))
+    try:
+        run_job(batch_size=8, n=80 if rank == 0 else 48, experiment_name="uneven_len", **common)
+    except UnevenLoadersError as exc:
+        messages.append(str(exc))
+        (out / f"uneven_len.rank{rank}.txt").write_text("\n".join(messages))
+        torch.distributed.barrier()  # the group survived: both ranks wrote before either exits
+        raise
 
 
 def main() -> None:

@@ -70,7 +70,7 @@ class Faulty(nn.Module):
 
 def stall_before_commit(out: Path, from_step: int) -> Any:
     def hook(staging: Path) -> None:
-        if int(staging.name.split(".")[1].removeprefix("step-")) >= from_step:
+        if int(staging.name[len(".step-") :][:9]) >= from_step:
             (out / "stalled").write_text(str(staging))
             time.sleep(3600)
 

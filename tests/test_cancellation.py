@@ -171,7 +171,8 @@ def test_a_third_signal_exits_at_once_naming_the_last_checkpoint(tmp_path: Path)
     assert "forced exit by a third SIGTERM" in output
     assert "step-000000002" in output  # the last committed checkpoint
     store = CheckpointStore(tmp_path / "logs" / "faults" / "checkpoints", keep_last_n=3)
-    assert store.newest_valid(lambda p, r: None) == store.final_path(2)
+    newest = store.newest_valid(lambda p, r: None)
+    assert newest is not None and newest.name.startswith("step-000000002-")
 
 
 # A hung loader ------------------------------------------------------------------------
@@ -191,7 +192,7 @@ def test_sigterm_with_a_hung_loader_returns_within_the_grace_naming_the_checkpoi
     (run,) = records(tmp_path / "logs")
     end = run[-1]
     assert end["event"] == "run_end" and end["status"] == "abandoned"
-    assert end["last_checkpoint"].endswith("step-000000004")
+    assert end["last_checkpoint"].rsplit("/", 1)[1].startswith("step-000000004-")
     assert any(r["event"] == "step_thread_abandoned" for r in run)
 
 
@@ -242,7 +243,9 @@ def test_anyio_fail_after_returns_within_the_grace_when_the_loader_hangs(tmp_pat
     loader.release.set()
     lines = (optimizer.run_dir / "events.jsonl").read_text().splitlines()
     end = json.loads(lines[-1])
-    assert end["status"] == "abandoned" and end["last_checkpoint"].endswith("step-000000002")
+    assert end["status"] == "abandoned" and end["last_checkpoint"].rsplit("/", 1)[1].startswith(
+        "step-000000002-"
+    )
 
 
 def test_a_data_stall_is_reported_with_backoff_and_the_run_goes_on(tmp_path: Path) -> None:

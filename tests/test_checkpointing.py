@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +34,10 @@ def test_commit_publishes_verified_checkpoints_and_prunes_after_committing(tmp_p
     store = CheckpointStore(tmp_path, keep_last_n=2)
     for step in (1, 2, 3):
         commit(store, step, torch.arange(step))
-    assert [p.name for p in store.committed()] == ["step-000000003", "step-000000002"]
+    assert [p.name for p in store.committed()] == [
+        f"step-000000003-{store.run_id}",
+        f"step-000000002-{store.run_id}",
+    ]
     manifest = store.verify(store.committed()[0])
     assert manifest["step"] == 3 and set(manifest["files"]) == {"state.pt"}
     assert torch.equal(store.load_state(store.committed()[0])["payload"], torch.arange(3))
@@ -54,12 +60,24 @@ def test_a_missing_file_or_an_altered_byte_fails_verification(tmp_path: Path) ->
         store.verify(good)
 
 
-def test_staging_left_by_a_dead_writer_is_swept_and_never_listed(tmp_path: Path) -> None:
+def test_only_staging_of_a_writer_that_is_provably_gone_is_swept(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path, keep_last_n=2)
-    staging = store.stage(9)
-    store.write_state(staging, {"half": True})
+    live = store.stage(9)  # this process: alive
+    store.write_state(live, {"half": True})
+    dead_pid = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    host = socket.gethostname()
+    dead = tmp_path / f".step-000000009-x.staging-{host}-{dead_pid}-ab12"
+    elsewhere = tmp_path / ".step-000000009-y.staging-otherhost-1-ab12"
+    dead.mkdir()
+    elsewhere.mkdir()
     assert store.committed() == []
-    assert store.sweep_staging() == [staging] and not staging.exists()
+    assert store.sweep_staging() == [dead]
+    assert live.exists() and elsewhere.exists() and not dead.exists()
 
 
 @pytest.mark.parametrize(
@@ -67,7 +85,7 @@ def test_staging_left_by_a_dead_writer_is_swept_and_never_listed(tmp_path: Path)
     [
         ({"checkpoint_every_n_steps": 0}, r"checkpoint_every_n_steps=0 is invalid"),
         ({"keep_last_n": 0}, r"keep_last_n=0 is invalid"),
-        ({"resume": 3}, r"resume=3 is invalid; allowed: None, 'auto' or a checkpoint path"),
+        ({"resume": 3}, r"resume=3 is invalid; allowed: None, 'auto' or the path of a checkpoint"),
     ],
 )
 def test_config_errors(kwargs: dict[str, Any], pattern: str) -> None:
@@ -91,7 +109,7 @@ def test_resume_with_an_incompatible_config_names_the_fields(log_dir: Path) -> N
     with pytest.raises(
         IncompatibleCheckpointError,
         match=r"differs in accumulation_steps \(checkpoint 1, now 2\), "
-        r"optimizer \(checkpoint 'AdamW', now 'SGD'\)",
+        r"learning_rate \(checkpoint 0.001, now 0.1\), optimizer \(checkpoint 'AdamW', now 'SGD'\)",
     ):
         anyio.run(changed.train)
 

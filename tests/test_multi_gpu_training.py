@@ -1,10 +1,14 @@
 """Distribution: mode resolution and config errors in-process; DDP, FSDP2, samplers,
-validation, early stopping, stop agreement and two "nodes" with real torchrun jobs."""
+validation, early stopping, stop agreement, uneven loaders and two "nodes" with real torchrun
+jobs."""
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
+import re
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -20,6 +24,10 @@ from core import (
     MultiGPUConfig,
     create_optimized_training_optimizer,
 )
+from core.checkpoint_manifest import hash_file
+from core.checkpoint_store import CheckpointStore
+from core.dcp_metadata import check_metadata
+from core.errors import UnsafeCheckpointError
 from core.multi_gpu_training import (
     Machine,
     MultiGPUTrainer,
@@ -194,8 +202,12 @@ def test_launch_helper_reports_the_exit_code(tmp_path: Path) -> None:
 
 
 def torchrun(
-    out: Path, *scenarios: str, extra: list[str] | None = None, timeout: float = 240
-) -> None:
+    out: Path,
+    *scenarios: str,
+    extra: list[str] | None = None,
+    timeout: float = 240,
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
     command = [
         sys.executable,
         "-m",
@@ -210,7 +222,9 @@ def torchrun(
     done = subprocess.run(
         command, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    if check:
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +242,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "fsdp_resume",
         "early_stop",
         "cancel_rank1",
+        "uneven_stream",
     )
     return out
 
@@ -306,6 +321,37 @@ def test_fsdp2_checkpoint_through_dcp_resumes_exactly(jobs: Path) -> None:
     assert any(name.startswith("sharded/") for name in manifest["files"])
 
 
+class Payload:
+    def __init__(self, target: Path) -> None:
+        self.target = target
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (str(self.target), "w"))
+
+
+@pytest.mark.distributed
+def test_a_crafted_fsdp2_metadata_is_refused_before_torch_reads_it(
+    jobs: Path, tmp_path: Path
+) -> None:
+    written = jobs / "resume_logs" / "fsdp_resume" / "checkpoints"
+    newest = CheckpointStore(written, keep_last_n=2).committed()[0]
+    check_metadata(newest / "sharded")  # a real 2-rank FSDP2 .metadata passes the allow-list
+    checkpoint = tmp_path / "checkpoints" / newest.name
+    shutil.copytree(newest, checkpoint)
+    target = tmp_path / "pwned"
+    metadata = checkpoint / "sharded" / ".metadata"
+    metadata.write_bytes(pickle.dumps(Payload(target)))
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    manifest["files"]["sharded/.metadata"] = {  # the attacker recomputes the manifest
+        "sha256": hash_file(metadata), "bytes": metadata.stat().st_size,
+    }  # fmt: skip
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UnsafeCheckpointError, match=r"refused to load .*\.metadata"):
+        run_job(batch_size=16, mode="cpu", log_dir=tmp_path / "logs",
+                checkpoint_dir=tmp_path / "checkpoints", resume="auto")  # fmt: skip
+    assert not target.exists()
+
+
 @pytest.mark.distributed
 def test_fsdp2_with_a_bf16_mixed_precision_policy_trains(jobs: Path) -> None:
     results = load(jobs, "fsdp_bf16_policy")["results"]
@@ -362,6 +408,55 @@ def test_a_cancelled_rank_stops_every_rank_at_the_same_step(jobs: Path) -> None:
     assert rank1["cancelled"] and not rank0["cancelled"]
     assert rank0["interrupted"]
     assert rank0["global_step"] == rank1["global_step"] >= 5
+
+
+@pytest.mark.distributed
+def test_uneven_streams_end_each_epoch_together_and_say_so(jobs: Path) -> None:
+    """Rank 0 streams 10 batches (5 windows of 2), rank 1 7 (4 windows): both take 4 steps
+    per epoch, and each rank's log records where and why the epoch ended."""
+    ranks = [load(jobs, "uneven_stream", rank) for rank in (0, 1)]
+    assert [r["results"]["global_step"] for r in ranks] == [8, 8]
+    assert [r["results"]["epochs_completed"] for r in ranks] == [2, 2]
+    assert ranks[0]["results"]["val_loss"] == ranks[1]["results"]["val_loss"]
+    run_dir = Path(ranks[0]["run_dir"])
+    for name in ("events.jsonl", "events.rank1.jsonl"):
+        records = [json.loads(line) for line in (run_dir / name).read_text().splitlines()]
+        uneven = [r for r in records if r["event"] == "uneven_inputs"]
+        assert [(r["epoch"], r["step"]) for r in uneven] == [(0, 4), (1, 8)]
+        for record in uneven:
+            assert record["loader"] == "train_loader"
+            assert record["exhausted_ranks"] == [1]
+            assert record["unused_batches_at_least"] == [2, 0]  # rank 0's 5th window
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_uneven_loader_lengths_fail_clearly_on_every_rank(tmp_path: Path) -> None:
+    """Loaders of 10 and 6 batches without the DistributedSampler used to kill rank 0 with
+    SIGABRT inside gloo (an empty log) and rank 1 with "connection reset"."""
+    done = torchrun(tmp_path, "uneven_len", check=False)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output[-3000:]
+    assert "SIGABRT" not in output and "Connection reset" not in output, output[-3000:]
+    assert "UnevenLoadersError" in output
+    for rank in (0, 1):
+        val, train = (tmp_path / f"uneven_len.rank{rank}.txt").read_text().splitlines()
+        assert re.match(
+            r"val_loader holds a different number of batches on each rank "
+            r"\(rank 0: 10, rank 1: 6\), found when the optimizer was built",
+            val,
+        )
+        assert re.match(
+            r"train_loader holds a different number of batches on each rank "
+            r"\(rank 0: 10, rank 1: 6\), found at the start of epoch 0",
+            train,
+        )
+        assert "use_distributed_sampler=True" in train and "drop_last=True" in train
+    (run_dir,) = (tmp_path / "logs" / "uneven_len").iterdir()
+    for name in ("events.jsonl", "events.rank1.jsonl"):
+        end = json.loads((run_dir / name).read_text().splitlines()[-1])
+        assert end["event"] == "run_end" and end["status"] == "failed"
+        assert end["error_type"] == "UnevenLoadersError"
 
 
 @pytest.mark.distributed

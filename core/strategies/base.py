@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from core.strategies.lockstep import Lockstep
+
 __all__ = ("Strategy",)
 
 T = TypeVar("T")
@@ -83,6 +85,11 @@ class Strategy:
 
     def prepare_loader(self, loader: Iterable[Any], *, train: bool) -> Iterable[Any]:
         return loader
+
+    def lockstep(self, loader: Iterable[Any], name: str, *, epoch: int | None = None) -> Lockstep:
+        """How the ranks end an epoch of ``loader`` together (``name`` for the error);
+        raises :class:`~core.errors.UnevenLoadersError` where ranks' lengths differ."""
+        return Lockstep()
 
     def eval_sample_limit(self, loader: Iterable[Any]) -> int | None:
         """How many leading samples of ``loader`` are real (the rest pad a shard), or None."""

@@ -11,6 +11,9 @@ vote, so all ranks leave the loop at the same boundary and none is left waiting 
 collective. A 4-byte gloo all-reduce costs ~50 us alone and ~200 us between two local
 processes, a large share of a small CPU step; voting every 16 boundaries keeps the cost
 near 1% while a stop still lands within 32 steps.
+
+Loaders of unequal length (``use_distributed_sampler=False``, streams) are checked or kept
+in step as ``core.strategies.lockstep`` describes.
 """
 
 from __future__ import annotations
@@ -26,6 +29,13 @@ from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from core.errors import ConfigError
 from core.strategies.base import Strategy
+from core.strategies.lockstep import (
+    Lockstep,
+    LockstepLoader,
+    StreamLockstep,
+    batches_in,
+    uneven_loaders_error,
+)
 from core.strategies.samplers import shard_loader
 
 __all__ = ("ProcessGroupStrategy",)
@@ -133,14 +143,28 @@ class ProcessGroupStrategy(Strategy):
         return model.to(self.device)
 
     def prepare_loader(self, loader: Iterable[Any], *, train: bool) -> Iterable[Any]:
-        if not self.use_distributed_sampler:
-            return loader
-        sharded, equal = shard_loader(
-            loader, rank=self.rank, world_size=self.world_size, train=train, seed=self.seed
-        )
+        if self.use_distributed_sampler:
+            loader, equal = shard_loader(
+                loader, rank=self.rank, world_size=self.world_size, train=train, seed=self.seed
+            )
+            if train:
+                self._equal_shards = equal
         if train:
-            self._equal_shards = equal
-        return sharded
+            return loader  # the step loop checks it at the start of every epoch
+        lockstep = self.lockstep(loader, "val_loader")  # once; uneven lengths fail here
+        if isinstance(lockstep, StreamLockstep):
+            return LockstepLoader(loader, lockstep, "val_loader")
+        return loader
+
+    def lockstep(self, loader: Iterable[Any], name: str, *, epoch: int | None = None) -> Lockstep:
+        # One all-gather of every rank's length (-1: a stream) decides, the same on all ranks.
+        local = batches_in(loader)
+        lengths = self._all_gather_int(-1 if local is None else local)
+        if min(lengths) < 0:
+            return StreamLockstep(self._all_gather_int)
+        if len(set(lengths)) > 1:
+            raise uneven_loaders_error(name, lengths, epoch)
+        return Lockstep()
 
     def eval_sample_limit(self, loader: Iterable[Any]) -> int | None:
         limit = getattr(getattr(loader, "sampler", None), "real_num_samples", None)
@@ -185,6 +209,13 @@ class ProcessGroupStrategy(Strategy):
         moved = tensor.to(self._collective_device())
         dist.all_reduce(moved)
         return moved.to(tensor.device)
+
+    def _all_gather_int(self, value: int) -> list[int]:
+        """Every rank's ``value``, in rank order, on every rank (control-plane group)."""
+        mine = torch.tensor([value], dtype=torch.int64)
+        gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(gathered, mine, group=self._control)
+        return [int(t) for t in gathered]  # CPU tensors of the gloo group: no device sync
 
     def any_rank(self, flag: bool) -> bool:
         vote = torch.tensor([int(flag)], dtype=torch.int32)

@@ -1,0 +1,143 @@
+"""A checkpoint's manifest: what it must say, and the check that every file agrees with it.
+
+``manifest.json`` is the only file of a checkpoint that is trusted, so it is read as
+untrusted input first: its schema must be exact (no missing or extra keys, every value of
+its type), every listed name a plain relative path inside the checkpoint, no symlink
+anywhere, no file present that it does not list, and every file of the recorded size
+(compared before hashing, so a huge sparse file costs nothing) and sha256.
+
+Example of a manifest::
+
+    {"manifest_version": 2, "step": 20, "epoch": 1, "reason": "step",
+     "run_id": "20261122-031500.123-a1b2c3", "parent": null, "committed_at_ns": 1795...,
+     "files": {"state.pt": {"sha256": "9f86d0...", "bytes": 48213}}}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from core.errors import CheckpointError
+
+__all__ = ("MANIFEST", "VERSION", "file_entries", "hash_file", "read_verified")
+
+MANIFEST = "manifest.json"
+VERSION = 2
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "manifest_version": (int,),
+    "step": (int,),
+    "epoch": (int,),
+    "reason": (str,),
+    "run_id": (str,),
+    "parent": (str, type(None)),
+    "committed_at_ns": (int,),
+    "files": (dict,),
+}
+
+
+def hash_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _walk(root: Path) -> Iterator[tuple[str, Path]]:
+    """Every entry under ``root`` (not following symlinks), as (relative name, path)."""
+    for directory, subdirs, files in os.walk(root, followlinks=False):
+        for name in [*subdirs, *files]:
+            path = Path(directory) / name
+            yield path.relative_to(root).as_posix(), path
+
+
+def file_entries(root: Path) -> dict[str, dict[str, Any]]:
+    """The ``files`` section for a freshly written checkpoint directory."""
+    return {
+        name: {"sha256": hash_file(path), "bytes": path.stat().st_size}
+        for name, path in sorted(_walk(root))
+        if path.is_file() and name != MANIFEST
+    }
+
+
+def _invalid(path: Path, why: str) -> CheckpointError:
+    return CheckpointError(f"checkpoint {path} is rejected: {why}")
+
+
+def _check_schema(path: Path, manifest: object) -> dict[str, Any]:
+    if not isinstance(manifest, dict):
+        raise _invalid(path, f"its manifest is a {type(manifest).__name__}, not an object")
+    missing = sorted(set(_FIELDS) - set(manifest))
+    extra = sorted(set(manifest) - set(_FIELDS))
+    if missing or extra:
+        raise _invalid(path, f"manifest keys missing {missing}, unexpected {extra}")
+    for key, types in _FIELDS.items():
+        value = manifest[key]
+        if not isinstance(value, types) or isinstance(value, bool):
+            raise _invalid(path, f"manifest field {key}={value!r} has the wrong type")
+    if manifest["manifest_version"] != VERSION:
+        raise _invalid(path, f"manifest_version {manifest['manifest_version']}, expected {VERSION}")
+    if not manifest["files"]:
+        raise _invalid(path, "its manifest lists no file")
+    for name, entry in manifest["files"].items():
+        _check_entry(path, name, entry)
+    return manifest
+
+
+def _check_entry(path: Path, name: object, entry: object) -> None:
+    if not isinstance(name, str) or not name:
+        raise _invalid(path, f"file name {name!r} is not a string")
+    pure = PurePosixPath(name)
+    if pure.is_absolute() or ".." in pure.parts or "\\" in name or name == MANIFEST:
+        raise _invalid(path, f"file name {name!r} points outside the checkpoint")
+    if not (isinstance(entry, dict) and set(entry) == {"sha256", "bytes"}):
+        raise _invalid(path, f"entry of {name} must be {{'sha256', 'bytes'}}, got {entry!r}")
+    digest, size = entry["sha256"], entry["bytes"]
+    if not (isinstance(digest, str) and _SHA256.match(digest)):
+        raise _invalid(path, f"sha256 of {name} is {digest!r}, not 64 hex digits")
+    if not (isinstance(size, int) and not isinstance(size, bool) and size >= 0):
+        raise _invalid(path, f"size of {name} is {size!r}, not a byte count")
+
+
+def read_verified(path: Path) -> dict[str, Any]:
+    """The manifest of checkpoint ``path`` once everything in it checks out; raises
+    :class:`~core.errors.CheckpointError` naming the first thing that does not."""
+    if path.is_symlink() or not path.is_dir():
+        raise _invalid(path, "it is not a plain directory")
+    manifest_path = path / MANIFEST
+    if manifest_path.is_symlink():
+        raise _invalid(path, "its manifest is a symlink")
+    try:
+        manifest = _check_schema(path, json.loads(manifest_path.read_text()))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {path} has no readable manifest: {exc}") from None
+    listed: dict[str, dict[str, Any]] = manifest["files"]
+    present: set[str] = set()
+    for name, entry in _walk(path):
+        if entry.is_symlink():
+            raise _invalid(path, f"{name} is a symlink")
+        if entry.is_file() and name != MANIFEST:
+            if name not in listed:
+                raise _invalid(path, f"{name} is present but not in the manifest")
+            present.add(name)
+    for name, expected in listed.items():
+        if name not in present:
+            raise CheckpointError(f"checkpoint {path} is missing {name}")
+        file = path / name
+        size = file.stat().st_size
+        if size != expected["bytes"]:
+            raise _invalid(path, f"{name} has {size} bytes, the manifest says {expected['bytes']}")
+        actual = hash_file(file)
+        if actual != expected["sha256"]:
+            raise CheckpointError(
+                f"checkpoint {path}: {name} has sha256 {actual[:12]}..., the manifest "
+                f"says {expected['sha256'][:12]}... (truncated or altered)"
+            )
+    return manifest

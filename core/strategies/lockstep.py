@@ -1,0 +1,125 @@
+"""Keeping ranks in step when their loaders differ in length.
+
+Every DDP/FSDP2 step is a collective, so every rank must take the same number of steps;
+a rank that finishes its epoch early and enters the next collective (a stop vote, the
+epoch's loss all-reduce) while a peer still waits in a gradient all-reduce crashes gloo or
+hangs NCCL. Core's ``DistributedSampler`` shards evenly; ``use_distributed_sampler=False``
+(or a stream) leaves it to the user, so:
+
+- where every rank's loader has an exact ``len()``, the lengths are compared with one
+  all-gather (``train_loader`` at the start of each epoch, ``val_loader`` once when the
+  optimizer is built); unequal lengths raise :class:`~core.errors.UnevenLoadersError` on
+  every rank, naming each rank's length and the fix. Nothing is agreed per step: such
+  epochs end together by themselves.
+- where some rank's loader has no ``len()`` (a stream, an ``IterableDataset``), the ranks
+  all-gather how many batches each has in hand before every step, and every rank ends the
+  epoch at the first boundary where one rank has none (the step loop then records
+  ``uneven_inputs``). A stream is not read further, as it may be endless: the batches
+  counted unused are those fetched for the step that was not taken. A validation stream is
+  wrapped in :class:`LockstepLoader`, which agrees before every batch the same way (the
+  evaluation loop's stop votes and FSDP2's all-gathers need every rank in step) and logs
+  ``uneven_inputs`` as a warning: the longer ranks' remaining samples are not evaluated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sized
+from typing import Any
+
+import structlog
+from torch.utils.data import DataLoader, IterableDataset
+
+from core.errors import UnevenLoadersError
+
+__all__ = ("Lockstep", "LockstepLoader", "StreamLockstep", "batches_in", "uneven_loaders_error")
+
+_log = structlog.get_logger("core")
+_END = object()
+
+
+def batches_in(loader: Iterable[Any]) -> int | None:
+    """``len(loader)`` where it is exact; None for a stream.
+
+    A ``DataLoader`` over an ``IterableDataset`` counts as a stream: its ``len()`` is the
+    dataset's estimate, and with several workers each yields its own short last batch.
+    """
+    if isinstance(loader, DataLoader) and isinstance(loader.dataset, IterableDataset):
+        return None
+    if not isinstance(loader, Sized):
+        return None
+    try:
+        return len(loader)
+    except TypeError:  # a DataLoader whose dataset has no __len__
+        return None
+
+
+def uneven_loaders_error(name: str, lengths: list[int], epoch: int | None) -> UnevenLoadersError:
+    """The error every rank raises when its peers' ``name`` loaders differ in length."""
+    per_rank = ", ".join(f"rank {rank}: {n}" for rank, n in enumerate(lengths))
+    when = (
+        "when the optimizer was built, before training"
+        if epoch is None
+        else f"at the start of epoch {epoch}, before its first step"
+    )
+    return UnevenLoadersError(
+        f"{name} holds a different number of batches on each rank ({per_rank}), found {when}; "
+        "allowed: the same number on every rank (each step is a collective that every rank "
+        "joins). Fix: pass use_distributed_sampler=True "
+        "so core shards one DataLoader evenly with a DistributedSampler, or give every rank "
+        "the same number of batches (equal-size shards; drop_last=True drops a short last "
+        "batch that only some ranks have)."
+    )
+
+
+class Lockstep:
+    """Loaders that end together by themselves (equal lengths, or one process)."""
+
+    def uneven_end(self, in_hand: int) -> dict[str, Any] | None:
+        """Called before each step with the batches this rank has for it (0: none left).
+
+        None while every rank goes on (or all ran out together); otherwise the fields of an
+        ``uneven_inputs`` record, returned on every rank, and every rank ends its epoch.
+        """
+        return None
+
+
+class StreamLockstep(Lockstep):
+    """Streams of unknown length: one small all-gather before every step."""
+
+    def __init__(self, all_gather: Callable[[int], list[int]]) -> None:
+        self._all_gather = all_gather
+
+    def uneven_end(self, in_hand: int) -> dict[str, Any] | None:
+        # The cost of streams: a collective per step, as a stream's end is known only once
+        # reached (control-plane group; no device sync).
+        counts = self._all_gather(in_hand)
+        if all(counts) or not any(counts):
+            return None
+        return {
+            "exhausted_ranks": [rank for rank, n in enumerate(counts) if n == 0],
+            "unused_batches_at_least": counts,
+        }
+
+
+class LockstepLoader:
+    """A stream that every rank reads in step, agreeing before each batch (for evaluation,
+    which takes no optimizer steps); it ends on every rank where the first rank's ends."""
+
+    def __init__(self, loader: Iterable[Any], lockstep: Lockstep, name: str) -> None:
+        self.loader = loader
+        self.lockstep = lockstep
+        self.name = name
+
+    def __iter__(self) -> Iterator[Any]:
+        batches = iter(self.loader)
+        while True:
+            batch = next(batches, _END)
+            uneven = self.lockstep.uneven_end(0 if batch is _END else 1)
+            if uneven is not None:
+                _log.warning(
+                    "uneven_inputs", loader=self.name, **uneven,
+                    fix="give every rank the same number of batches",
+                )  # fmt: skip
+            if batch is _END or uneven is not None:
+                return
+            yield batch
