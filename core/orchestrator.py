@@ -1,10 +1,12 @@
 """The async shell behind ``await optimizer.train()``.
 
-``OptimizedTrainingOptimizer`` owns one task group per run. Epochs and validation run in a
-worker thread so the event loop stays responsive; the step thread never waits on the loop
-(records reach async consumers through ``core.events``). Cancelling ``train()`` from any
-anyio cancel scope sets a stop flag: the thread finishes its current optimizer step, a
-checkpoint is written (shielded from the cancellation), the run is closed (``run_end`` with
+``OptimizedTrainingOptimizer`` owns one task group per run. Resuming, epochs, validation
+and saves run on the run's step thread (``core.step_thread``) so the event loop stays
+responsive; the step thread never waits on the loop (records reach async consumers through
+``core.events``). Cancelling ``train()`` in any way (an anyio cancel scope, ``task.cancel()``,
+``asyncio.wait_for``, ``asyncio.timeout``, Ctrl-C under ``asyncio.run``) sets a stop flag:
+the thread finishes its current optimizer step, a checkpoint is written (shielded from the
+cancellation; ``core.stopping``), the run is closed (``run_end`` with
 ``status="cancelled"``), and the cancellation propagates. With ``handle_signals=True``,
 SIGTERM/SIGINT do the same and ``train()`` raises :class:`~core.errors.SignalReceived`.
 
@@ -16,15 +18,11 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
-import os
-import signal
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +51,7 @@ from core.seeding import seed_everything
 from core.signals import watch_stop_signals
 from core.step_loop import EpochStats, ResumePoint, Scheduler, StepLoop
 from core.step_thread import StepThread
+from core.stopping import RunEnding, Stopping
 from core.telemetry import RunLog, new_run_id
 
 __all__ = ("OptimizedTrainingOptimizer",)
@@ -114,6 +113,11 @@ class OptimizedTrainingOptimizer:
             checkpoint_config, Path(directory), strategy=strategy, model=model,
             optimizer=optimizer, state=self.state, emit=self._emit, report_error=self._error,
         )  # fmt: skip
+        self._stopping = Stopping(
+            checkpointer=self.checkpointer, save=self._save, global_step=lambda: self.global_step,
+            grace_s=config.stop_grace_s, emit=self._emit, error=self._error,
+            close_log=lambda: self._log.close() if self._log is not None else None,
+        )  # fmt: skip
         self.run_dir: Path | None = None
         self._running = False
 
@@ -146,7 +150,7 @@ class OptimizedTrainingOptimizer:
         self._running = True
         self._hub.reopen()
         worker = StepThread(threading.Event(), grace_s=self.config.stop_grace_s)
-        end = _Ending()
+        end = RunEnding()
         log: RunLog | None = None
         try:
             log = self._open_run()
@@ -158,7 +162,7 @@ class OptimizedTrainingOptimizer:
                 if self.config.handle_signals:
                     tg.start_soon(functools.partial(
                         watch_stop_signals, run_scope, end.signals,
-                        on_hurry=self._hurry, on_force=self._force_exit,
+                        on_hurry=self._stopping.hurry, on_force=self._stopping.force_exit,
                     ))  # fmt: skip
                 if monitor is not None:
                     tg.start_soon(monitor.run)
@@ -178,7 +182,7 @@ class OptimizedTrainingOptimizer:
             self._running = False
 
     async def _supervise(
-        self, worker: StepThread, run_scope: anyio.CancelScope, end: _Ending
+        self, worker: StepThread, run_scope: anyio.CancelScope, end: RunEnding
     ) -> TrainingResults:
         """The run itself, and the stop checkpoint whatever ends it."""
         try:
@@ -187,19 +191,19 @@ class OptimizedTrainingOptimizer:
                 results = await self._fit(worker, resume)
             if end.signals:
                 end.status = "stopped"
-                checkpoint = await self._save_at_stop(worker, "signal")
+                checkpoint = await self._stopping.checkpoint(worker, "signal")
                 raise SignalReceived(end.signals[0], checkpoint, abandoned=worker.abandoned)
             if results.interrupted:
-                await self._save_at_stop(worker, "stopped_by_peer")
+                await self._stopping.checkpoint(worker, "stopped_by_peer")
             end.status = "stopped" if results.interrupted else "completed"
             return results
         except anyio.get_cancelled_exc_class():
             end.status = "cancelled"
-            await self._save_at_stop(worker, "cancel")
+            await self._stopping.checkpoint(worker, "cancel")
             raise
         except _CHECKPOINT_AFTER:
             if self.strategy.world_size == 1:
-                await self._save_at_stop(worker, "error", always=True)
+                await self._stopping.checkpoint(worker, "error", always=True)
             raise
 
     # -- the run --------------------------------------------------------------------------
@@ -319,60 +323,6 @@ class OptimizedTrainingOptimizer:
         )
         return None if path is None else str(path)
 
-    async def _save_at_stop(
-        self, worker: StepThread, reason: str, *, always: bool = False
-    ) -> str | None:
-        """A checkpoint at the step boundary where the run stopped, whatever cancels us;
-        returns the last good checkpoint (this one, or an older one if none was written).
-
-        Stops (cancellation, signals, a peer's stop) honour ``save_on_cancel``; a failure
-        in a step (``always``) checkpoints the last completed step regardless. A failing
-        save is recorded, never raised: it must not hide why the run stopped. An abandoned
-        step thread (still inside a step) is never saved from."""
-        if worker.abandoned:
-            self._report_abandoned()
-        elif self.global_step > 0 and (always or self.checkpointer.config.save_on_cancel):
-            with anyio.CancelScope(shield=True):
-                try:
-                    return await worker.call(self._save, reason)
-                except Exception as exc:
-                    self._error(
-                        "error", kind="checkpoint_failed", reason=f"{type(exc).__name__}: {exc}",
-                        last_checkpoint=self.checkpointer.last_path,
-                    )  # fmt: skip
-        return self.checkpointer.last_path
-
-    def _report_abandoned(self) -> None:
-        self._error(
-            "step_thread_abandoned", stop_grace_s=self.config.stop_grace_s,
-            last_checkpoint=self.checkpointer.last_path, step=self.global_step,
-            reason="the step thread did not reach a step boundary within stop_grace_s (a hung "
-            "loader or collective); it is left running as a daemon thread, and nothing it "
-            "holds was saved",
-        )  # fmt: skip
-
-    def _hurry(self, signum: int) -> None:
-        self._emit(
-            "signal_received", signal=signal.Signals(signum).name, action="hurry",
-            note="the stop skips the rest of the epoch and validation, and still writes the "
-            "checkpoint at the step boundary; a third signal exits at once",
-        )  # fmt: skip
-
-    def _force_exit(self, signum: int) -> None:
-        """A third stop signal: leave now, saying where the last good checkpoint is."""
-        last = self.checkpointer.last_path
-        message = (
-            f"core: forced exit by a third {signal.Signals(signum).name}; the stop checkpoint "
-            f"was not waited for. Last good checkpoint: {last or 'none'}. "
-            "Resume with resume='auto'.\n"
-        )
-        with contextlib.suppress(Exception):
-            self._error("forced_exit", signal=signal.Signals(signum).name, last_checkpoint=last)
-            if self._log is not None:
-                self._log.close()
-        os.write(2, message.encode())
-        os._exit(128 + signum)
-
     # -- the run's files ------------------------------------------------------------------
     def _open_run(self) -> RunLog:
         cfg = self.config
@@ -390,7 +340,7 @@ class OptimizedTrainingOptimizer:
         log.emit("run_start", **start)
         return log
 
-    def _close_run(self, log: RunLog | None, end: _Ending, worker: StepThread) -> None:
+    def _close_run(self, log: RunLog | None, end: RunEnding, worker: StepThread) -> None:
         """Write ``run_end`` and close the log and the event hub, whatever fails here:
         a consumer of ``events()`` always sees its stream end."""
         try:
@@ -424,15 +374,6 @@ class OptimizedTrainingOptimizer:
     def describe(self) -> dict[str, Any]:
         """The resolved configuration of this job (what ``config.json`` holds)."""
         return describe_job(self)
-
-
-@dataclass
-class _Ending:
-    """How a run is ending: its ``run_end`` status, the error, the stop signals received."""
-
-    status: str = "failed"
-    error: Exception | None = None
-    signals: list[int] = field(default_factory=list)
 
 
 async def _stopped() -> bool:
