@@ -14,17 +14,27 @@ as in the seed API::
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
+from core.arguments import (
+    built_by,
+    check_callable,
+    check_loader,
+    check_loss_fn,
+    check_model,
+    check_optimizer,
+    check_parts,
+    check_scheduler,
+)
 from core.checkpointing import CheckpointConfig
-from core.config import TrainingConfig, check_bool, check_writable_dir, is_path
+from core.config import TrainingConfig, check_writable_dir
 from core.error_handler import ErrorHandler, ErrorHandlerConfig
-from core.errors import ConfigError, EmptyLoaderError, config_error
+from core.errors import ConfigError, config_error
 from core.gpu_manager import GPUManagerConfig
 from core.gradient_accumulation import GradientAccumulation, GradientAccumulationConfig
 from core.mixed_precision_training import AmpDtype, MixedPrecisionConfig, MixedPrecisionTrainer
@@ -39,102 +49,6 @@ __all__ = ("OptimizedTrainingOptimizer", "create_optimized_training_optimizer")
 T = TypeVar("T")
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], Scheduler]
-
-
-def _check_model(model: object) -> None:
-    if not isinstance(model, nn.Module):
-        raise config_error("model", model, "a torch.nn.Module")
-
-
-_FACTORY_CONTRACTS = {
-    "optimizer": "a callable that takes a list of the model's parameters and returns a "
-    "torch.optim.Optimizer",
-    "scheduler": "a callable that takes the optimizer and returns an LR scheduler",
-}
-_FACTORY_EXAMPLES = {
-    "loss_fn": "a loss module such as loss_fn=nn.CrossEntropyLoss() or nn.MSELoss()",
-    "optimizer": "a factory, e.g. optimizer=lambda params: torch.optim.SGD(params, lr=0.1) "
-    "(not an optimizer instance: core builds it on the placed, wrapped model's parameters)",
-    "scheduler": "a factory, e.g. scheduler=lambda opt: "
-    "torch.optim.lr_scheduler.StepLR(opt, step_size=100) (not a scheduler instance)",
-}
-
-
-def _check_callable(field: str, value: object, takes: str) -> None:
-    if value is not None and not callable(value):
-        raise config_error(
-            field,
-            value,
-            f"None or a callable that takes {takes}",
-            f"pass {_FACTORY_EXAMPLES[field]}.",
-        )
-
-
-def _check_loss_fn(loss_fn: object) -> None:
-    _check_callable("loss_fn", loss_fn, "(outputs, targets) and returns a scalar tensor")
-    if isinstance(loss_fn, type) and issubclass(loss_fn, nn.Module):
-        name = f"nn.{loss_fn.__name__}" if hasattr(nn, loss_fn.__name__) else loss_fn.__name__
-        raise config_error(
-            "loss_fn",
-            loss_fn,
-            "None or an instance of a loss module",
-            f"pass an instance, {name}(), not the class {name}.",
-        )
-
-
-def _check_parts(
-    gradient_accumulation_config: object,
-    multi_gpu_config: object,
-    error_handler_config: object,
-    checkpoint_dir: object,
-    use_distributed_sampler: object,
-) -> None:
-    """The arguments that are component configs, paths or flags of other components."""
-    steps = gradient_accumulation_config if isinstance(gradient_accumulation_config, int) else 4
-    mode = multi_gpu_config if isinstance(multi_gpu_config, str) else "cpu"
-    for field, value, kind, fix in (
-        ("gradient_accumulation_config", gradient_accumulation_config,
-         GradientAccumulationConfig, f"GradientAccumulationConfig(accumulation_steps={steps!r})"),
-        ("multi_gpu_config", multi_gpu_config, MultiGPUConfig,
-         f"MultiGPUConfig(training_mode={mode!r})"),
-        ("error_handler_config", error_handler_config, ErrorHandlerConfig,
-         "ErrorHandlerConfig(**the_dict)" if isinstance(error_handler_config, Mapping)
-         else "ErrorHandlerConfig(max_consecutive_nonfinite=10)"),
-    ):  # fmt: skip
-        if value is not None and not isinstance(value, kind):
-            raise config_error(
-                field, value, f"None or an instance of {kind.__name__}", f"pass {fix}."
-            )
-    if checkpoint_dir is not None and not is_path(checkpoint_dir):
-        raise config_error(
-            "checkpoint_dir",
-            checkpoint_dir,
-            "None (under log_dir) or a non-empty str or pathlib.Path",
-            "e.g. checkpoint_dir='checkpoints'.",
-        )
-    check_bool("use_distributed_sampler", use_distributed_sampler)
-
-
-def _check_loader(loader: object, field: str, max_epochs: int) -> None:
-    if not isinstance(loader, Iterable):
-        raise config_error(field, loader, "an iterable of batches, such as a torch DataLoader")
-    if isinstance(loader, Iterator) and max_epochs > 1:
-        raise config_error(
-            field,
-            loader,
-            "a re-iterable of batches (a DataLoader or a list) when max_epochs > 1",
-            "this is a one-shot iterator (a generator?) that would be empty from the second "
-            "epoch on; pass a DataLoader or list(batches), or max_epochs=1.",
-        )
-    try:
-        size = len(loader) if isinstance(loader, Sized) else None
-    except TypeError:  # a DataLoader over an IterableDataset without __len__: streamed
-        size = None
-    if size == 0:
-        raise EmptyLoaderError(
-            f"{field} has no batches (len 0); allowed: a loader with at least one batch. "
-            "Fix: check the dataset, and drop_last with a batch size larger than the dataset."
-        )
 
 
 def _renamed_errors(build: Callable[..., T], names: Mapping[str, str]) -> Callable[..., T]:
@@ -229,11 +143,11 @@ def create_optimized_training_optimizer(
     and a one-shot iterator as a loader when ``max_epochs > 1``. Loaders without ``len()``
     (a DataLoader over an ``IterableDataset``) are streamed.
     """
-    _check_model(model)
-    _check_loss_fn(loss_fn)
-    _check_callable("optimizer", optimizer, "the model's parameters")
-    _check_callable("scheduler", scheduler, "the optimizer")
-    _check_parts(
+    check_model(model)
+    check_loss_fn(loss_fn)
+    check_callable("optimizer", optimizer, "the model's parameters")
+    check_callable("scheduler", scheduler, "the optimizer")
+    check_parts(
         gradient_accumulation_config,
         multi_gpu_config,
         error_handler_config,
@@ -257,9 +171,9 @@ def create_optimized_training_optimizer(
         data_stall_warn_s=data_stall_warn_s,
         monitor_interval_s=monitor_interval_s,
     )
-    _check_loader(train_loader, "train_loader", max_epochs)
+    check_loader(train_loader, "train_loader", max_epochs)
     if val_loader is not None:
-        _check_loader(val_loader, "val_loader", max_epochs)
+        check_loader(val_loader, "val_loader", max_epochs)
     gpu_manager_config = GPUManagerConfig(
         tf32=tf32, cudnn_benchmark=cudnn_benchmark, memory_fraction=memory_fraction
     )
@@ -345,13 +259,13 @@ def _compose(
     wrapped = trainer.initialize_training(model, mixed_precision.amp_precision.dtype)
     params = [p for p in wrapped.parameters() if p.requires_grad]
     built_optimizer = (
-        _built_by("optimizer", optimizer, params)
+        built_by("optimizer", optimizer, params)
         if optimizer
         else default_optimizer(params, config.learning_rate, config.weight_decay)
     )
-    _check_optimizer(built_optimizer, wrapped)
-    built_scheduler = _built_by("scheduler", scheduler, built_optimizer) if scheduler else None
-    _check_scheduler(built_scheduler)
+    check_optimizer(built_optimizer, wrapped)
+    built_scheduler = built_by("scheduler", scheduler, built_optimizer) if scheduler else None
+    check_scheduler(built_scheduler)
     return OptimizedTrainingOptimizer(
         model=wrapped,
         train_loader=trainer.prepare_loader(train_loader, train=True),
@@ -366,54 +280,3 @@ def _compose(
         error_handler=ErrorHandler(errors_config),
         checkpoint_config=checkpoint_config,
     )
-
-
-def _built_by(field: str, factory: Callable[[Any], T], argument: object) -> T:
-    """Call a user's factory; its exception becomes a ConfigError naming the argument."""
-    try:
-        return factory(argument)
-    except Exception as exc:
-        raise config_error(
-            field,
-            factory,
-            _FACTORY_CONTRACTS[field],
-            f"calling it raised {type(exc).__name__}: {exc} (chained below); pass "
-            f"{_FACTORY_EXAMPLES[field]}.",
-        ) from exc
-
-
-def _check_optimizer(optimizer: object, model: nn.Module) -> None:
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise config_error("optimizer", optimizer, "a callable returning a torch.optim.Optimizer")
-    held = [p for group in optimizer.param_groups for p in group["params"]]
-    own = {id(p) for p in model.parameters()}
-    foreign = sum(id(p) not in own for p in held)
-    if not held or foreign:
-        problem = (
-            "it holds no parameters"
-            if not held
-            else f"{foreign} of its {len(held)} parameters are not the model's (as placed and "
-            "wrapped by core)"
-        )
-        raise config_error(
-            "optimizer",
-            optimizer,
-            "a factory whose optimizer holds the parameters it is given",
-            f"{problem}; build it from the argument: "
-            "optimizer=lambda params: torch.optim.SGD(params, lr=0.1).",
-        )
-
-
-def _check_scheduler(scheduler: object) -> None:
-    if scheduler is None:
-        return
-    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-        raise config_error(
-            "scheduler",
-            scheduler,
-            "a scheduler stepped without a metric (StepLR, OneCycleLR, LambdaLR, ...)",
-            "ReduceLROnPlateau needs the monitored loss at each step and is not supported yet; "
-            "use another scheduler, or scheduler=None.",
-        )
-    if not callable(getattr(scheduler, "step", None)):
-        raise config_error("scheduler", scheduler, "a callable returning an LR scheduler")
