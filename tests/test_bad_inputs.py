@@ -46,6 +46,17 @@ def named(field: str, value: object) -> str:
     return re.escape(f"{field}={value!r} is invalid")
 
 
+SCALER_FIELDS = (
+    "amp_init_scale",
+    "amp_growth_factor",
+    "amp_backoff_factor",
+    "amp_growth_interval",
+    "amp_hysteresis",
+    "amp_min_scale",
+    "amp_max_scale",
+)
+
+
 # -- flags ---------------------------------------------------------------------------------
 FACTORY_FLAGS = (
     "enable_amp",
@@ -101,13 +112,7 @@ def test_every_bool_field_of_every_config_refuses_strings_and_none(
         "monitor_interval_s",
         "stop_grace_s",
         "data_stall_warn_s",
-        "amp_init_scale",
-        "amp_growth_factor",
-        "amp_backoff_factor",
-        "amp_growth_interval",
-        "amp_hysteresis",
-        "amp_min_scale",
-        "amp_max_scale",
+        *SCALER_FIELDS,
         "max_consecutive_nonfinite",
         "memory_fraction",
     ],
@@ -117,18 +122,7 @@ def test_true_is_not_a_number(log_dir: Path, field: str) -> None:
         build(log_dir, **{field: True})
 
 
-@pytest.mark.parametrize(
-    "field",
-    [
-        "amp_init_scale",
-        "amp_growth_factor",
-        "amp_backoff_factor",
-        "amp_growth_interval",
-        "amp_hysteresis",
-        "amp_min_scale",
-        "amp_max_scale",
-    ],
-)
+@pytest.mark.parametrize("field", SCALER_FIELDS)
 @pytest.mark.parametrize("value", ["x", None])
 def test_scaler_fields_refuse_non_numbers(log_dir: Path, field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=named(field, value)):
