@@ -15,7 +15,7 @@ import statistics
 import time
 from typing import Any
 
-from core.gpu_monitor import GPUMonitor
+from core.monitoring.gpu_monitor import GPUMonitor
 
 
 def _discard(event: str, **fields: Any) -> None:

@@ -12,9 +12,9 @@ accumulation, per-step JSON telemetry) from inside any asyncio or trio program::
 
 from __future__ import annotations
 
-from core.checkpointing import CheckpointConfig
+from core.checkpointing.checkpointer import CheckpointConfig
 from core.config import TrainingConfig
-from core.error_handler import ErrorHandler, ErrorHandlerConfig
+from core.distributed.config import MultiGPUConfig
 from core.errors import (
     BatchFormatError,
     CheckpointError,
@@ -30,16 +30,16 @@ from core.errors import (
     TrainingStepError,
     UnsafeCheckpointError,
 )
-from core.events import EventStream
-from core.gradient_accumulation import GradientAccumulation, GradientAccumulationConfig
-from core.mixed_precision_training import MixedPrecisionConfig, MixedPrecisionTrainer
-from core.multi_gpu_config import MultiGPUConfig
+from core.loop.accumulation import GradientAccumulation, GradientAccumulationConfig
+from core.loop.recovery import ErrorHandler, ErrorHandlerConfig
 from core.multi_gpu_training import MultiGPUTrainer
 from core.optimized_training_optimizer import (
     OptimizedTrainingOptimizer,
     create_optimized_training_optimizer,
 )
-from core.results import TrainingResults
+from core.precision.policy import MixedPrecisionConfig, MixedPrecisionTrainer
+from core.telemetry.events import EventStream
+from core.trainer.results import TrainingResults
 
 __version__ = "0.1.0"
 

@@ -3,91 +3,20 @@ every component config shares (``is_int``, ``is_number``, ``check_bool_fields``.
 
 from __future__ import annotations
 
-import math
-import os
 import re
-import tempfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any
 
+from core.checks import check_bool_fields, is_finite_number, is_int, is_number, is_path
 from core.errors import config_error
 
 if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
+    pass
 
-__all__ = (
-    "TrainingConfig",
-    "check_bool",
-    "check_bool_fields",
-    "check_writable_dir",
-    "is_finite_number",
-    "is_int",
-    "is_number",
-    "is_path",
-)
+__all__ = ("TrainingConfig",)
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-def is_int(value: object) -> TypeGuard[int]:
-    """An ``int`` that is not a ``bool`` (``True`` is an int to Python, not to a user)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: object) -> TypeGuard[float]:
-    """An ``int`` or ``float`` that is not a ``bool``."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def is_finite_number(value: object) -> TypeGuard[float]:
-    """A number (see :func:`is_number`) that is neither inf nor NaN."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def is_path(value: object) -> bool:
-    """A non-empty ``str`` or ``os.PathLike``."""
-    return isinstance(value, os.PathLike) or (isinstance(value, str) and value != "")
-
-
-def check_bool(field: str, value: object) -> None:
-    """Raise unless ``value`` is ``True`` or ``False`` (the string ``'no'`` is truthy)."""
-    if not isinstance(value, bool):
-        raise config_error(field, value, (True, False), f"pass {field}=True or {field}=False.")
-
-
-def check_bool_fields(config: DataclassInstance) -> None:
-    """:func:`check_bool` for every field of a config dataclass annotated ``bool``."""
-    for field in fields(config):
-        if field.type in ("bool", bool):
-            check_bool(field.name, getattr(config, field.name))
-
-
-def check_writable_dir(field: str, path: str | os.PathLike[str]) -> None:
-    """Create the directory ``path`` if missing, then write and delete a probe file in it,
-    so that a log directory that cannot be used fails before training, not at ``train()``.
-
-    >>> check_writable_dir("log_dir", tempfile.gettempdir())
-    """
-    target = Path(path)
-    if target.exists() and not target.is_dir():
-        fix = f"{str(target)!r} is a file, not a directory; pass a directory path."
-    else:
-        try:
-            target.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=target, prefix=".core-write-probe-"):
-                return
-        except OSError as exc:
-            done = (
-                "cannot be created"
-                if not target.is_dir()
-                else "exists, but no file can be written in it"
-            )
-            fix = (
-                f"the directory {done} ({exc.strerror or exc}); pass another {field} or fix "
-                "the permissions."
-            )
-    raise config_error(field, path, "a writable directory (created if missing)", fix)
 
 
 @dataclass(frozen=True)
@@ -98,7 +27,7 @@ class TrainingConfig:
     there is no ``val_loader``; ``early_stopping_patience=None`` turns it off. Records are
     written to the JSONL log and to ``events()`` every ``log_flush_interval_s`` seconds, at
     every epoch end and at the end of the run. ``handle_signals=True`` turns SIGTERM/SIGINT
-    into a graceful stop (see ``core.signals``); scripts that own their process want it.
+    into a graceful stop (see ``core.trainer.signals``); scripts that own their process want it.
 
     A stop (cancellation, a signal) waits at most ``stop_grace_s`` for the step thread to
     reach a step boundary; past that the run is abandoned (``run_end`` status

@@ -27,12 +27,16 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from core.distributed.config import MultiGPUConfig, TrainingMode
+from core.distributed.launch import (
+    get_free_port,
+    launch_distributed_training,
+    setup_distributed_environment,
+)
+from core.distributed.selection import Machine, StrategyOptions, build_strategy, resolve_mode
 from core.errors import ConfigError
-from core.gpu_manager import GPUManager, GPUManagerConfig
-from core.gpu_monitor import GPUMonitor
-from core.launch import get_free_port, launch_distributed_training, setup_distributed_environment
-from core.multi_gpu_config import MultiGPUConfig, TrainingMode
-from core.strategies.selection import Machine, StrategyOptions, build_strategy, resolve_mode
+from core.hardware.settings import GPUManager, GPUManagerConfig
+from core.monitoring.gpu_monitor import GPUMonitor
 
 __all__ = (
     "Machine",

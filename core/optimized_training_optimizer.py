@@ -1,6 +1,6 @@
 """``create_optimized_training_optimizer``: validate every argument, build the parts, compose.
 
-The orchestrator itself lives in ``core.orchestrator``; both names are importable from here,
+The orchestrator itself lives in ``core.trainer.orchestrator``; both names are importable from here,
 as in the seed API::
 
     from core.optimized_training_optimizer import create_optimized_training_optimizer
@@ -21,7 +21,19 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from core.arguments import (
+from core.checkpointing.checkpointer import CheckpointConfig
+from core.checks import check_writable_dir
+from core.config import TrainingConfig
+from core.errors import ConfigError, config_error
+from core.hardware.settings import GPUManagerConfig
+from core.loop.accumulation import GradientAccumulation, GradientAccumulationConfig
+from core.loop.epoch import Scheduler
+from core.loop.objective import DefaultObjective, LossFn, Objective
+from core.loop.recovery import ErrorHandler, ErrorHandlerConfig
+from core.loop.stepper import default_optimizer
+from core.multi_gpu_training import MultiGPUConfig, MultiGPUTrainer
+from core.precision.policy import AmpDtype, MixedPrecisionConfig, MixedPrecisionTrainer
+from core.trainer.arguments import (
     built_by,
     check_callable,
     check_loader,
@@ -31,18 +43,7 @@ from core.arguments import (
     check_parts,
     check_scheduler,
 )
-from core.checkpointing import CheckpointConfig
-from core.config import TrainingConfig, check_writable_dir
-from core.error_handler import ErrorHandler, ErrorHandlerConfig
-from core.errors import ConfigError, config_error
-from core.gpu_manager import GPUManagerConfig
-from core.gradient_accumulation import GradientAccumulation, GradientAccumulationConfig
-from core.mixed_precision_training import AmpDtype, MixedPrecisionConfig, MixedPrecisionTrainer
-from core.multi_gpu_training import MultiGPUConfig, MultiGPUTrainer
-from core.objective import DefaultObjective, LossFn, Objective
-from core.optim_step import default_optimizer
-from core.orchestrator import OptimizedTrainingOptimizer
-from core.step_loop import Scheduler
+from core.trainer.orchestrator import OptimizedTrainingOptimizer
 
 __all__ = ("OptimizedTrainingOptimizer", "create_optimized_training_optimizer")
 
@@ -133,7 +134,7 @@ def create_optimized_training_optimizer(
     DistributedSampler unless ``use_distributed_sampler=False``. The checkpoint arguments
     form a :class:`~core.checkpointing.CheckpointConfig` (``resume="auto"`` continues from the
     newest valid checkpoint of the experiment). ``tf32``, ``cudnn_benchmark`` and
-    ``memory_fraction`` are applied to CUDA devices by ``core.gpu_manager``; the monitor
+    ``memory_fraction`` are applied to CUDA devices by ``core.hardware.settings``; the monitor
     (``MultiGPUConfig.enable_gpu_monitoring``) samples every ``monitor_interval_s``.
 
     A bad argument raises :class:`~core.errors.ConfigError` here, naming it: wrong types

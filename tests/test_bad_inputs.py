@@ -18,11 +18,11 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from core import ConfigError, LossFormatError, create_optimized_training_optimizer
 from core.config import TrainingConfig
-from core.early_stopping import EarlyStopping
-from core.error_handler import ErrorHandlerConfig
-from core.gpu_manager import GPUManagerConfig
-from core.mixed_precision_training import MixedPrecisionConfig
-from core.multi_gpu_config import MultiGPUConfig
+from core.distributed.config import MultiGPUConfig
+from core.hardware.settings import GPUManagerConfig
+from core.loop.recovery import ErrorHandlerConfig
+from core.precision.policy import MixedPrecisionConfig
+from core.trainer.early_stopping import EarlyStopping
 from tests.helpers import loaders, make_classification, make_model
 
 pytestmark = pytest.mark.anyio
@@ -339,7 +339,7 @@ def test_unwritable_log_dir_is_refused_at_creation_even_as_root(
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr("core.config.tempfile.NamedTemporaryFile", refuse)
+    monkeypatch.setattr("core.checks.tempfile.NamedTemporaryFile", refuse)
     with pytest.raises(
         ConfigError, match=named("log_dir", log_dir) + ".*no file can be written.*Permission"
     ):

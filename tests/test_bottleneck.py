@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.bottleneck import INPUT_STALL_FRACTION, UNDERUTILISED_PCT, bottleneck_verdict
 from core.errors import ConfigError
+from core.monitoring.bottleneck import INPUT_STALL_FRACTION, UNDERUTILISED_PCT, bottleneck_verdict
 
 
 def verdict(data: float, util: float | None, source: str | None = "nvml", **kw: int) -> str:

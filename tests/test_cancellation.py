@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch
 
-from core.checkpoint_store import CheckpointStore
+from core.checkpointing.store import CheckpointStore
 from tests.test_reliability import (
     ENV,
     JOB,

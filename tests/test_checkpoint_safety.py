@@ -24,8 +24,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from core import CheckpointError, create_optimized_training_optimizer
-from core.checkpoint_manifest import hash_file
-from core.checkpoint_store import CheckpointStore
+from core.checkpointing.manifest import hash_file
+from core.checkpointing.store import CheckpointStore
 from tests.helpers import make_classification, make_model
 
 

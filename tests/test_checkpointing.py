@@ -20,7 +20,7 @@ from core import (
     IncompatibleCheckpointError,
     create_optimized_training_optimizer,
 )
-from core.checkpoint_store import CheckpointStore
+from core.checkpointing.store import CheckpointStore
 from tests.helpers import make_classification, make_model
 
 

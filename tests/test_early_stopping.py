@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from core.early_stopping import EarlyStopping
+from core.trainer.early_stopping import EarlyStopping
 
 
 def test_patience_counts_epochs_without_improvement() -> None:

@@ -16,9 +16,9 @@ from core import (
     TrainingStepError,
     create_optimized_training_optimizer,
 )
-from core.checkpoint_store import CheckpointStore
-from core.error_handler import ErrorHandler, is_collective_failure, is_out_of_memory
+from core.checkpointing.store import CheckpointStore
 from core.errors import DistributedTimeoutError, NonFiniteLossError, OutOfMemoryError
+from core.loop.recovery import ErrorHandler, is_collective_failure, is_out_of_memory
 from tests.helpers import make_classification, make_model
 
 

@@ -5,7 +5,7 @@ import threading
 import anyio
 import pytest
 
-from core.events import EventHub
+from core.telemetry.events import EventHub
 
 pytestmark = pytest.mark.anyio
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from core.errors import ConfigError
-from core.gpu_manager import GPUManager, GPUManagerConfig
+from core.hardware.settings import GPUManager, GPUManagerConfig
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

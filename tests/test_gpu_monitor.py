@@ -21,12 +21,12 @@ import pynvml
 import pytest
 import torch
 
-from core import nvml as core_nvml
 from core.errors import ConfigError
-from core.events import EventHub
-from core.gpu_monitor import SAMPLE_FIELDS, GPUMonitor, GPUMonitorConfig
-from core.nvml import throttle_reason_names
-from core.telemetry import RunLog
+from core.monitoring import nvml as core_nvml
+from core.monitoring.gpu_monitor import SAMPLE_FIELDS, GPUMonitor, GPUMonitorConfig
+from core.monitoring.nvml import throttle_reason_names
+from core.telemetry.events import EventHub
+from core.telemetry.run_log import RunLog
 
 GIB = 1024**3
 pytestmark = pytest.mark.anyio

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from core.loss_scaler import DynamicLossScaler
+from core.precision.loss_scaler import DynamicLossScaler
 
 CPU = torch.device("cpu")
 OVERFLOW = torch.ones(())

@@ -15,9 +15,9 @@ from core import (
     MixedPrecisionTrainer,
     create_optimized_training_optimizer,
 )
-from core.error_handler import ErrorHandlerConfig
-from core.mixed_precision_training import resolve_precision
-from core.precision import FP32, Autocast, ScaledFP16
+from core.loop.recovery import ErrorHandlerConfig
+from core.precision.plugins import FP32, Autocast, ScaledFP16
+from core.precision.policy import resolve_precision
 from tests.helpers import loaders, make_model
 
 CPU = torch.device("cpu")

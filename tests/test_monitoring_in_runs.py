@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-import core.orchestrator
+import core.trainer.orchestrator
 from core import MultiGPUConfig, create_optimized_training_optimizer
-from core.gpu_monitor import GPUMonitor
+from core.monitoring.gpu_monitor import GPUMonitor
 from tests.helpers import loaders, make_classification, make_model
 from tests.test_gpu_monitor import FakeNvml
 
@@ -65,7 +65,7 @@ def test_an_nvml_error_mid_run_degrades_and_training_finishes(
     def monitor(*args: Any, **kwargs: Any) -> GPUMonitor:
         return GPUMonitor(*args, **(kwargs | {"device_indices": [0], "nvml": fake}))
 
-    monkeypatch.setattr(core.orchestrator, "GPUMonitor", monitor)
+    monkeypatch.setattr(core.trainer.orchestrator, "GPUMonitor", monitor)
     log = run(log_dir, n=4096)
     sources = [r["source"] for r in log if r["event"] == "gpu_sample"]
     assert sources[:2] == ["nvml", "nvml"] and sources[-1] == "psutil"

@@ -24,9 +24,10 @@ from core import (
     MultiGPUConfig,
     create_optimized_training_optimizer,
 )
-from core.checkpoint_manifest import hash_file
-from core.checkpoint_store import CheckpointStore
-from core.dcp_metadata import check_metadata
+from core.checkpointing.dcp_metadata import check_metadata
+from core.checkpointing.manifest import hash_file
+from core.checkpointing.store import CheckpointStore
+from core.distributed.environment import DistributedEnvironment
 from core.errors import UnsafeCheckpointError
 from core.multi_gpu_training import (
     Machine,
@@ -36,7 +37,6 @@ from core.multi_gpu_training import (
     launch_distributed_training,
     optimize_model_for_multi_gpu,
 )
-from core.strategies.environment import DistributedEnvironment
 from tests.distributed_jobs import IndexedData, interleaved, run_job
 from tests.helpers import loaders, make_model
 

@@ -3,8 +3,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core.optim_step import DeviceSkippingStepper, OptimizerStepper, default_optimizer, stepper_for
-from core.strategies.environment import DistributedEnvironment
+from core.distributed.environment import DistributedEnvironment
+from core.loop.stepper import (
+    DeviceSkippingStepper,
+    OptimizerStepper,
+    default_optimizer,
+    stepper_for,
+)
 from tests.helpers import make_model
 
 

@@ -25,7 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from core import GradientAccumulationConfig, create_optimized_training_optimizer
-from core.checkpoint_store import CheckpointStore
+from core.checkpointing.store import CheckpointStore
 from core.errors import NonFiniteLossError, UnsafeCheckpointError
 from tests.helpers import make_classification
 

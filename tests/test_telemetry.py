@@ -4,8 +4,8 @@ import json
 import threading
 from pathlib import Path
 
-from core.events import EventHub
-from core.telemetry import RunLog, new_run_id
+from core.telemetry.events import EventHub
+from core.telemetry.run_log import RunLog, new_run_id
 
 
 def test_records_are_json_lines_with_name_time_level_run_and_rank(tmp_path: Path) -> None:

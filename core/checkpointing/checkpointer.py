@@ -1,0 +1,276 @@
+"""When to checkpoint, what a checkpoint holds, and how a run resumes from one.
+
+A checkpoint holds everything needed to continue as if never stopped: model, optimizer, LR
+scheduler, precision and loss-scaler state, epoch, optimizer step, the position inside the
+epoch (resuming skips exactly the consumed batches, in the same order), the partial
+epoch's statistics, early-stopping state, every rank's RNG states (at the epoch's start, to
+rebuild the same shuffle, and now), and a fingerprint of the configuration the state
+depends on. Checkpoints are written only at optimizer-step boundaries (a stop request
+finishes the current step first), so no accumulated gradient is ever saved.
+
+Under DDP rank 0 writes and every rank loads; under FSDP2 the model and optimizer go
+through ``torch.distributed.checkpoint`` (see ``core.checkpointing.store`` for the layout and
+the commit protocol).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from torch import nn
+from torch.optim import Optimizer
+
+from core.checkpointing.store import CheckpointStore, disk_error
+from core.checks import check_bool_fields, is_int, is_path
+from core.distributed import Strategy
+from core.errors import CheckpointError, IncompatibleCheckpointError, config_error
+from core.rng import capture_rng
+
+__all__ = ("CheckpointConfig", "Checkpointer", "TrainerState")
+
+FORMAT = 1
+Emit = Callable[..., None]
+
+
+def _optional_positive(value: object) -> bool:
+    return value is None or (is_int(value) and value >= 1)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Where and when checkpoints are written, and whether a run resumes from one.
+
+    ``checkpoint_dir=None`` means ``<log_dir>/<experiment_name>/checkpoints``, shared by the
+    experiment's runs so that ``resume="auto"`` (the newest valid checkpoint) finds them.
+    ``resume`` may also be a checkpoint directory, or None to start fresh.
+    """
+
+    checkpoint_dir: str | Path | None = None
+    checkpoint_every_n_steps: int | None = None
+    checkpoint_every_n_epochs: int | None = 1
+    keep_last_n: int = 2
+    resume: str | Path | None = None
+    save_on_cancel: bool = True
+    safe_globals: Sequence[Any] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("checkpoint_every_n_steps", "checkpoint_every_n_epochs"):
+            if not _optional_positive(getattr(self, name)):
+                raise config_error(name, getattr(self, name), "None (never) or an integer >= 1")
+        if not (is_int(self.keep_last_n) and self.keep_last_n >= 1):
+            raise config_error("keep_last_n", self.keep_last_n, "an integer >= 1")
+        check_bool_fields(self)
+        if self.checkpoint_dir is not None and not is_path(self.checkpoint_dir):
+            raise config_error(
+                "checkpoint_dir", self.checkpoint_dir, "None (next to the logs) or a directory path"
+            )
+        self._check_resume()
+
+    def _check_resume(self) -> None:
+        resume, allowed = self.resume, "None, 'auto' or the path of a checkpoint directory"
+        if resume is None or resume == "auto":
+            return
+        if not is_path(resume):
+            raise config_error("resume", resume, allowed)
+        if str(resume).lower() == "auto":
+            raise config_error("resume", resume, allowed, "write resume='auto' in lower case.")
+        if not Path(resume).is_dir():
+            raise config_error(
+                "resume", resume, allowed, "no such directory; pass an existing checkpoint "
+                "(a step-... directory) or resume='auto' for the newest one.",
+            )  # fmt: skip
+
+
+class TrainerState(Protocol):
+    """What the orchestrator hands the checkpointer: its non-tensor-heavy state."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def fingerprint(self) -> dict[str, Any]: ...
+
+    def rng_at_epoch_start(self) -> dict[str, Any]: ...
+
+
+class Checkpointer:
+    """Saves and restores a run through a :class:`CheckpointStore`."""
+
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        directory: Path,
+        *,
+        strategy: Strategy,
+        model: nn.Module,
+        optimizer: Optimizer,
+        state: TrainerState,
+        emit: Emit,
+        report_error: Emit,
+    ) -> None:
+        self.config = config
+        self.store = CheckpointStore(
+            directory, keep_last_n=config.keep_last_n, safe_globals=config.safe_globals
+        )
+        self.strategy = strategy
+        self.model = model
+        self.optimizer = optimizer
+        self.state = state
+        self.emit = emit
+        self.report_error = report_error
+        self.last_saved_step: int | None = None
+        self.last_path: str | None = None
+        """The newest checkpoint this run wrote or resumed from (the last good one)."""
+
+    # -- when -----------------------------------------------------------------------------
+    def due_after_step(self, global_step: int) -> bool:
+        every = self.config.checkpoint_every_n_steps
+        return every is not None and global_step % every == 0
+
+    def due_after_epoch(self, epochs_completed: int) -> bool:
+        every = self.config.checkpoint_every_n_epochs
+        return every is not None and epochs_completed % every == 0
+
+    # -- saving ---------------------------------------------------------------------------
+    def begin_run(self, run_id: str) -> None:
+        """Name the checkpoints this run writes (and owns) after ``run_id``."""
+        self.store.run_id = run_id
+        self.store.parent = None
+
+    def save(self, *, step: int, epoch: int, reason: str) -> Path | None:
+        """Write a checkpoint of the current state (a collective under DDP/FSDP2).
+
+        A write that fails (a full, read-only or forbidden disk) leaves no partial files
+        and raises :class:`~core.errors.CheckpointError` naming the path, the reason, the
+        free space and the last good checkpoint."""
+        if self.last_saved_step == step and self.last_path is not None:
+            return Path(self.last_path)
+        started = time.perf_counter()
+        strategy = self.strategy
+        rngs = strategy.gather_object(
+            {"now": capture_rng(), "epoch_start": self.state.rng_at_epoch_start()}
+        )
+        staging = Path(
+            strategy.broadcast_object(str(self._stage(step)) if strategy.is_global_zero else "")
+        )
+        try:
+            strategy.save_sharded(self.model, self.optimizer, staging / "sharded")
+            final: Path | None = None
+            if strategy.is_global_zero:
+                payload = {
+                    "format": FORMAT,
+                    "trainer": self.state.state_dict(),
+                    "fingerprint": self.state.fingerprint(),
+                    "rng": rngs,
+                    **strategy.checkpoint_state(self.model, self.optimizer),
+                }
+                self.store.write_state(staging, payload)
+                final = self.store.commit(staging, step, {"epoch": epoch, "reason": reason})
+        except (OSError, RuntimeError) as exc:
+            self.store.discard(staging)
+            what = f"the checkpoint of step {step}"
+            raise CheckpointError(
+                disk_error(exc, self.store.directory, what, self.last_path)
+                + ". Fix: free space or point checkpoint_dir at a writable disk, then resume "
+                "with resume='auto'."
+            ) from exc
+        final = Path(strategy.broadcast_object(str(final) if final else None) or staging)
+        self.last_saved_step = step
+        self.last_path = str(final)
+        self.emit(
+            "checkpoint",
+            path=str(final),
+            step=step,
+            epoch=epoch,
+            reason=reason,
+            save_time_s=time.perf_counter() - started,
+        )
+        return final
+
+    def _stage(self, step: int) -> Path:
+        try:
+            return self.store.stage(step)
+        except OSError as exc:
+            raise CheckpointError(
+                disk_error(exc, self.store.directory, "a checkpoint", self.last_path)
+            ) from exc
+
+    # -- resuming -------------------------------------------------------------------------
+    def find(self) -> Path | None:
+        """The checkpoint ``resume`` names: the newest valid one for "auto", else the path."""
+        target = self.config.resume
+        if target is None:
+            return None
+        if str(target) == "auto":
+            found = None
+            if self.strategy.is_global_zero:
+                self.store.sweep_staging()
+                found = self.store.newest_valid(self._report_invalid)
+            chosen = self.strategy.broadcast_object(str(found) if found else None)
+            return Path(chosen) if chosen else None
+        path = Path(target)
+        self.store.verify(path)
+        return path
+
+    def _report_invalid(self, path: Path, reason: str) -> None:
+        self.report_error("error", kind="checkpoint_invalid", path=str(path), reason=reason)
+
+    def load(self, path: Path) -> dict[str, Any]:
+        """Restore model, optimizer and trainer state; return this rank's RNG states."""
+        payload = self.store.load_state(path)
+        if payload.get("format") != FORMAT:
+            raise CheckpointError(
+                f"checkpoint {path} has format {payload.get('format')!r}, expected {FORMAT}"
+            )
+        self._check_compatible(path, payload["fingerprint"])
+        if isinstance(payload.get("model"), dict):
+            self._check_shapes(path, payload["model"])
+        self.strategy.load_checkpoint_state(self.model, self.optimizer, payload, path / "sharded")
+        self.state.load_state_dict(payload["trainer"])
+        rngs = payload["rng"]
+        rank = self.strategy.rank
+        self.last_saved_step = payload["trainer"]["global_step"]
+        self.last_path = str(path)
+        self.store.parent = path.name  # this run's checkpoints descend from this one
+        self.emit(
+            "resumed", path=str(path), step=self.last_saved_step, epoch=payload["trainer"]["epoch"]
+        )
+        mine: dict[str, Any] = rngs[rank] if rank < len(rngs) else rngs[0]
+        return mine
+
+    def _check_shapes(self, path: Path, saved: dict[str, Any]) -> None:
+        """Name the first parameter or buffer whose name or shape differs from the model's."""
+        current = self.strategy.unwrap(self.model).state_dict()
+        for key in [*current, *(k for k in saved if k not in current)]:
+            ours, theirs = current.get(key), saved.get(key)
+            ours_shape = None if ours is None else tuple(ours.shape)
+            theirs_shape = None if theirs is None else tuple(getattr(theirs, "shape", ()))
+            if ours_shape != theirs_shape:
+                raise IncompatibleCheckpointError(
+                    f"cannot resume from {path}: the model differs at {key!r} (checkpoint "
+                    f"{_shape(theirs_shape)}, now {_shape(ours_shape)}). Fix: build the model "
+                    "the checkpoint was written with, or start a new run (resume=None, or "
+                    "another experiment_name/checkpoint_dir)."
+                )
+
+    def _check_compatible(self, path: Path, saved: dict[str, Any]) -> None:
+        now = self.state.fingerprint()
+        differ = [
+            f"{key} (checkpoint {saved.get(key)!r}, now {now.get(key)!r})"
+            for key in sorted(set(saved) | set(now))
+            if saved.get(key) != now.get(key)
+        ]
+        if differ:
+            raise IncompatibleCheckpointError(
+                f"cannot resume from {path}: the configuration differs in "
+                f"{', '.join(differ)}. Fix: restore those settings, or start a new run "
+                "(resume=None, or another experiment_name/checkpoint_dir)."
+            )
+
+
+def _shape(shape: tuple[int, ...] | None) -> str:
+    return "absent" if shape is None else f"shape {list(shape)}"

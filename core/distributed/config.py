@@ -1,0 +1,80 @@
+"""``MultiGPUConfig``: where and how a job is distributed (seed 004's field names)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from core.checks import check_bool_fields, is_finite_number, is_int
+from core.distributed.fsdp import ShardPolicy
+from core.errors import config_error
+
+__all__ = ("MODES", "MultiGPUConfig", "TrainingMode")
+
+TrainingMode = Literal["auto", "cpu", "single_gpu", "data_parallel", "distributed", "fsdp"]
+MODES: tuple[str, ...] = get_args(TrainingMode)
+
+
+def _nonnegative_or_unset(value: object) -> bool:
+    return is_int(value) and value >= -1
+
+
+@dataclass(frozen=True)
+class MultiGPUConfig:
+    """How the job is distributed. ``world_size``/``rank``/``local_rank`` of -1 come from
+    torchrun's environment; ``backend=None`` means NCCL with CUDA, gloo without.
+    ``stop_vote_interval``: ranks agree on stopping (cancellation, signals) every that many
+    step boundaries."""
+
+    training_mode: TrainingMode = "auto"
+    enable_data_parallel: bool = True
+    device_ids: Sequence[int] | None = None
+    enable_distributed: bool = True
+    backend: Literal["nccl", "gloo"] | None = None
+    init_method: str = "env://"
+    world_size: int = -1
+    rank: int = -1
+    local_rank: int = -1
+    find_unused_parameters: bool = False
+    broadcast_buffers: bool = True
+    bucket_cap_mb: float = 25.0
+    static_graph: bool = False
+    gradient_as_bucket_view: bool = False
+    enable_gpu_monitoring: bool = True
+    sync_bn: bool = False
+    timeout_s: float = 1800.0
+    stop_vote_interval: int = 16
+    fsdp_shard_policy: ShardPolicy | None = None
+    fsdp_mixed_precision: bool = False
+    fsdp_reshard_after_forward: bool = True
+
+    def __post_init__(self) -> None:
+        check_bool_fields(self)
+        if self.training_mode not in MODES:
+            raise config_error("training_mode", self.training_mode, MODES)
+        if self.backend not in (None, "nccl", "gloo"):
+            raise config_error("backend", self.backend, (None, "nccl", "gloo"))
+        ids = self.device_ids
+        if ids is not None and not (
+            isinstance(ids, Sequence)  # a str fails below: its items are not ints
+            and len(ids) > 0
+            and all(is_int(i) and i >= 0 for i in ids)
+            and len(set(ids)) == len(ids)
+        ):
+            raise config_error("device_ids", ids, "None or distinct CUDA device indices >= 0")
+        for name in ("world_size", "rank", "local_rank"):
+            if not _nonnegative_or_unset(getattr(self, name)):
+                raise config_error(
+                    name, getattr(self, name), "-1 (from torchrun) or an integer >= 0"
+                )
+        if self.world_size == 0 or (self.world_size > 0 and self.rank >= self.world_size):
+            raise config_error("rank", self.rank, f"0 <= rank < world_size={self.world_size}")
+        if not (is_finite_number(self.timeout_s) and self.timeout_s > 0):
+            raise config_error("timeout_s", self.timeout_s, "a finite number of seconds > 0")
+        if not (is_int(self.stop_vote_interval) and self.stop_vote_interval >= 1):
+            raise config_error("stop_vote_interval", self.stop_vote_interval, "an integer >= 1")
+        if not (is_finite_number(self.bucket_cap_mb) and self.bucket_cap_mb > 0):
+            raise config_error("bucket_cap_mb", self.bucket_cap_mb, "a finite number of MB > 0")
+        if not isinstance(self.init_method, str):
+            raise config_error("init_method", self.init_method, "a URL string such as 'env://'")

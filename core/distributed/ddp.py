@@ -1,0 +1,55 @@
+"""DistributedDataParallel: a full replica per rank, gradients all-reduced in buckets."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from core.distributed.process_group import ProcessGroupStrategy
+
+__all__ = ("DDPStrategy",)
+
+
+class DDPStrategy(ProcessGroupStrategy):
+    """DDP over the process group; off-boundary micro-batches skip the all-reduce."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        *,
+        find_unused_parameters: bool = False,
+        broadcast_buffers: bool = True,
+        bucket_cap_mb: float = 25.0,
+        static_graph: bool = False,
+        gradient_as_bucket_view: bool = False,
+        **group: Any,
+    ) -> None:
+        super().__init__(device, "distributed", **group)
+        self.ddp_options: dict[str, Any] = {
+            "find_unused_parameters": find_unused_parameters,
+            "bucket_cap_mb": bucket_cap_mb,
+            "static_graph": static_graph,
+            "gradient_as_bucket_view": gradient_as_bucket_view,
+        }
+        if not broadcast_buffers:  # True is DDP's default (newer torch renames the flag)
+            self.ddp_options["broadcast_buffers"] = False
+
+    def wrap_model(
+        self, model: nn.Module, *, compute_dtype: torch.dtype = torch.float32
+    ) -> nn.Module:
+        module = self._prepare_module(model)
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(module, device_ids=device_ids, **self.ddp_options)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        inner = model.module if isinstance(model, DistributedDataParallel) else model
+        assert isinstance(inner, nn.Module)
+        return inner
+
+    def no_sync(self, model: nn.Module) -> AbstractContextManager[Any]:
+        assert isinstance(model, DistributedDataParallel)
+        return model.no_sync()

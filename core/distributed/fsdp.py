@@ -1,0 +1,132 @@
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``): parameters, gradients and optimizer state
+sharded over ranks.
+
+Each block is sharded on its own, then the root: by default every child of every
+``nn.ModuleList`` in the model (transformer layers), or the modules a user policy returns.
+With ``mixed_precision=True`` a ``MixedPrecisionPolicy`` computes in the precision object's
+dtype and reduces gradients in fp32. Gradients are DTensors; the gradient norm and the fp16
+overflow flag are therefore combined over ranks. Full state dicts go through
+``torch.distributed.checkpoint.state_dict``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.optim import Optimizer
+
+from core.distributed.process_group import ProcessGroupStrategy
+
+__all__ = ("FSDPStrategy", "ShardPolicy", "transformer_blocks")
+
+ShardPolicy = Callable[[nn.Module], Iterable[nn.Module]]
+
+
+def transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    """The default policy: every child of every ``nn.ModuleList`` (outermost lists only)."""
+    blocks: list[nn.Module] = []
+    inside: set[int] = set()
+    for module in model.modules():  # pre-order: outer lists come first
+        if isinstance(module, nn.ModuleList) and id(module) not in inside:
+            for block in module.children():
+                blocks.append(block)
+                inside.update(id(m) for m in block.modules())
+    return blocks
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    full_tensor = getattr(tensor, "full_tensor", None)
+    return full_tensor() if callable(full_tensor) else tensor
+
+
+class FSDPStrategy(ProcessGroupStrategy):
+    """FSDP2 over a 1-D device mesh of all ranks."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        *,
+        shard_policy: ShardPolicy | None = None,
+        mixed_precision: bool = False,
+        reshard_after_forward: bool = True,
+        **group: Any,
+    ) -> None:
+        super().__init__(device, "fsdp", **group)
+        self.shard_policy = shard_policy or transformer_blocks
+        self.mixed_precision = mixed_precision
+        self.reshard_after_forward = reshard_after_forward
+
+    def wrap_model(
+        self, model: nn.Module, *, compute_dtype: torch.dtype = torch.float32
+    ) -> nn.Module:
+        module = self._prepare_module(model)
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        policy = (
+            MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+            if self.mixed_precision and compute_dtype != torch.float32
+            else MixedPrecisionPolicy()
+        )
+        for block in self.shard_policy(module):
+            fully_shard(
+                block, mesh=mesh, mp_policy=policy, reshard_after_forward=self.reshard_after_forward
+            )
+        fully_shard(
+            module, mesh=mesh, mp_policy=policy, reshard_after_forward=self.reshard_after_forward
+        )
+        return module
+
+    def no_sync(self, model: nn.Module) -> AbstractContextManager[Any]:
+        return _gradient_sync_off(model)
+
+    def total_norm(self, grads: Sequence[torch.Tensor]) -> torch.Tensor:
+        return _full(torch.nn.utils.get_total_norm(grads, norm_type=2.0))
+
+    def reduce_found_inf(self, found_inf: torch.Tensor) -> torch.Tensor:
+        # Each rank checked only its own shard of the gradients.
+        dist.all_reduce(found_inf, op=dist.ReduceOp.MAX)
+        return found_inf
+
+    def model_state_dict(self, model: nn.Module) -> dict[str, Any]:
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(model, options=options)
+
+    # Sharded checkpoints: every rank writes its shards; ``.metadata`` is written last.
+    def checkpoint_state(self, model: nn.Module, optimizer: Optimizer) -> dict[str, Any]:
+        return {}
+
+    def save_sharded(self, model: nn.Module, optimizer: Optimizer, path: Path) -> None:
+        model_state, optim_state = get_state_dict(model, optimizer)
+        dcp_save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(path))
+
+    def load_checkpoint_state(
+        self, model: nn.Module, optimizer: Optimizer, payload: dict[str, Any], sharded: Path
+    ) -> None:
+        model_state, optim_state = get_state_dict(model, optimizer)
+        dcp_load({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(sharded))
+        set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
+
+
+@contextmanager
+def _gradient_sync_off(model: nn.Module) -> Iterator[None]:
+    assert isinstance(model, FSDPModule)
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)

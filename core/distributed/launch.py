@@ -1,0 +1,123 @@
+"""Launch helpers of the seed API: a free port, an in-process group, and torchrun.
+
+``launch_distributed_training`` runs ``torchrun`` (``python -m torch.distributed.run``) as a
+subprocess in its own session, so a timeout can stop torchrun and every worker it started.
+Multi-node: run the same command on every node with ``nnodes=N`` and the same
+``rdzv_endpoint="HOST:PORT"`` (c10d rendezvous)::
+
+    launch_distributed_training("train.py", world_size=8, nnodes=2, rdzv_endpoint="10.0.0.1:29500")
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from core.distributed.environment import DistributedEnvironment, rendezvous_address
+from core.errors import config_error
+
+__all__ = ("get_free_port", "launch_distributed_training", "setup_distributed_environment")
+
+TIMEOUT_EXIT_CODE = 124
+
+
+def get_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago on ``host`` (for MASTER_PORT / rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def setup_distributed_environment(
+    world_size: int = 1,
+    backend: str | None = None,
+    init_method: str = "env://",
+    *,
+    rank: int | None = None,
+) -> dict[str, Any]:
+    """Join (or create) the default process group from a process torchrun did not start.
+
+    Under torchrun its environment wins. Otherwise MASTER_ADDR defaults to 127.0.0.1 and
+    MASTER_PORT to a free port, and ``rank`` defaults to 0. Returns rank, world size and
+    backend.
+    """
+    env = DistributedEnvironment.from_environ()
+    if env is not None:
+        world_size, rank = env.world_size, env.rank
+    rank = 0 if rank is None else rank
+    if not 0 <= rank < world_size:
+        raise config_error("rank", rank, f"0 <= rank < world_size={world_size}")
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if init_method == "env://":
+        addr, port = rendezvous_address()
+        os.environ["MASTER_ADDR"] = addr or "127.0.0.1"
+        os.environ["MASTER_PORT"] = port or str(get_free_port())
+    if not dist.is_initialized():
+        dist.init_process_group(backend, init_method=init_method, world_size=world_size, rank=rank)
+    return {
+        "rank": dist.get_rank(),
+        "world_size": dist.get_world_size(),
+        "backend": dist.get_backend(),
+    }
+
+
+def launch_distributed_training(
+    script_path: str | os.PathLike[str],
+    world_size: int,
+    *,
+    script_args: Sequence[str] = (),
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    max_restarts: int = 0,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float | None = None,
+) -> int:
+    """Run ``script_path`` under torchrun with ``world_size`` processes per node.
+
+    Returns torchrun's exit code (124 if ``timeout_s`` passed, after stopping every worker).
+    """
+    if not Path(script_path).exists():
+        raise config_error("script_path", str(script_path), "an existing Python file")
+    if world_size < 1:
+        raise config_error("world_size", world_size, "an integer >= 1")
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={world_size}",
+        f"--nnodes={nnodes}",
+        f"--max-restarts={max_restarts}",
+    ]
+    if rdzv_endpoint is None:
+        command.append("--standalone")
+    else:
+        command += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"]
+    command += [str(script_path), *script_args]
+    process = subprocess.Popen(command, env={**os.environ, **(env or {})}, start_new_session=True)
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _stop_session(process)
+        return TIMEOUT_EXIT_CODE
+
+
+def _stop_session(process: subprocess.Popen[bytes]) -> None:
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue

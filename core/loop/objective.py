@@ -1,0 +1,100 @@
+"""How a batch becomes a loss (and, for classification, a count of correct predictions).
+
+- ``(inputs, targets)`` pairs: ``outputs = model(inputs)``; ``loss = loss_fn(outputs, targets)``.
+- Mappings (models that compute their own loss, as Hugging Face models do):
+  ``outputs = model(**batch)``; the loss is ``outputs`` itself when it is a tensor,
+  ``outputs["loss"]`` for a mapping, or ``outputs.loss``.
+
+Without a ``loss_fn`` (:class:`DefaultObjective`) the loss is ``CrossEntropyLoss()`` and the
+targets must be integer class indices: float targets (regression values, or probabilities)
+raise :class:`~core.errors.LossFormatError` at the first step, before the loss would silently
+mean something else (a float target of the outputs' shape is read as class probabilities).
+
+Accuracy is counted when targets are integer class indices and the outputs carry one more
+dimension (the class dimension, dimension 1 as in ``CrossEntropyLoss``); targets equal to the
+loss function's ``ignore_index`` are not counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from core.errors import LossFormatError
+from core.loop.batches import describe
+
+__all__ = ("DefaultObjective", "LossFn", "Objective")
+
+LossFn = Callable[[Any, Any], torch.Tensor]
+
+
+def _own_loss(outputs: Any) -> Any:
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    if isinstance(outputs, Mapping):
+        return outputs.get("loss")
+    return getattr(outputs, "loss", None)
+
+
+class Objective:
+    """Computes ``(outputs, loss)`` for a batch, whichever form the batch takes."""
+
+    def __init__(self, loss_fn: LossFn) -> None:
+        self.loss_fn = loss_fn
+        ignore = getattr(loss_fn, "ignore_index", None)
+        self.ignore_index: int | None = ignore if isinstance(ignore, int) else None
+
+    def __call__(self, model: nn.Module, batch: Any) -> tuple[Any, Any]:
+        if isinstance(batch, Mapping):
+            outputs = model(**batch)
+            return outputs, _own_loss(outputs)
+        inputs, targets = batch
+        outputs = model(inputs)
+        return outputs, self.loss(outputs, targets)
+
+    def loss(self, outputs: Any, targets: Any) -> Any:
+        """The loss of an ``(inputs, targets)`` batch."""
+        return self.loss_fn(outputs, targets)
+
+    def correct(self, outputs: Any, batch: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(correct, counted)`` device tensors, or None when accuracy does not apply."""
+        if isinstance(batch, Mapping) or not isinstance(outputs, torch.Tensor):
+            return None
+        targets = batch[1]
+        if (
+            not isinstance(targets, torch.Tensor)
+            or targets.is_floating_point()
+            or targets.dtype == torch.bool
+            or outputs.ndim != targets.ndim + 1
+        ):
+            return None
+        predictions = outputs.argmax(dim=1)
+        valid = targets != self.ignore_index if self.ignore_index is not None else None
+        hits = predictions == targets
+        if valid is not None:
+            return (hits & valid).sum(), valid.sum()
+        return hits.sum(), torch.tensor(targets.numel(), device=targets.device)
+
+
+class DefaultObjective(Objective):
+    """``CrossEntropyLoss()`` over integer class indices, used when no ``loss_fn`` is given."""
+
+    def __init__(self) -> None:
+        super().__init__(nn.CrossEntropyLoss())
+
+    def loss(self, outputs: Any, targets: Any) -> Any:
+        # Tensor metadata only: no device sync.
+        if isinstance(targets, torch.Tensor) and (
+            targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool
+        ):
+            raise LossFormatError(
+                f"the targets are {describe(targets)} (outputs {describe(outputs)}), but the "
+                "default loss_fn, nn.CrossEntropyLoss(), needs integer class indices. Fix: "
+                "pass a loss_fn for these targets, e.g. loss_fn=nn.MSELoss() for regression; "
+                "convert class labels with targets.long(); for class probabilities pass "
+                "loss_fn=nn.CrossEntropyLoss() explicitly."
+            )
+        return super().loss(outputs, targets)

@@ -1,0 +1,187 @@
+"""The ErrorHandler: check what users hand in, classify failures, and decide what happens.
+
+Recover where it is safe, stop clearly where it is not:
+
+=====================================  ===================================================
+failure                                decision
+=====================================  ===================================================
+a batch that is not a pair or dict,    stop before the step (BatchFormatError /
+a loss that is not a scalar            LossFormatError), naming epoch and batch index
+out of memory in a step                free the step, halve the micro-batch (the window's
+                                       result is unchanged), retry; at one sample stop
+                                       with OutOfMemoryError naming the batch size
+non-finite loss or gradients           skip the step (weights, optimizer state and LR
+(bf16 / fp32)                          schedule untouched), count it; stop with
+                                       NonFiniteLossError after max_consecutive_nonfinite
+fp16 overflows with the scale already  switch to bf16 (else fp32) from the next step
+at min_scale                           (a ``precision_fallback`` record), once
+an exception from the loader or model  stop with TrainingStepError naming epoch, step and
+                                       batch index (the orchestrator checkpoints first)
+a collective that timed out            stop with DistributedTimeoutError naming the
+                                       collective and the rank
+=====================================  ===================================================
+
+The per-step checks read Python attributes and tensor metadata only: no device sync.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from core.checks import check_bool_fields, is_int
+from core.errors import (
+    BatchFormatError,
+    CoreError,
+    DistributedTimeoutError,
+    LossFormatError,
+    NonFiniteLossError,
+    OutOfMemoryError,
+    TrainingStepError,
+    config_error,
+)
+from core.loop.batches import describe
+
+__all__ = ("ErrorHandler", "ErrorHandlerConfig")
+
+_OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
+_TIMEOUT_MESSAGES = ("timed out", "timeout", "connection closed by peer", "connection reset")
+
+
+@dataclass(frozen=True)
+class ErrorHandlerConfig:
+    """How far the ErrorHandler goes to keep a run alive.
+
+    ``oom_recovery="auto"`` re-splits batches after out-of-memory errors in one process,
+    and under DDP/FSDP2 on CUDA (where ranks agree through one small all-reduce per step
+    before the gradient sync); ``"on"`` forces the agreement on CPU ranks too.
+    """
+
+    skip_nonfinite: bool = True
+    max_consecutive_nonfinite: int = 10
+    precision_fallback: bool = True
+    overflows_at_min_scale_before_fallback: int = 3
+    oom_recovery: Literal["auto", "on", "off"] = "auto"
+
+    def __post_init__(self) -> None:
+        check_bool_fields(self)
+        for name in ("max_consecutive_nonfinite", "overflows_at_min_scale_before_fallback"):
+            value = getattr(self, name)
+            if not (is_int(value) and value >= 1):
+                raise config_error(name, value, "an integer >= 1")
+        if self.oom_recovery not in ("auto", "on", "off"):
+            raise config_error("oom_recovery", self.oom_recovery, ("auto", "on", "off"))
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """``torch.OutOfMemoryError`` and the allocators' message forms (CUDA and host)."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, (RuntimeError, MemoryError)) and any(
+        m in str(exc).lower() for m in _OOM_MESSAGES
+    )
+
+
+def is_collective_failure(exc: BaseException) -> bool:
+    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in _TIMEOUT_MESSAGES)
+
+
+class ErrorHandler:
+    """Checks, classifications and the counters behind the decisions above."""
+
+    def __init__(self, config: ErrorHandlerConfig | None = None) -> None:
+        self.config = config or ErrorHandlerConfig()
+        self.consecutive_nonfinite = 0
+        self.overflows_at_min_scale = 0
+
+    # -- user input -----------------------------------------------------------------------
+    def check_batch(self, batch: Any, *, epoch: int, batch_index: int) -> Any:
+        """Return ``batch`` if it is an ``(inputs, targets)`` pair or a mapping; else raise."""
+        if isinstance(batch, Mapping) or (isinstance(batch, (tuple, list)) and len(batch) == 2):
+            return batch
+        raise BatchFormatError(
+            f"batch {batch_index} of epoch {epoch} is {describe(batch)}; allowed: an "
+            "(inputs, targets) tuple or list, or a dict of keyword arguments for a model "
+            "that returns its own loss. Fix: make the dataset return (inputs, target) pairs "
+            "or pass a collate_fn that builds one of these forms."
+        )
+
+    def check_loss(self, loss: Any, *, epoch: int, batch_index: int) -> torch.Tensor:
+        """Return ``loss`` if it is a 0-d floating tensor; else raise naming what it was."""
+        if isinstance(loss, torch.Tensor) and loss.ndim == 0 and loss.is_floating_point():
+            return loss
+        raise LossFormatError(
+            f"the loss of batch {batch_index} in epoch {epoch} is {describe(loss)}; allowed: "
+            "a scalar (0-d) floating-point tensor. Fix: use a loss_fn with reduction='mean' "
+            "(or 'sum'), or for dict batches make the model return the loss, a dict with "
+            "'loss', or an object with a .loss attribute."
+        )
+
+    # -- decisions after a step (from the lagged readback) -------------------------------
+    def after_step(
+        self, *, step: int, skipped: bool, overflow: bool, loss_scale: float | None,
+        min_scale: float,
+    ) -> bool:  # fmt: skip
+        """Count one step's outcome; True when fp16 should fall back. Raises
+        NonFiniteLossError after too many non-finite steps in a row."""
+        nonfinite = skipped and not overflow
+        self.consecutive_nonfinite = self.consecutive_nonfinite + 1 if nonfinite else 0
+        if self.consecutive_nonfinite >= self.config.max_consecutive_nonfinite:
+            raise NonFiniteLossError(
+                f"{self.consecutive_nonfinite} optimizer steps in a row, the last at step "
+                f"{step}, had a non-finite loss or gradient norm; each was skipped, so the "
+                "weights are those of the last finite step (and the last checkpoint holds "
+                "them). Fix: lower the learning rate, check the data for NaN/inf, or use "
+                "bf16/fp32 if this is fp16."
+            )
+        at_min = overflow and loss_scale is not None and loss_scale <= min_scale
+        self.overflows_at_min_scale = self.overflows_at_min_scale + 1 if at_min else 0
+        limit = self.config.overflows_at_min_scale_before_fallback
+        if self.config.precision_fallback and self.overflows_at_min_scale >= limit:
+            self.overflows_at_min_scale = 0
+            return True
+        return False
+
+    def out_of_memory(self, *, batch_size: int, micro_batch_size: int | None) -> OutOfMemoryError:
+        return OutOfMemoryError(
+            f"out of memory with micro-batches of {micro_batch_size or batch_size} sample(s) "
+            f"(loader batch size {batch_size}); nothing smaller is possible. Fix: enable "
+            "gradient checkpointing (torch.utils.checkpoint) in the model, use bf16, or a "
+            "smaller model; the last checkpoint is intact."
+        )
+
+    def step_error(
+        self, exc: BaseException, *, epoch: int, step: int, batch_index: int, rank: int,
+        timeout_s: float | None, phase: str,
+    ) -> BaseException:  # fmt: skip
+        """The error to raise for an exception escaping a step (the original is chained)."""
+        if isinstance(exc, CoreError):
+            return exc
+        if is_out_of_memory(exc):  # here only where re-splitting is off (several ranks)
+            return OutOfMemoryError(
+                f"rank {rank} ran out of memory in epoch {epoch}, step {step}, batch "
+                f"{batch_index}; re-splitting batches after an OOM works in one process only "
+                "(ranks would have to agree before the gradient sync). Fix: a smaller batch "
+                "size, micro_batch_size in GradientAccumulationConfig, bf16, or gradient "
+                "checkpointing; the last checkpoint is intact."
+            )
+        if timeout_s is not None and is_collective_failure(exc):
+            return DistributedTimeoutError(
+                f"rank {rank}: a collective ({phase}, epoch {epoch}, step {step}) did not "
+                f"finish within timeout_s={timeout_s:g}: another rank stopped making progress "
+                f"(stuck, crashed or killed). Original error: {str(exc).splitlines()[0]}"
+            )
+        return TrainingStepError(
+            f"{phase} failed in epoch {epoch}, step {step}, batch {batch_index}: "
+            f"{type(exc).__name__}: {exc}. The last completed step is checkpointed when "
+            "checkpointing is on."
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"consecutive_nonfinite": self.consecutive_nonfinite}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.consecutive_nonfinite = int(state["consecutive_nonfinite"])

@@ -1,0 +1,1 @@
+"""Device telemetry: the NVML monitor coroutine, host sampling, and the bottleneck verdict."""

@@ -1,0 +1,298 @@
+"""Mixed precision: the config, the choice of precision object, and AMP statistics.
+
+``MixedPrecisionTrainer`` resolves the config once into a precision object (see
+``core.precision.plugins``), hands the active one to the step loop at each optimizer step, and keeps
+the statistics of the seed API (``get_amp_stats``). ``enable_amp()``, ``disable_amp()`` and
+``toggle_amp()`` may be called from any thread; they take effect at the next optimizer step.
+
+Example::
+
+    trainer = MixedPrecisionTrainer(MixedPrecisionConfig(dtype="bf16"), torch.device("cpu"))
+    precision = trainer.begin_step()
+    with precision.autocast():
+        loss = model(x).float().mean()
+    precision.backward(loss)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from core.checks import check_bool_fields, is_finite_number, is_int, is_number
+from core.errors import config_error
+from core.precision.loss_scaler import DynamicLossScaler
+from core.precision.plugins import FP32, Autocast, Precision, ScaledFP16
+
+__all__ = (
+    "AmpDtype",
+    "MixedPrecisionConfig",
+    "MixedPrecisionTrainer",
+    "parse_amp_dtype",
+    "resolve_precision",
+)
+
+AmpDtype = Literal["auto", "float16", "fp16", "bfloat16", "bf16", "float32", "fp32"] | torch.dtype
+
+_DTYPE_NAMES: dict[str, torch.dtype] = {
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+}
+_DEFAULT_MIN_SCALE = 1.0
+_ALLOWED_DTYPES = "'auto', torch.float16, torch.bfloat16, torch.float32 (or their names)"
+
+
+def parse_amp_dtype(value: object, field: str = "amp_dtype") -> torch.dtype | None:
+    """Map a user's dtype choice to a torch dtype; ``None`` means "auto"."""
+    if value == "auto":
+        return None
+    if isinstance(value, torch.dtype) and value in (torch.float16, torch.bfloat16, torch.float32):
+        return value
+    if isinstance(value, str) and value.lower() in _DTYPE_NAMES:
+        return _DTYPE_NAMES[value.lower()]
+    raise config_error(field, value, _ALLOWED_DTYPES, "pass amp_dtype='auto' to let core choose.")
+
+
+@dataclass(frozen=True)
+class MixedPrecisionConfig:
+    """How a run uses reduced precision.
+
+    ``dtype="auto"`` picks bf16 on CUDA devices that support it, fp16 with loss scaling on
+    older CUDA devices, and fp32 on CPU. bf16 and fp16 work on CPU when asked for.
+    ``hysteresis`` is the number of fp16 overflows tolerated (step skipped, scale kept)
+    before the scale backs off; 0 backs off on every overflow, as ``GradScaler`` does.
+    """
+
+    enable_amp: bool = True
+    dtype: AmpDtype = "auto"
+    enable_grad_scaler: bool = True
+    init_scale: float = 2.0**16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    hysteresis: int = 0
+    min_scale: float = _DEFAULT_MIN_SCALE
+    max_scale: float = 2.0**24
+    cache_enabled: bool = True
+
+    def __post_init__(self) -> None:
+        check_bool_fields(self)
+        parse_amp_dtype(self.dtype, "dtype")
+        if not (is_finite_number(self.growth_factor) and self.growth_factor > 1.0):
+            raise config_error("growth_factor", self.growth_factor, "a float > 1.0 and finite")
+        if not (is_number(self.backoff_factor) and 0.0 < self.backoff_factor < 1.0):
+            raise config_error("backoff_factor", self.backoff_factor, "a float in (0, 1)")
+        if not (is_int(self.growth_interval) and self.growth_interval >= 1):
+            raise config_error("growth_interval", self.growth_interval, "an integer >= 1")
+        if not (is_int(self.hysteresis) and self.hysteresis >= 0):
+            raise config_error("hysteresis", self.hysteresis, "an integer >= 0")
+        for name in ("init_scale", "min_scale", "max_scale"):
+            if not (is_finite_number(getattr(self, name)) and getattr(self, name) > 0):
+                raise config_error(name, getattr(self, name), "a finite float > 0")
+        self._check_scale_bounds()
+
+    def _check_scale_bounds(self) -> None:
+        low, high = self.min_scale, self.max_scale
+        if high < low:
+            # Blame the bound the user most likely set: a max_scale below the default
+            # min_scale is wrong whatever min_scale is; otherwise min_scale is too high.
+            if high < _DEFAULT_MIN_SCALE:
+                raise config_error(
+                    "max_scale",
+                    high,
+                    f"a finite float >= min_scale={low!r}",
+                    "raise max_scale (default 2.0**24), or lower min_scale below it.",
+                )
+            raise config_error(
+                "min_scale",
+                low,
+                f"a float in (0, max_scale={high!r}]",
+                "lower min_scale (default 1.0), or raise max_scale above it.",
+            )
+        if not low <= self.init_scale <= high:
+            raise config_error(
+                "init_scale",
+                self.init_scale,
+                f"a float in [min_scale={low!r}, max_scale={high!r}]",
+                "choose init_scale (default 2.0**16) between min_scale and max_scale.",
+            )
+
+    def scaler(self, device: torch.device) -> DynamicLossScaler:
+        return DynamicLossScaler(
+            device,
+            init_scale=self.init_scale,
+            growth_factor=self.growth_factor,
+            backoff_factor=self.backoff_factor,
+            growth_interval=self.growth_interval,
+            hysteresis=self.hysteresis,
+            min_scale=self.min_scale,
+            max_scale=self.max_scale,
+        )
+
+
+def _auto_dtype(device: torch.device) -> torch.dtype:
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def fallback_precision(config: MixedPrecisionConfig, device: torch.device) -> Precision:
+    """What fp16 falls back to when its loss scale cannot avoid overflow: bf16 where the
+    device supports it (CPUs and Ampere+ GPUs), else fp32."""
+    supported = device.type != "cuda" or torch.cuda.is_bf16_supported()
+    if supported:
+        return Autocast(torch.bfloat16, device.type, config.cache_enabled)
+    return FP32()
+
+
+def resolve_precision(config: MixedPrecisionConfig, device: torch.device) -> Precision:
+    """Choose the precision object for ``config`` on ``device`` (once, at setup)."""
+    dtype = parse_amp_dtype(config.dtype, "dtype") or _auto_dtype(device)
+    if not config.enable_amp or dtype == torch.float32:
+        return FP32()
+    if dtype == torch.float16 and config.enable_grad_scaler:
+        return ScaledFP16(device.type, config.scaler(device), config.cache_enabled)
+    return Autocast(dtype, device.type, config.cache_enabled)
+
+
+class MixedPrecisionTrainer:
+    """Owns the precision policy of a run and its AMP statistics."""
+
+    def __init__(self, config: MixedPrecisionConfig, device: torch.device) -> None:
+        self.config = config
+        self.device = device
+        self._amp = resolve_precision(config, device)
+        self.configured_precision = self._amp.name
+        """The precision the config resolved to (before any fallback)."""
+        self._fp32: Precision = FP32()
+        self._amp_wanted = config.enable_amp
+        self._active = self._amp if self._amp_wanted else self._fp32
+        self.reset_stats()
+
+    # -- the step loop's side -------------------------------------------------------------
+    @property
+    def precision(self) -> Precision:
+        """The precision of the current optimizer step."""
+        return self._active
+
+    @property
+    def amp_precision(self) -> Precision:
+        """The precision used while AMP is enabled (fp32 when AMP resolves to fp32)."""
+        return self._amp
+
+    def begin_step(self) -> Precision:
+        """Apply a pending enable/disable and return the precision for this step."""
+        self._active = self._amp if self._amp_wanted else self._fp32
+        self._total_steps += 1
+        self._amp_steps += int(self._active.uses_autocast)
+        return self._active
+
+    def record_step(
+        self, *, overflow: bool, skipped: bool, step_time_s: float, counts_scaler_update: bool
+    ) -> None:
+        """Fold in one step's outcome, read back from the device after the step."""
+        self._step_time_total += step_time_s
+        self._recorded_steps += 1
+        self._overflow_count += int(overflow)
+        self._skipped_steps += int(skipped)
+        self._nonfinite_steps += int(skipped and not overflow)
+        self._scaler_updates += int(counts_scaler_update)
+
+    def fall_back(self) -> tuple[str, str]:
+        """Leave fp16 for bf16 (or fp32) from the next step; returns (from, to) names."""
+        before = self._amp.name
+        self._amp = fallback_precision(self.config, self.device)
+        self._fallbacks.append(self._amp.name)
+        return before, self._amp.name
+
+    # -- the user's side ------------------------------------------------------------------
+    def enable_amp(self) -> None:
+        self._amp_wanted = True
+
+    def disable_amp(self) -> None:
+        self._amp_wanted = False
+
+    def toggle_amp(self) -> bool:
+        """Flip AMP for the next step; returns whether AMP will be on."""
+        self._amp_wanted = not self._amp_wanted
+        return self._amp_wanted
+
+    @property
+    def amp_enabled(self) -> bool:
+        return self._amp_wanted
+
+    def reset_stats(self) -> None:
+        self._total_steps = 0
+        self._amp_steps = 0
+        self._recorded_steps = 0
+        self._scaler_updates = 0
+        self._overflow_count = 0
+        self._skipped_steps = 0
+        self._step_time_total = 0.0
+        self._nonfinite_steps = 0
+        self._fallbacks: list[str] = []
+
+    def get_amp_stats(self) -> dict[str, Any]:
+        """AMP statistics as in the seed API (ratios are 0.0 before the first step)."""
+        total = self._total_steps
+        scale = self._amp.loss_scale
+        return {
+            "precision": self._active.name,
+            "amp_enabled": self._amp_wanted,
+            "total_steps": total,
+            "amp_steps": self._amp_steps,
+            "scaler_updates": self._scaler_updates,
+            "overflow_count": self._overflow_count,
+            "skipped_steps": self._skipped_steps,
+            "nonfinite_steps": self._nonfinite_steps,
+            "precision_fallbacks": list(self._fallbacks),
+            # Reads the live scale: one device sync, on request only.
+            "current_scale": None if scale is None else float(scale),
+            "amp_usage_ratio": self._amp_steps / total if total else 0.0,
+            "overflow_ratio": self._overflow_count / total if total else 0.0,
+            "avg_step_time": (
+                self._step_time_total / self._recorded_steps if self._recorded_steps else 0.0
+            ),
+        }
+
+    def save_amp_stats(self, path: str | os.PathLike[str]) -> Path:
+        """Write :meth:`get_amp_stats` as JSON to ``path`` and return the path."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(self.get_amp_stats(), indent=2) + "\n")
+        return target
+
+    def state_dict(self) -> dict[str, Any]:
+        """Precision choice (fallbacks included), scaler state and the statistics."""
+        return {
+            "amp_enabled": self._amp_wanted,
+            "fallbacks": list(self._fallbacks),
+            "precision": self._amp.state_dict(),
+            "stats": [
+                self._total_steps, self._amp_steps, self._recorded_steps, self._scaler_updates,
+                self._overflow_count, self._skipped_steps, self._nonfinite_steps,
+                self._step_time_total,
+            ],
+        }  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._amp_wanted = bool(state["amp_enabled"])
+        for _ in state["fallbacks"]:
+            self.fall_back()
+        self._active = self._amp if self._amp_wanted else self._fp32
+        self._amp.load_state_dict(state["precision"])
+        (
+            self._total_steps, self._amp_steps, self._recorded_steps, self._scaler_updates,
+            self._overflow_count, self._skipped_steps, self._nonfinite_steps,
+            self._step_time_total,
+        ) = state["stats"]  # fmt: skip

@@ -1,0 +1,1 @@
+"""The async shell: the orchestrator, the composition root, the step thread, signals, stopping."""

@@ -1,0 +1,180 @@
+"""Checks of the runtime objects ``create_optimized_training_optimizer`` is given.
+
+Settings are validated by their config dataclasses; the model, loaders, loss, factories and
+the optimizer and scheduler they build are checked here, each failure a
+:class:`~core.errors.ConfigError` naming the argument, the bad value, what is allowed and a fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from core.checks import check_bool, is_path
+from core.distributed.config import MultiGPUConfig
+from core.errors import EmptyLoaderError, config_error
+from core.loop.accumulation import GradientAccumulationConfig
+from core.loop.recovery import ErrorHandlerConfig
+
+__all__ = (
+    "built_by",
+    "check_callable",
+    "check_loader",
+    "check_loss_fn",
+    "check_model",
+    "check_optimizer",
+    "check_parts",
+    "check_scheduler",
+)
+
+T = TypeVar("T")
+
+
+def check_model(model: object) -> None:
+    if not isinstance(model, nn.Module):
+        raise config_error("model", model, "a torch.nn.Module")
+
+
+_FACTORY_CONTRACTS = {
+    "optimizer": "a callable that takes a list of the model's parameters and returns a "
+    "torch.optim.Optimizer",
+    "scheduler": "a callable that takes the optimizer and returns an LR scheduler",
+}
+_FACTORY_EXAMPLES = {
+    "loss_fn": "a loss module such as loss_fn=nn.CrossEntropyLoss() or nn.MSELoss()",
+    "optimizer": "a factory, e.g. optimizer=lambda params: torch.optim.SGD(params, lr=0.1) "
+    "(not an optimizer instance: core builds it on the placed, wrapped model's parameters)",
+    "scheduler": "a factory, e.g. scheduler=lambda opt: "
+    "torch.optim.lr_scheduler.StepLR(opt, step_size=100) (not a scheduler instance)",
+}
+
+
+def check_callable(field: str, value: object, takes: str) -> None:
+    if value is not None and not callable(value):
+        raise config_error(
+            field,
+            value,
+            f"None or a callable that takes {takes}",
+            f"pass {_FACTORY_EXAMPLES[field]}.",
+        )
+
+
+def check_loss_fn(loss_fn: object) -> None:
+    check_callable("loss_fn", loss_fn, "(outputs, targets) and returns a scalar tensor")
+    if isinstance(loss_fn, type) and issubclass(loss_fn, nn.Module):
+        name = f"nn.{loss_fn.__name__}" if hasattr(nn, loss_fn.__name__) else loss_fn.__name__
+        raise config_error(
+            "loss_fn",
+            loss_fn,
+            "None or an instance of a loss module",
+            f"pass an instance, {name}(), not the class {name}.",
+        )
+
+
+def check_parts(
+    gradient_accumulation_config: object,
+    multi_gpu_config: object,
+    error_handler_config: object,
+    checkpoint_dir: object,
+    use_distributed_sampler: object,
+) -> None:
+    """The arguments that are component configs, paths or flags of other components."""
+    steps = gradient_accumulation_config if isinstance(gradient_accumulation_config, int) else 4
+    mode = multi_gpu_config if isinstance(multi_gpu_config, str) else "cpu"
+    for field, value, kind, fix in (
+        ("gradient_accumulation_config", gradient_accumulation_config,
+         GradientAccumulationConfig, f"GradientAccumulationConfig(accumulation_steps={steps!r})"),
+        ("multi_gpu_config", multi_gpu_config, MultiGPUConfig,
+         f"MultiGPUConfig(training_mode={mode!r})"),
+        ("error_handler_config", error_handler_config, ErrorHandlerConfig,
+         "ErrorHandlerConfig(**the_dict)" if isinstance(error_handler_config, Mapping)
+         else "ErrorHandlerConfig(max_consecutive_nonfinite=10)"),
+    ):  # fmt: skip
+        if value is not None and not isinstance(value, kind):
+            raise config_error(
+                field, value, f"None or an instance of {kind.__name__}", f"pass {fix}."
+            )
+    if checkpoint_dir is not None and not is_path(checkpoint_dir):
+        raise config_error(
+            "checkpoint_dir",
+            checkpoint_dir,
+            "None (under log_dir) or a non-empty str or pathlib.Path",
+            "e.g. checkpoint_dir='checkpoints'.",
+        )
+    check_bool("use_distributed_sampler", use_distributed_sampler)
+
+
+def check_loader(loader: object, field: str, max_epochs: int) -> None:
+    if not isinstance(loader, Iterable):
+        raise config_error(field, loader, "an iterable of batches, such as a torch DataLoader")
+    if isinstance(loader, Iterator) and max_epochs > 1:
+        raise config_error(
+            field,
+            loader,
+            "a re-iterable of batches (a DataLoader or a list) when max_epochs > 1",
+            "this is a one-shot iterator (a generator?) that would be empty from the second "
+            "epoch on; pass a DataLoader or list(batches), or max_epochs=1.",
+        )
+    try:
+        size = len(loader) if isinstance(loader, Sized) else None
+    except TypeError:  # a DataLoader over an IterableDataset without __len__: streamed
+        size = None
+    if size == 0:
+        raise EmptyLoaderError(
+            f"{field} has no batches (len 0); allowed: a loader with at least one batch. "
+            "Fix: check the dataset, and drop_last with a batch size larger than the dataset."
+        )
+
+
+def built_by(field: str, factory: Callable[[Any], T], argument: object) -> T:
+    """Call a user's factory; its exception becomes a ConfigError naming the argument."""
+    try:
+        return factory(argument)
+    except Exception as exc:
+        raise config_error(
+            field,
+            factory,
+            _FACTORY_CONTRACTS[field],
+            f"calling it raised {type(exc).__name__}: {exc} (chained below); pass "
+            f"{_FACTORY_EXAMPLES[field]}.",
+        ) from exc
+
+
+def check_optimizer(optimizer: object, model: nn.Module) -> None:
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise config_error("optimizer", optimizer, "a callable returning a torch.optim.Optimizer")
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    own = {id(p) for p in model.parameters()}
+    foreign = sum(id(p) not in own for p in held)
+    if not held or foreign:
+        problem = (
+            "it holds no parameters"
+            if not held
+            else f"{foreign} of its {len(held)} parameters are not the model's (as placed and "
+            "wrapped by core)"
+        )
+        raise config_error(
+            "optimizer",
+            optimizer,
+            "a factory whose optimizer holds the parameters it is given",
+            f"{problem}; build it from the argument: "
+            "optimizer=lambda params: torch.optim.SGD(params, lr=0.1).",
+        )
+
+
+def check_scheduler(scheduler: object) -> None:
+    if scheduler is None:
+        return
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        raise config_error(
+            "scheduler",
+            scheduler,
+            "a scheduler stepped without a metric (StepLR, OneCycleLR, LambdaLR, ...)",
+            "ReduceLROnPlateau needs the monitored loss at each step and is not supported yet; "
+            "use another scheduler, or scheduler=None.",
+        )
+    if not callable(getattr(scheduler, "step", None)):
+        raise config_error("scheduler", scheduler, "a callable returning an LR scheduler")
