@@ -332,7 +332,7 @@ class StepLoop:
                       loss=scalars.loss, grad_norm=scalars.grad_norm)  # fmt: skip
         fall_back = self.errors.after_step(
             step=pending.step, skipped=scalars.skipped, overflow=scalars.overflow,
-            loss_scale=scalars.loss_scale, min_scale=self.precision.config.min_scale,
+            loss_scale=scalars.loss_scale, min_scale=self.precision.min_scale,
         )  # fmt: skip
         if fall_back:
             before, after = self.precision.fall_back()

@@ -190,6 +190,11 @@ class MixedPrecisionTrainer:
         """The precision used while AMP is enabled (fp32 when AMP resolves to fp32)."""
         return self._amp
 
+    @property
+    def min_scale(self) -> float:
+        """The fp16 loss scale's floor: an overflow there falls back to bf16 or fp32."""
+        return self.config.min_scale
+
     def begin_step(self) -> Precision:
         """Apply a pending enable/disable and return the precision for this step."""
         self._active = self._amp if self._amp_wanted else self._fp32
