@@ -5,15 +5,38 @@ overflow flag on the host. This scaler keeps its scale, growth tracker and hyste
 budget as device tensors and updates them with tensor ops, so no step waits on the GPU;
 whether a step was skipped is read back later, with the rest of the step's numbers.
 
-Rules, per optimizer step (``update(found_inf)``):
+Rules, per optimizer step (``update(found_inf)``). The optimizer step itself is skipped on
+every overflow, by the caller (see ``core.loop.stepper``), whatever the scale does.
 
-- overflow: the growth tracker resets. While tolerated overflows remain (``hysteresis``),
-  one is used up and the scale stays; otherwise the scale is multiplied by
-  ``backoff_factor`` (never below ``min_scale``) and the budget refills.
-- no overflow: the tracker counts up; after ``growth_interval`` clean steps the scale is
-  multiplied by ``growth_factor`` (never above ``max_scale``) and the budget refills.
+- overflow: the clean-step count restarts. ``hysteresis`` is the number of overflows that
+  trigger a back-off: while the budget still absorbs overflows (``hysteresis - 1`` of them
+  when full), one is used up and the scale stays; otherwise the scale is multiplied by
+  ``backoff_factor`` (never below ``min_scale``). A back-off does not refill the budget:
+  once it is spent, every further overflow backs off until the next refill.
+- no overflow: the count goes up; after ``growth_interval`` clean steps in a row (since
+  the last overflow or the last growth) the scale is multiplied by ``growth_factor``
+  (never above ``max_scale``), the count restarts and the budget refills.
+- ``consecutive_hysteresis=True``: every clean step refills the budget, so a back-off
+  takes ``hysteresis`` overflows in a row; with ``False`` only a growth refills it.
 
-The optimizer step itself is skipped on overflow by the caller (see ``core.loop.stepper``).
+How the peers define it:
+
+- ``torch.amp.GradScaler``: no hysteresis, it backs off on every overflow; it grows after
+  ``growth_interval`` clean steps in a row and has no ``min_scale``/``max_scale`` (it only
+  refuses a growth to inf). ``hysteresis=1`` reproduces it exactly, scale and skipped
+  steps, as long as the bounds are not reached.
+- DeepSpeed (``fp16.hysteresis``, its scaler's ``delayed_shift``): ``hysteresis`` is the
+  number of overflows that trigger a back-off (1 backs off on every overflow), the budget
+  is not refilled by a back-off but by a growth, or by any clean step with
+  ``consecutive_hysteresis``. Its growth window, ``(cur_iter - last_overflow_iter) %
+  scale_window == 0``, counts clean steps exactly as GradScaler's growth tracker does, and
+  this scaler follows the same count (newer DeepSpeed sources wait ``scale_window + 1``
+  clean steps for the first growth after an overflow). DeepSpeed has one ``scale_factor``
+  for both ways, no ``max_scale``, and stops the run at ``min_scale`` unless told not to;
+  this scaler stays at ``min_scale`` and keeps skipping overflowing steps.
+
+The state's ``overflows_left`` is the number of overflows the budget still absorbs before
+a back-off (DeepSpeed's ``cur_hysteresis - 1``).
 """
 
 from __future__ import annotations
@@ -35,11 +58,26 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
 class DynamicLossScaler:
     """Loss scaler with hysteresis and bounds whose state never leaves the device.
 
-    >>> scaler = DynamicLossScaler(torch.device("cpu"), init_scale=8.0, hysteresis=1)
-    >>> scaler.update(torch.ones(1)); float(scaler.scale)   # first overflow: tolerated
+    ``hysteresis`` is the number of overflows that trigger a back-off (1, the default,
+    backs off on every overflow as ``torch.amp.GradScaler`` does); the budget refills when
+    the scale grows, or after every clean step with ``consecutive_hysteresis=True``, never
+    after a back-off. See the module docstring for the full rules and how GradScaler and
+    DeepSpeed define them.
+
+    >>> overflow, clean = torch.ones(()), torch.zeros(())
+    >>> scaler = DynamicLossScaler(torch.device("cpu"), init_scale=8.0, hysteresis=2)
+    >>> scaler.update(overflow); float(scaler.scale)  # 1st overflow: absorbed
     8.0
-    >>> scaler.update(torch.ones(1)); float(scaler.scale)   # second: back off
+    >>> scaler.update(overflow); float(scaler.scale)  # 2nd: back off
     4.0
+    >>> scaler.update(overflow); float(scaler.scale)  # budget spent: back off again
+    2.0
+    >>> scaler = DynamicLossScaler(
+    ...     torch.device("cpu"), init_scale=8.0, hysteresis=2, consecutive_hysteresis=True
+    ... )
+    >>> for flag in (overflow, clean, overflow, clean, overflow): scaler.update(flag)
+    >>> float(scaler.scale)  # each clean step refilled the budget
+    8.0
     """
 
     def __init__(
@@ -50,7 +88,8 @@ class DynamicLossScaler:
         growth_factor: float = 2.0,
         backoff_factor: float = 0.5,
         growth_interval: int = 2000,
-        hysteresis: int = 0,
+        hysteresis: int = 1,
+        consecutive_hysteresis: bool = False,
         min_scale: float = 1.0,
         max_scale: float = 2.0**24,
     ) -> None:
@@ -58,11 +97,15 @@ class DynamicLossScaler:
         self.backoff_factor = backoff_factor
         self.growth_interval = growth_interval
         self.hysteresis = hysteresis
+        self.consecutive_hysteresis = consecutive_hysteresis
         self.min_scale = min_scale
         self.max_scale = max_scale
+        # Overflows absorbed before a back-off when the budget is full (the config asks for
+        # hysteresis >= 1; anything lower acts as 1).
+        self._full_budget = max(hysteresis - 1, 0)
         self._scale = torch.full((), init_scale, dtype=torch.float32, device=device)
         self._growth_tracker = torch.zeros((), dtype=torch.int32, device=device)
-        self._overflows_left = torch.full((), hysteresis, dtype=torch.int32, device=device)
+        self._overflows_left = torch.full((), self._full_budget, dtype=torch.int32, device=device)
 
     @property
     def scale(self) -> torch.Tensor:
@@ -92,9 +135,8 @@ class DynamicLossScaler:
     def update(self, found_inf: torch.Tensor) -> None:
         """Advance the scale by one optimizer step given its overflow flag (device ops only)."""
         overflow = found_inf.reshape(()) > 0
-        has_budget = self._overflows_left > 0
-        back_off = overflow & ~has_budget
-        tolerate = overflow & has_budget
+        left = self._overflows_left
+        back_off = overflow & (left <= 0)
 
         tracker = torch.where(
             overflow, torch.zeros_like(self._growth_tracker), self._growth_tracker + 1
@@ -105,12 +147,11 @@ class DynamicLossScaler:
         grown = (self._scale * self.growth_factor).clamp(max=self.max_scale)
         new_scale = torch.where(back_off, backed_off, torch.where(grow, grown, self._scale))
 
-        refill = back_off | grow
-        overflows_left = torch.where(
-            refill,
-            torch.full_like(self._overflows_left, self.hysteresis),
-            self._overflows_left - tolerate.to(torch.int32),
-        )
+        # An absorbed overflow uses one unit; a back-off leaves the (empty) budget as is.
+        spent = torch.where(overflow, (left - 1).clamp(min=0), left)
+        refill = ~overflow if self.consecutive_hysteresis else grow
+        overflows_left = torch.where(refill, torch.full_like(left, self._full_budget), spent)
+
         self._scale.copy_(new_scale)
         self._growth_tracker.copy_(torch.where(grow, torch.zeros_like(tracker), tracker))
         self._overflows_left.copy_(overflows_left)
