@@ -1,20 +1,25 @@
 """core: an async-native PyTorch training orchestrator.
 
-``await optimizer.train()`` runs a complete training job (mixed precision, gradient
-accumulation, per-step JSON telemetry) from inside any asyncio or trio program::
+``await run.train()`` runs a complete training job (mixed precision, gradient accumulation,
+distribution, checkpoints, per-step JSON telemetry) from inside any asyncio or trio
+program. Settings form one config tree; the seed factory maps flat keywords onto it::
 
     import anyio
-    from core import create_optimized_training_optimizer
+    from core import OptimizedTrainingOptimizer, RunConfig, TrainingConfig
 
-    optimizer = create_optimized_training_optimizer(model=model, train_loader=loader)
-    results = anyio.run(optimizer.train)
+    async def main() -> None:
+        config = TrainingConfig(run=RunConfig(max_epochs=3))
+        async with OptimizedTrainingOptimizer(config, model=model, train_loader=loader) as run:
+            results = await run.train()
+
+    anyio.run(main)
 """
 
 from __future__ import annotations
 
+from core.callbacks import Callback, RunInfo
 from core.checkpointing.checkpointer import CheckpointConfig
-from core.config import TrainingConfig
-from core.distributed.config import MultiGPUConfig
+from core.config import DataConfig, EarlyStoppingConfig, OptimConfig, RunConfig, TrainingConfig
 from core.errors import (
     BatchFormatError,
     CheckpointError,
@@ -28,16 +33,24 @@ from core.errors import (
     OutOfMemoryError,
     SignalReceived,
     TrainingStepError,
+    UnevenLoadersError,
     UnsafeCheckpointError,
 )
-from core.loop.accumulation import GradientAccumulation, GradientAccumulationConfig
+from core.gradient_accumulation import GradientAccumulation, GradientAccumulationConfig
+from core.hardware.settings import GPUManagerConfig
 from core.loop.recovery import ErrorHandler, ErrorHandlerConfig
-from core.multi_gpu_training import MultiGPUTrainer
+from core.mixed_precision_training import (
+    LossScalerConfig,
+    MixedPrecisionConfig,
+    MixedPrecisionTrainer,
+)
+from core.monitoring.config import GPUMonitorConfig
+from core.multi_gpu_training import MultiGPUConfig, MultiGPUTrainer
 from core.optimized_training_optimizer import (
     OptimizedTrainingOptimizer,
     create_optimized_training_optimizer,
 )
-from core.precision.policy import MixedPrecisionConfig, MixedPrecisionTrainer
+from core.telemetry.config import LoggingConfig
 from core.telemetry.events import EventStream
 from core.trainer.results import TrainingResults
 
@@ -45,30 +58,41 @@ __version__ = "0.1.0"
 
 __all__ = (
     "BatchFormatError",
+    "Callback",
     "CheckpointConfig",
     "CheckpointError",
     "ConfigError",
     "CoreError",
+    "DataConfig",
     "DistributedTimeoutError",
+    "EarlyStoppingConfig",
     "EmptyLoaderError",
     "ErrorHandler",
     "ErrorHandlerConfig",
-    "IncompatibleCheckpointError",
-    "NonFiniteLossError",
-    "OutOfMemoryError",
-    "SignalReceived",
-    "TrainingStepError",
-    "UnsafeCheckpointError",
     "EventStream",
+    "GPUManagerConfig",
+    "GPUMonitorConfig",
     "GradientAccumulation",
     "GradientAccumulationConfig",
+    "IncompatibleCheckpointError",
+    "LoggingConfig",
     "LossFormatError",
+    "LossScalerConfig",
     "MixedPrecisionConfig",
     "MixedPrecisionTrainer",
     "MultiGPUConfig",
     "MultiGPUTrainer",
+    "NonFiniteLossError",
+    "OptimConfig",
     "OptimizedTrainingOptimizer",
+    "OutOfMemoryError",
+    "RunConfig",
+    "RunInfo",
+    "SignalReceived",
     "TrainingConfig",
     "TrainingResults",
+    "TrainingStepError",
+    "UnevenLoadersError",
+    "UnsafeCheckpointError",
     "create_optimized_training_optimizer",
 )

@@ -1,114 +1,250 @@
-"""The orchestrator's own settings, validated before anything runs, and the small checks
-every component config shares (``is_int``, ``is_number``, ``check_bool_fields``...)."""
+"""The config tree: one frozen, validated section per component under one root.
+
+Settings that change what is computed live here; runtime objects (model, loaders, loss,
+optimizer, scheduler, callbacks) are arguments of the orchestrator, outside the tree::
+
+    config = TrainingConfig(
+        run=RunConfig(experiment_name="email_sequence", max_epochs=3, seed=0),
+        precision=MixedPrecisionConfig(dtype="bf16"),
+        checkpoint=CheckpointConfig(checkpoint_every_n_steps=500, resume="auto"),
+    )
+    config.replace({"precision.scaler.hysteresis": 2})   # a new tree; errors name the path
+
+``to_dict()`` is what ``config.json`` holds; ``from_dict()`` reads it back.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from core.checks import check_bool_fields, is_finite_number, is_int, is_number, is_path
-from core.errors import config_error
+from core.checkpointing.checkpointer import CheckpointConfig
+from core.checks import check_bool_fields, is_finite_number, is_int, is_path
+from core.distributed.config import MultiGPUConfig
+from core.errors import ConfigError, config_error
+from core.hardware.settings import GPUManagerConfig
+from core.loop.accumulation import GradientAccumulationConfig
+from core.loop.recovery import ErrorHandlerConfig
+from core.monitoring.config import GPUMonitorConfig
+from core.precision.config import LossScalerConfig, MixedPrecisionConfig
+from core.telemetry.config import LoggingConfig
 
-if TYPE_CHECKING:
-    pass
-
-__all__ = ("TrainingConfig",)
+__all__ = ("DataConfig", "EarlyStoppingConfig", "OptimConfig", "RunConfig", "TrainingConfig")
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-@dataclass(frozen=True)
-class TrainingConfig:
-    """Epochs, optimizer defaults, early stopping, logging and seeding of one job.
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """What the run is called, how long it trains, where it writes, how it stops.
 
-    Early stopping watches the validation loss, or the epoch's mean training loss when
-    there is no ``val_loader``; ``early_stopping_patience=None`` turns it off. Records are
-    written to the JSONL log and to ``events()`` every ``log_flush_interval_s`` seconds, at
-    every epoch end and at the end of the run. ``handle_signals=True`` turns SIGTERM/SIGINT
-    into a graceful stop (see ``core.trainer.signals``); scripts that own their process want it.
-
-    A stop (cancellation, a signal) waits at most ``stop_grace_s`` for the step thread to
+    ``handle_signals=True`` turns SIGTERM/SIGINT into a graceful stop (scripts that own
+    their process want it). A stop waits at most ``stop_grace_s`` for the step thread to
     reach a step boundary; past that the run is abandoned (``run_end`` status
-    ``abandoned``, naming the last good checkpoint) and ``train()`` returns control. A
-    loader that has not delivered a batch for ``data_stall_warn_s`` gets a ``data_stall``
-    warning record, repeated with backoff.
+    ``abandoned``, naming the last good checkpoint). A loader that has not delivered a batch
+    for ``data_stall_warn_s`` gets a ``data_stall`` warning record, repeated with backoff.
     """
 
     experiment_name: str = "experiment"
     max_epochs: int = 10
-    learning_rate: float = 1e-3
-    weight_decay: float = 0.01
-    early_stopping_patience: int | None = None
-    early_stopping_min_delta: float = 0.0
-    max_grad_norm: float | None = None
-    log_dir: str | Path = "logs"
     seed: int | None = None
-    event_buffer_size: int = 1024
-    log_flush_interval_s: float = 0.25
+    log_dir: str | Path = "logs"
     handle_signals: bool = False
-    monitor_interval_s: float = 1.0
     stop_grace_s: float = 30.0
     data_stall_warn_s: float = 60.0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.experiment_name, str) and _SAFE_NAME.match(self.experiment_name)):
             raise config_error(
-                "experiment_name",
-                self.experiment_name,
+                "experiment_name", self.experiment_name,
                 "a non-empty name of letters, digits, '.', '_' or '-' (it becomes a folder)",
-            )
+            )  # fmt: skip
         if not (is_int(self.max_epochs) and self.max_epochs >= 1):
             raise config_error("max_epochs", self.max_epochs, "an integer >= 1")
+        if self.seed is not None and not (is_int(self.seed) and self.seed >= 0):
+            raise config_error("seed", self.seed, "None or an integer >= 0")
+        if not is_path(self.log_dir):
+            raise config_error(
+                "log_dir", self.log_dir, "a non-empty str or pathlib.Path", "e.g. log_dir='logs'."
+            )
+        check_bool_fields(self)
+        for name in ("stop_grace_s", "data_stall_warn_s"):
+            seconds = getattr(self, name)
+            if not (is_finite_number(seconds) and seconds > 0):
+                raise config_error(name, seconds, "a finite number of seconds > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    """The default optimizer's settings (AdamW, fused where supported) and clipping.
+
+    ``learning_rate`` and ``weight_decay`` build the default optimizer only; an optimizer
+    given to the run keeps its own. ``max_grad_norm`` clips the global gradient norm of any
+    optimizer (None: no clipping)."""
+
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.01
+    max_grad_norm: float | None = None
+
+    def __post_init__(self) -> None:
         if not (is_finite_number(self.learning_rate) and self.learning_rate > 0):
             raise config_error(
                 "learning_rate", self.learning_rate, "a finite float > 0", "try learning_rate=1e-3."
             )
         if not (is_finite_number(self.weight_decay) and self.weight_decay >= 0):
             raise config_error("weight_decay", self.weight_decay, "a finite float >= 0")
-        patience = self.early_stopping_patience
-        if patience is not None and not (is_int(patience) and patience >= 1):
-            raise config_error(
-                "early_stopping_patience",
-                patience,
-                "None (off) or an integer >= 1",
-                "pass None to train for max_epochs.",
-            )
-        if not (
-            is_finite_number(self.early_stopping_min_delta) and self.early_stopping_min_delta >= 0
-        ):
-            raise config_error(
-                "early_stopping_min_delta", self.early_stopping_min_delta, "a finite float >= 0"
-            )
         norm = self.max_grad_norm
         if norm is not None and not (is_finite_number(norm) and norm > 0):
             raise config_error(
                 "max_grad_norm", norm, "None (no clipping) or a finite float > 0", "try 1.0."
             )
-        if self.seed is not None and not (is_int(self.seed) and self.seed >= 0):
-            raise config_error("seed", self.seed, "None or an integer >= 0")
-        if not (is_int(self.event_buffer_size) and self.event_buffer_size >= 1):
-            raise config_error("event_buffer_size", self.event_buffer_size, "an integer >= 1")
-        if not (is_finite_number(self.monitor_interval_s) and self.monitor_interval_s > 0):
-            raise config_error(
-                "monitor_interval_s", self.monitor_interval_s, "a finite number of seconds > 0"
-            )
-        if not is_path(self.log_dir):
-            raise config_error(
-                "log_dir", self.log_dir, "a non-empty str or pathlib.Path", "e.g. log_dir='logs'."
-            )
-        check_bool_fields(self)
-        interval = self.log_flush_interval_s
-        if not (is_number(interval) and 0 < interval <= 60):
-            raise config_error("log_flush_interval_s", interval, "a number of seconds in (0, 60]")
 
-        for name in ("stop_grace_s", "data_stall_warn_s"):
-            seconds = getattr(self, name)
-            if not (is_finite_number(seconds) and seconds > 0):
-                raise config_error(name, seconds, "a finite number of seconds > 0")
+
+@dataclass(frozen=True, kw_only=True)
+class EarlyStoppingConfig:
+    """Stop after ``patience`` epochs whose monitored loss (validation loss, or the mean
+    training loss without a ``val_loader``) did not improve by more than ``min_delta``;
+    ``patience=None`` trains for ``max_epochs``."""
+
+    patience: int | None = None
+    min_delta: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.patience is not None and not (is_int(self.patience) and self.patience >= 1):
+            raise config_error(
+                "patience", self.patience, "None (off) or an integer >= 1",
+                "pass None to train for max_epochs.",
+            )  # fmt: skip
+        if not (is_finite_number(self.min_delta) and self.min_delta >= 0):
+            raise config_error("min_delta", self.min_delta, "a finite float >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """How loaders are fed. ``use_distributed_sampler``: under DDP/FSDP2 a plain DataLoader
+    is rebuilt with a DistributedSampler (off: each rank's loader is used as given)."""
+
+    use_distributed_sampler: bool = True
+
+    def __post_init__(self) -> None:
+        check_bool_fields(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingConfig:
+    """The root: one section per component. Every section has working defaults."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
+    accumulation: GradientAccumulationConfig = field(default_factory=GradientAccumulationConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    distributed: MultiGPUConfig = field(default_factory=MultiGPUConfig)
+    hardware: GPUManagerConfig = field(default_factory=GPUManagerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    errors: ErrorHandlerConfig = field(default_factory=ErrorHandlerConfig)
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    monitor: GPUMonitorConfig = field(default_factory=GPUMonitorConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        for section in fields(self):
+            value = getattr(self, section.name)
+            kind = _SECTIONS[section.name]
+            if not isinstance(value, kind):
+                raise config_error(
+                    section.name, value, f"a {kind.__name__}",
+                    f"pass {section.name}={kind.__name__}(...), or leave it out for the defaults.",
+                )  # fmt: skip
+
+    @property
+    def monitoring_enabled(self) -> bool:
+        """The monitor runs unless either switch turns it off."""
+        return self.monitor.enabled and self.distributed.enable_gpu_monitoring
+
+    def replace(self, values: Mapping[str, object]) -> TrainingConfig:
+        """A new tree with each dotted path set (``{"precision.scaler.hysteresis": 2}``);
+        a bad value raises :class:`ConfigError` naming its dotted path."""
+        by_section: dict[str, dict[str, object]] = {}
+        for path, value in values.items():  # a section's fields are checked together
+            section, _, leaf = path.rpartition(".")
+            by_section.setdefault(section, {})[leaf] = value
+        tree: Any = self
+        for section, leaves in by_section.items():
+            tree = _replace_in(tree, section.split(".") if section else [], leaves, section)
+        return tree  # type: ignore[no-any-return]
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["log_dir"] = str(self.log_dir)
-        return data
+        """Plain JSON-able values, section by section (what ``config.json`` holds)."""
+        return _plain(self)  # type: ignore[return-value]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrainingConfig:
+        """The tree ``to_dict()`` wrote (absent sections and fields keep their defaults; the
+        ``resolved`` part of a run's ``config.json`` is a description, not a setting)."""
+        settings = {k: v for k, v in data.items() if k != "resolved"}
+        return TrainingConfig().replace(dict(_leaves(settings)))
+
+
+_SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(TrainingConfig)}  # type: ignore[misc]
+_NESTED: dict[type, dict[str, type]] = {MixedPrecisionConfig: {"scaler": LossScalerConfig}}
+
+
+def _replace_in(node: Any, parts: list[str], leaves: dict[str, object], section: str) -> Any:
+    """``node`` with the ``leaves`` of the section ``parts`` below it replaced."""
+    prefix = f"{section}." if section else ""
+    if parts:
+        head = parts[0]
+        _check_names(node, {head: leaves}, prefix[: -len(".".join(parts)) - 1])
+        return dataclasses.replace(
+            node, **{head: _replace_in(getattr(node, head), parts[1:], leaves, section)}
+        )
+    _check_names(node, leaves, section)
+    try:
+        return dataclasses.replace(node, **leaves)
+    except ConfigError as exc:  # name the field by its dotted path
+        raise exc.renamed(prefix + exc.field) if exc.field else exc from None
+
+
+def _check_names(node: Any, leaves: Mapping[str, object], where: str) -> None:
+    names = [f.name for f in fields(node)]
+    for name, value in leaves.items():
+        if name not in names:
+            path = f"{where}.{name}" if where else name
+            raise config_error(path, value, f"a field of {where or 'the root'}: {', '.join(names)}")
+
+
+def _leaves(data: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and _is_section(path):
+            out += _leaves(value, path + ".")
+        else:
+            out.append((path, value))
+    return out
+
+
+def _is_section(path: str) -> bool:
+    parts = path.split(".")
+    kind: type | None = TrainingConfig
+    for part in parts:
+        if kind is TrainingConfig:
+            kind = _SECTIONS.get(part)
+        else:
+            kind = _NESTED.get(kind, {}).get(part) if kind is not None else None
+    return kind is not None
+
+
+def _plain(value: object) -> object:
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return str(value)

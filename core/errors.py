@@ -34,7 +34,23 @@ class CoreError(Exception):
 
 
 class ConfigError(CoreError, ValueError):
-    """Raised before training starts when an argument or config field has a bad value."""
+    """Raised before training starts when an argument or config field has a bad value.
+
+    ``field`` is the name the message starts with (set by :func:`config_error`);
+    :meth:`renamed` re-issues the error under another name, such as the dotted path of the
+    field in the config tree (``precision.scaler.min_scale``) or a factory keyword.
+    """
+
+    field: str | None = None
+
+    def renamed(self, name: str) -> ConfigError:
+        """The same error, its message and ``field`` naming ``name`` instead."""
+        message = str(self)
+        if self.field is not None and message.startswith(f"{self.field}="):
+            message = name + message[len(self.field) :]
+        error = type(self)(message)
+        error.field = name if self.field is not None else None
+        return error
 
 
 class EmptyLoaderError(ConfigError):
@@ -133,7 +149,9 @@ def config_error(
     message = f"{field}={_short_repr(value)} is invalid; allowed: {allowed_text}."
     if fix:
         message += f" Fix: {fix}"
-    return error(message)
+    exc = error(message)
+    exc.field = field
+    return exc
 
 
 class UnevenLoadersError(ConfigError):

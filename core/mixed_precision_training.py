@@ -9,6 +9,7 @@ The implementation lives in ``core.precision``::
 
 from __future__ import annotations
 
-from core.precision.policy import MixedPrecisionConfig, MixedPrecisionTrainer
+from core.precision.config import LossScalerConfig, MixedPrecisionConfig
+from core.precision.policy import MixedPrecisionTrainer
 
-__all__ = ("MixedPrecisionConfig", "MixedPrecisionTrainer")
+__all__ = ("LossScalerConfig", "MixedPrecisionConfig", "MixedPrecisionTrainer")

@@ -112,7 +112,7 @@ def run_job(
         **kwargs,
     )
     results = anyio.run(optimizer.train)
-    weights = optimizer.strategy.model_state_dict(optimizer.model)
+    weights = optimizer._built.strategy.model_state_dict(optimizer.model)
     optimizer.close()
     return model, results, weights
 
@@ -206,7 +206,7 @@ def ddp_sync_bn(out: Path, rank: int) -> None:
         multi_gpu_config=MultiGPUConfig(training_mode="distributed", sync_bn=True),
     )
     anyio.run(optimizer.train)
-    inner = optimizer.strategy.unwrap(optimizer.model)
+    inner = optimizer._built.strategy.unwrap(optimizer.model)
     norms = [m for m in inner.modules() if isinstance(m, nn.SyncBatchNorm)]
     torch.save(
         {"sync_bn": len(norms), "running_mean": norms[0].running_mean.clone() if norms else None},

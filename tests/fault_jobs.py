@@ -152,7 +152,7 @@ def main(args: argparse.Namespace) -> int:
         multi_gpu_config=MultiGPUConfig(timeout_s=args.timeout_s),
     )
     if args.stall_commit_from_step > 0:
-        optimizer.checkpointer.store.before_commit = stall_before_commit(
+        optimizer._built.checkpointer.store.before_commit = stall_before_commit(
             args.out, args.stall_commit_from_step
         )
     try:
@@ -171,7 +171,7 @@ def main(args: argparse.Namespace) -> int:
         return 1
     finally:
         optimizer.close()
-    inner = optimizer.strategy.unwrap(optimizer.model)
+    inner = optimizer._built.strategy.unwrap(optimizer.model)
     torch.save(
         {
             "model": inner.state_dict(),

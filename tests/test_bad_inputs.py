@@ -17,11 +17,13 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from core import ConfigError, LossFormatError, create_optimized_training_optimizer
-from core.config import TrainingConfig
+from core.checkpointing.checkpointer import CheckpointConfig
+from core.config import RunConfig
 from core.distributed.config import MultiGPUConfig
 from core.hardware.settings import GPUManagerConfig
 from core.loop.recovery import ErrorHandlerConfig
-from core.precision.policy import MixedPrecisionConfig
+from core.monitoring.config import GPUMonitorConfig
+from core.precision.config import LossScalerConfig, MixedPrecisionConfig
 from core.trainer.early_stopping import EarlyStopping
 from tests.helpers import loaders, make_classification, make_model
 
@@ -76,7 +78,10 @@ def test_factory_flags_take_only_true_or_false(log_dir: Path, field: str, value:
 
 
 CONFIGS_WITH_FLAGS = (
-    TrainingConfig,
+    RunConfig,
+    CheckpointConfig,
+    GPUMonitorConfig,
+    LossScalerConfig,
     MixedPrecisionConfig,
     MultiGPUConfig,
     ErrorHandlerConfig,
@@ -356,7 +361,8 @@ def test_unwritable_log_dir_is_refused_at_creation_even_as_root(
         ({"resume": "/nonexistent"}, r"resume='/nonexistent' is invalid.*no such directory"),
         ({"checkpoint_dir": 5}, named("checkpoint_dir", 5)),
         ({"max_consecutive_nonfinite": 3, "error_handler_config": ErrorHandlerConfig()},
-         r"max_consecutive_nonfinite=3 is invalid.*inside error_handler_config"),
+         r"max_consecutive_nonfinite=3 is invalid; allowed: a setting given once, but "
+             r"error_handler_config sets errors.max_consecutive_nonfinite too"),
     ],
 )  # fmt: skip
 def test_checkpoint_settings_are_checked_at_creation(
@@ -418,7 +424,7 @@ async def test_a_nan_validation_loss_is_an_error_record_and_never_the_best(log_d
     lines = (optimizer.run_dir / "events.jsonl").read_text().splitlines()
     errors = [x for x in lines if '"nonfinite_validation_loss"' in x]
     assert len(errors) == 2  # one per epoch
-    assert optimizer.early_stopping.bad_epochs == 2
+    assert optimizer._built.early_stopping.bad_epochs == 2
 
 
 async def test_train_after_a_failed_start_is_not_already_running(tmp_path: Path) -> None:

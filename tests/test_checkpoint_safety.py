@@ -123,7 +123,7 @@ def events(optimizer: Any) -> list[dict[str, Any]]:
 def test_resume_auto_skips_a_tampered_newest_checkpoint_with_an_error(tmp_path: Path) -> None:
     first = build(tmp_path)
     anyio.run(first.train)
-    newest, previous = first.checkpointer.store.committed()[:2]
+    newest, previous = first._built.checkpointer.store.committed()[:2]
     rewrite_manifest(newest, _extra_key)
     resumed = build(tmp_path, resume="auto", max_epochs=4)
     anyio.run(resumed.train)
@@ -146,7 +146,7 @@ def test_two_runs_at_once_in_one_process_keep_their_own_checkpoints(tmp_path: Pa
         await asyncio.gather(a.train(), b.train())
 
     asyncio.run(both())
-    store = a.checkpointer.store
+    store = a._built.checkpointer.store
     found = owners(store)  # every one verifies
     for run in (a, b):
         mine = sorted(step for step, owner in found if owner == run.run_dir.name)
@@ -162,7 +162,7 @@ def test_a_resumed_branch_never_overwrites_the_newer_one_and_auto_follows_it(
 ) -> None:
     first = build(tmp_path, keep_last_n=5)
     anyio.run(first.train)  # steps 6, 12, 18
-    store = first.checkpointer.store
+    store = first._built.checkpointer.store
     at_6 = next(p for p in store.committed() if store.verify(p)["step"] == 6)
     branch = build(tmp_path, resume=str(at_6), max_epochs=2, keep_last_n=5)
     anyio.run(branch.train)  # from 6 to 12 again, on its own branch
@@ -183,7 +183,7 @@ def test_a_new_run_is_not_pruned_against_an_older_runs_higher_steps(tmp_path: Pa
     anyio.run(old.train)
     new = build(tmp_path, keep_last_n=2, max_epochs=1)
     anyio.run(new.train)
-    store = new.checkpointer.store
+    store = new._built.checkpointer.store
     assert (6, new.run_dir.name) in owners(store)
     assert [s for s, o in owners(store) if o == old.run_dir.name] == [18, 12]
 
@@ -232,7 +232,7 @@ def test_a_full_checkpoint_disk_names_path_space_and_last_good_checkpoint(
     message = str(raised.value)
     assert re.search(rf"in {small_disk}: the disk is (probably )?full", message), message
     assert "MiB free there" in message
-    good = optimizer.checkpointer.last_path
+    good = optimizer.last_checkpoint
     assert good is not None and f"the last good checkpoint is {good}" in message
     leftovers = [p.name for p in small_disk.iterdir() if ".staging-" in p.name]
     assert leftovers == []  # the partial write was removed

@@ -77,6 +77,6 @@ def test_train_script_runs_unchanged_under_torchrun(tmp_path: Path) -> None:
     names = {p.name for p in run_dir.iterdir()}
     assert {"events.jsonl", "events.rank1.jsonl", "results.json"} <= names
     start = json.loads((run_dir / "events.jsonl").read_text().splitlines()[0])
-    assert start["config"]["strategy"]["training_mode"] == "distributed"
-    assert start["config"]["strategy"]["world_size"] == 2
+    assert start["resolved"]["strategy"]["training_mode"] == "distributed"
+    assert start["resolved"]["strategy"]["world_size"] == 2
     assert "val_accuracy=" in done.stdout

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -38,23 +36,6 @@ def test_micro_batches_split_by_size_and_only_the_last_syncs() -> None:
     assert [m.samples for m in micro] == [3, 2, 2, 2]
     assert [m.is_last for m in micro] == [False, False, False, True]
     assert sum(m.samples for m in micro) == window.samples
-
-
-def test_sync_skipper_wraps_only_off_boundary_micro_batches() -> None:
-    entered: list[int] = []
-
-    @contextmanager
-    def no_sync() -> Iterator[None]:
-        entered.append(1)
-        yield
-
-    acc = GradientAccumulation(GradientAccumulationConfig(accumulation_steps=4))
-    acc.install_sync_skipper(no_sync)
-    for window in acc.windows(batches([2] * 6)):
-        for micro in acc.micro_batches(window):
-            with acc.sync_context(micro):
-                pass
-    assert len(entered) == 3 + 1  # windows of 4 and 2 micro-batches: 3 + 1 without sync
 
 
 def test_halving_the_micro_batch() -> None:

@@ -15,7 +15,9 @@ from core import (
     MixedPrecisionTrainer,
     create_optimized_training_optimizer,
 )
+from core.config import TrainingConfig
 from core.loop.recovery import ErrorHandlerConfig
+from core.precision.config import LossScalerConfig
 from core.precision.plugins import FP32, Autocast, ScaledFP16
 from core.precision.policy import resolve_precision
 from tests.helpers import loaders, make_model
@@ -54,18 +56,28 @@ def train(model: nn.Module, log_dir: Path, **kwargs: Any) -> Any:
 @pytest.mark.parametrize(
     ("field", "value", "pattern"),
     [
-        ("dtype", "float8", r"dtype='float8' is invalid; allowed: 'auto', torch.float16"),
         ("growth_factor", 1.0, r"growth_factor=1.0 is invalid; allowed: a float > 1.0"),
         ("backoff_factor", 1.5, r"backoff_factor=1.5 is invalid"),
         ("growth_interval", 0, r"growth_interval=0 is invalid; allowed: an integer >= 1"),
-        ("hysteresis", -1, r"hysteresis=-1 is invalid"),
+        ("hysteresis", 0, r"hysteresis=0 is invalid; allowed: an integer >= 1"),
         ("min_scale", 0.0, r"min_scale=0.0 is invalid"),
         ("init_scale", 2.0**30, r"init_scale=1073741824.0 is invalid"),
     ],
 )
 def test_config_errors_name_the_field(field: str, value: object, pattern: str) -> None:
     with pytest.raises(ConfigError, match=pattern):
-        MixedPrecisionConfig(**{field: value})  # type: ignore[arg-type]
+        LossScalerConfig(**{field: value})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=pattern):
+        MixedPrecisionConfig(dtype="fp16", scaler=LossScalerConfig(**{field: value}))  # type: ignore[arg-type]
+
+
+def test_config_errors_through_the_tree_name_the_dotted_path() -> None:
+    with pytest.raises(ConfigError, match=r"^precision\.scaler\.min_scale=0\.0 is invalid"):
+        TrainingConfig().replace({"precision.scaler.min_scale": 0.0})
+    with pytest.raises(ConfigError, match=r"^precision\.dtype='float8' is invalid; allowed"):
+        TrainingConfig().replace({"precision.dtype": "float8"})
+    with pytest.raises(ConfigError, match=r"^amp_min_scale=0\.0 is invalid"):
+        create_optimized_training_optimizer(model=make_model(), train_loader=[], amp_min_scale=0.0)
 
 
 @pytest.mark.parametrize(
@@ -113,7 +125,8 @@ def test_toggle_takes_effect_at_the_next_step_and_is_counted() -> None:
 
 
 def test_amp_stats_keys_and_json_file(tmp_path: Path) -> None:
-    trainer = MixedPrecisionTrainer(MixedPrecisionConfig(dtype="fp16", init_scale=128.0), CPU)
+    config = MixedPrecisionConfig(dtype="fp16", scaler=LossScalerConfig(init_scale=128.0))
+    trainer = MixedPrecisionTrainer(config, CPU)
     trainer.begin_step()
     trainer.record_step(overflow=True, skipped=True, step_time_s=0.5, counts_scaler_update=True)
     path = trainer.save_amp_stats(tmp_path / "stats" / "amp_stats.json")
@@ -140,9 +153,8 @@ def test_fp16_overflowing_steps_are_skipped_and_scheduler_does_not_move(log_dir:
     optimizer, results = train(
         model,
         log_dir,
-        amp_hysteresis=2,
+        amp_hysteresis=3,
         amp_init_scale=2.0**10,
-        amp_min_scale=2.0**7,
         scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5),
     )
     assert results.global_step == 8
@@ -152,13 +164,14 @@ def test_fp16_overflowing_steps_are_skipped_and_scheduler_does_not_move(log_dir:
     assert optimizer.optimizer.param_groups[0]["lr"] == 1e-3
     stats = optimizer.mixed_precision.get_amp_stats()
     assert stats["skipped_steps"] == stats["overflow_count"] == 8
-    # 8 overflows with hysteresis 2: back off on the 3rd and 6th -> 2**10 -> 2**9 -> 2**8.
-    assert stats["current_scale"] == 2.0**8
+    # 8 overflows with hysteresis 3 (DeepSpeed's meaning): the 3rd backs off, and, with no
+    # clean steps to refill the budget, so does every one after it: 2**10 -> 2**9 ... -> 2**4.
+    assert stats["current_scale"] == 2.0**4
     records = [
         json.loads(line) for line in (results.run_dir / "events.jsonl").read_text().splitlines()
     ]
     scales = [r["loss_scale"] for r in records if r["event"] == "train_step"]
-    assert scales == [2.0**10] * 3 + [2.0**9] * 3 + [2.0**8] * 2
+    assert scales == [2.0**10] * 3 + [2.0**9, 2.0**8, 2.0**7, 2.0**6, 2.0**5]
 
 
 def test_fp16_scale_stops_at_min_scale(log_dir: Path) -> None:

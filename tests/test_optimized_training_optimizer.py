@@ -20,6 +20,7 @@ from core import (
     EmptyLoaderError,
     GradientAccumulationConfig,
     LossFormatError,
+    TrainingConfig,
     TrainingResults,
     create_optimized_training_optimizer,
 )
@@ -89,7 +90,9 @@ async def test_end_to_end_run_returns_results_and_writes_the_run_directory(log_d
         "config.json",
         "amp_stats.json",
     }
-    assert json.loads((results.run_dir / "config.json").read_text())["training"]["max_epochs"] == 3
+    written = json.loads((results.run_dir / "config.json").read_text())
+    assert written["run"]["max_epochs"] == 3 and written["resolved"]["parameters"] > 0
+    assert TrainingConfig.from_dict(written).to_dict() == optimizer.config.to_dict()
     assert json.loads((results.run_dir / "amp_stats.json").read_text())["total_steps"] == 9
     assert results.to_dict()["run_dir"] == str(results.run_dir)
 
@@ -180,7 +183,8 @@ async def test_cancellation_mid_epoch_stops_at_a_step_boundary_and_closes_everyt
     records = read_events(optimizer.run_dir)
     assert records[-1]["event"] == "run_end" and records[-1]["status"] == "cancelled"
     assert sum(r["event"] == "train_step" for r in records) == steps_at_cancel
-    assert optimizer._log is not None and optimizer._log.closed
+    log = optimizer._cycle.log
+    assert log is not None and log.closed
     assert all(t.name != "step" for t in threading.enumerate())
 
 
@@ -293,9 +297,10 @@ async def test_without_val_loader_early_stopping_watches_the_train_loss(log_dir:
             r"model='not a model' is invalid; allowed: a torch.nn.Module",
         ),
         (
-            {"optimizer": torch.optim.SGD(make_model().parameters(), lr=0.1)},
+            {"optimizer": torch.optim.SGD(make_model().parameters(), lr=0.1)},  # another model's
             ConfigError,
-            r"optimizer=<torch.optim.sgd.SGD object> is invalid; allowed: None or a callable",
+            r"optimizer=<torch.optim.sgd.SGD object> is invalid; allowed: an optimizer over the "
+            r"model's parameters, or a factory. Fix: 4 of its 4 parameters are not the model's",
         ),
         (
             {"train_loader": DataLoader(TensorDataset(torch.zeros(0, 8)), batch_size=4)},

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,7 +40,7 @@ def _optional_positive(value: object) -> bool:
     return value is None or (is_int(value) and value >= 1)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CheckpointConfig:
     """Where and when checkpoints are written, and whether a run resumes from one.
 
@@ -125,6 +125,13 @@ class Checkpointer:
         self.last_saved_step: int | None = None
         self.last_path: str | None = None
         """The newest checkpoint this run wrote or resumed from (the last good one)."""
+
+    def describe(self) -> dict[str, Any]:
+        """Every checkpoint setting, and the directory they are written to."""
+        return {
+            **{f.name: getattr(self.config, f.name) for f in fields(self.config)},
+            "directory": str(self.store.directory),
+        }
 
     # -- when -----------------------------------------------------------------------------
     def due_after_step(self, global_step: int) -> bool:

@@ -17,10 +17,13 @@ from torch import nn
 from torch.optim import Optimizer
 
 from core.distributed.lockstep import Lockstep
+from core.hardware.device import device_of
 
 __all__ = ("Strategy",)
 
 T = TypeVar("T")
+
+_NO_CONTEXT = nullcontext()  # re-entrant and reusable: one for every micro-batch
 
 
 class Strategy:
@@ -28,7 +31,7 @@ class Strategy:
 
     def __init__(self, device: torch.device, name: str | None = None) -> None:
         self.device = device
-        self.name = name or ("single_gpu" if device.type == "cuda" else device.type)
+        self.name = name or ("single_gpu" if device_of(device).is_cuda else device.type)
 
     # -- identity -------------------------------------------------------------------------
     @property
@@ -59,15 +62,12 @@ class Strategy:
 
     def device_indices(self) -> list[int]:
         """The CUDA devices this process drives (for the monitor); empty off CUDA."""
-        if self.device.type != "cuda":
-            return []
-        return [self.device.index if self.device.index is not None else 0]
+        return device_of(self.device).indices()
 
     # -- lifecycle ------------------------------------------------------------------------
     def setup(self) -> None:
         """Bring up what the strategy needs (a process group, the current CUDA device)."""
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
+        device_of(self.device).make_current()
 
     def teardown(self) -> None:
         """Release what :meth:`setup` created, and nothing else."""
@@ -122,9 +122,10 @@ class Strategy:
             set_epoch(epoch)
 
     # -- the step -------------------------------------------------------------------------
-    def no_sync(self, model: nn.Module) -> AbstractContextManager[Any]:
-        """The context for backward passes that must not synchronise gradients."""
-        return nullcontext()
+    def no_backward_sync(self, model: nn.Module, enabled: bool) -> AbstractContextManager[Any]:
+        """The context a micro-batch's forward and backward run in; with ``enabled`` its
+        backward does not synchronise gradients across ranks (all but a window's last)."""
+        return _NO_CONTEXT
 
     def window_normaliser(self, local_samples: int) -> float | torch.Tensor:
         """The divisor of a micro-batch's ``loss * samples`` so gradients average correctly."""
@@ -134,8 +135,9 @@ class Strategy:
         """The global 2-norm of all gradients (a device tensor; no host sync)."""
         return torch.nn.utils.get_total_norm(grads, norm_type=2.0)
 
-    def reduce_found_inf(self, found_inf: torch.Tensor) -> torch.Tensor:
-        """Combine overflow flags over ranks (needed where ranks hold different shards)."""
+    def reduce_found_inf(self, found_inf: torch.Tensor | None) -> torch.Tensor | None:
+        """Combine overflow flags over ranks (needed where ranks hold different shards);
+        None (no loss scaling) stays None."""
         return found_inf
 
     # -- agreement between ranks (immediate in one process) -------------------------------

@@ -20,12 +20,14 @@ def _nonnegative_or_unset(value: object) -> bool:
     return is_int(value) and value >= -1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MultiGPUConfig:
     """How the job is distributed. ``world_size``/``rank``/``local_rank`` of -1 come from
     torchrun's environment; ``backend=None`` means NCCL with CUDA, gloo without.
     ``stop_vote_interval``: ranks agree on stopping (cancellation, signals) every that many
-    step boundaries."""
+    step boundaries.
+    ``enable_gpu_monitoring=False`` (seed 004's switch) turns the run's monitor off, as
+    ``monitor.enabled=False`` does."""
 
     training_mode: TrainingMode = "auto"
     enable_data_parallel: bool = True

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -10,6 +10,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from core.distributed.process_group import ProcessGroupStrategy
+from core.hardware.device import device_of
 
 __all__ = ("DDPStrategy",)
 
@@ -42,7 +43,7 @@ class DDPStrategy(ProcessGroupStrategy):
         self, model: nn.Module, *, compute_dtype: torch.dtype = torch.float32
     ) -> nn.Module:
         module = self._prepare_module(model)
-        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        device_ids = device_of(self.device).indices() or None
         return DistributedDataParallel(module, device_ids=device_ids, **self.ddp_options)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
@@ -50,6 +51,8 @@ class DDPStrategy(ProcessGroupStrategy):
         assert isinstance(inner, nn.Module)
         return inner
 
-    def no_sync(self, model: nn.Module) -> AbstractContextManager[Any]:
+    def no_backward_sync(self, model: nn.Module, enabled: bool) -> AbstractContextManager[Any]:
+        if not enabled:
+            return nullcontext()
         assert isinstance(model, DistributedDataParallel)
         return model.no_sync()

@@ -12,7 +12,7 @@ overflow flag are therefore combined over ranks. Full state dicts go through
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -91,13 +91,15 @@ class FSDPStrategy(ProcessGroupStrategy):
         )
         return module
 
-    def no_sync(self, model: nn.Module) -> AbstractContextManager[Any]:
-        return _gradient_sync_off(model)
+    def no_backward_sync(self, model: nn.Module, enabled: bool) -> AbstractContextManager[Any]:
+        return _gradient_sync_off(model) if enabled else nullcontext()
 
     def total_norm(self, grads: Sequence[torch.Tensor]) -> torch.Tensor:
         return _full(torch.nn.utils.get_total_norm(grads, norm_type=2.0))
 
-    def reduce_found_inf(self, found_inf: torch.Tensor) -> torch.Tensor:
+    def reduce_found_inf(self, found_inf: torch.Tensor | None) -> torch.Tensor | None:
+        if found_inf is None:
+            return None
         # Each rank checked only its own shard of the gradients.
         dist.all_reduce(found_inf, op=dist.ReduceOp.MAX)
         return found_inf

@@ -19,6 +19,7 @@ from core.distributed.ddp import DDPStrategy
 from core.distributed.environment import DistributedEnvironment, rendezvous_address
 from core.distributed.fsdp import FSDPStrategy
 from core.errors import ConfigError, config_error
+from core.hardware.device import device_of
 
 __all__ = ("Machine", "StrategyOptions", "build_strategy", "resolve_mode")
 
@@ -142,7 +143,7 @@ def _group(
         device = torch.device("cuda", ids[local_rank])
     else:
         device = torch.device("cpu")
-    if config.sync_bn and device.type != "cuda":
+    if config.sync_bn and not device_of(device).is_cuda:
         raise config_error(
             "sync_bn",
             True,

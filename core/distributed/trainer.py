@@ -1,19 +1,13 @@
-"""Where a job runs: one device, DataParallel, DDP or FSDP2 (seed 004's API, on torch.distributed).
+"""``Distribution``: where a job runs (one device, DataParallel, DDP or FSDP2) on
+torch.distributed, behind seed 004's ``MultiGPUTrainer`` (``core.multi_gpu_training``).
 
-``MultiGPUConfig(training_mode="auto")`` resolves once, when the trainer is built:
+``MultiGPUConfig(training_mode="auto")`` resolves once, when it is built:
 
 - inside a torchrun environment (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` set): DDP (ask for
   FSDP2 with ``training_mode="fsdp"``);
 - no CUDA: CPU;  one GPU: that GPU;
 - several GPUs without torchrun: DataParallel when ``enable_data_parallel``, else one GPU,
   with a log line saying how to launch DDP.
-
-Example::
-
-    cfg = MultiGPUConfig(training_mode="auto")
-    optimizer = create_optimized_training_optimizer(model=model, train_loader=loader,
-                                                    multi_gpu_config=cfg)
-    # torchrun --standalone --nproc_per_node=2 train.py   -> DDP over 2 processes
 """
 
 from __future__ import annotations
@@ -27,28 +21,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from core.distributed.config import MultiGPUConfig, TrainingMode
-from core.distributed.launch import (
-    get_free_port,
-    launch_distributed_training,
-    setup_distributed_environment,
-)
+from core.distributed.config import MultiGPUConfig
 from core.distributed.selection import Machine, StrategyOptions, build_strategy, resolve_mode
-from core.errors import ConfigError
-from core.hardware.settings import GPUManager, GPUManagerConfig
-from core.monitoring.gpu_monitor import GPUMonitor
 
-__all__ = (
-    "Machine",
-    "MultiGPUConfig",
-    "MultiGPUTrainer",
-    "TrainingMode",
-    "create_multi_gpu_trainer",
-    "get_free_port",
-    "launch_distributed_training",
-    "optimize_model_for_multi_gpu",
-    "setup_distributed_environment",
-)
+__all__ = ("Distribution", "Machine")
 
 _log = structlog.get_logger("core")
 
@@ -61,8 +37,8 @@ class _Throughput:
     per_epoch: list[float] = field(default_factory=list)
 
 
-class MultiGPUTrainer:
-    """Resolves the mode, owns the strategy and its process group, and keeps the seed API."""
+class Distribution:
+    """Resolves the mode, owns the strategy and its process group, counts throughput."""
 
     def __init__(
         self,
@@ -71,17 +47,12 @@ class MultiGPUTrainer:
         use_distributed_sampler: bool = True,
         seed: int = 0,
         machine: Machine | None = None,
-        gpu_manager_config: GPUManagerConfig | None = None,
     ) -> None:
         self.config = config or MultiGPUConfig()
         self.machine = machine or Machine.detect()
         self.training_mode, self.notes = resolve_mode(self.config, self.machine)
         options = StrategyOptions(use_distributed_sampler, seed)
         self.strategy = build_strategy(self.training_mode, self.config, self.machine, options)
-        self.gpu_manager = GPUManager(gpu_manager_config, self.strategy.device)
-        self.device_settings: dict[str, Any] = {}
-        self.gpu_monitor: GPUMonitor | None = None
-        """The running job's monitor (set by the orchestrator for the length of a run)."""
         self._throughput = _Throughput()
         self._ready = False
         if self.machine.cuda_count > 1 and self.training_mode in ("single_gpu", "data_parallel"):
@@ -96,7 +67,6 @@ class MultiGPUTrainer:
         """Join or create the process group (idempotent)."""
         if not self._ready:
             self.strategy.setup()
-            self.device_settings = self.gpu_manager.apply()  # TF32, cudnn.benchmark, memory
             self._ready = True
 
     def initialize_training(
@@ -134,7 +104,6 @@ class MultiGPUTrainer:
         count = self.machine.cuda_count
         return self.strategy.describe() | {
             "notes": list(self.notes),
-            "device_settings": self.device_settings,
             "gpu_info": {
                 "device_count": count,
                 "current_device": torch.cuda.current_device() if cuda and count else None,
@@ -165,36 +134,8 @@ class MultiGPUTrainer:
             "samples_per_s_per_epoch": list(t.per_epoch),
         }
 
-    def record_gpu_metrics(self) -> dict[str, Any] | None:
-        """The monitor's latest sample of this rank's devices; without a running monitor,
-        one taken now (NVML, or psutil on a machine without GPUs)."""
-        if self.gpu_monitor is not None:
-            return self.gpu_monitor.get_latest_metrics()
-        monitor = GPUMonitor(device_indices=self.strategy.device_indices())
-        try:
-            return monitor.sample()
-        finally:
-            monitor.close()
-
     def cleanup(self) -> None:
         """Tear down what setup created (a process group this trainer did not create stays)."""
         if self._ready:
             self.strategy.teardown()
             self._ready = False
-
-
-def create_multi_gpu_trainer(
-    config: MultiGPUConfig | None = None, **kwargs: Any
-) -> MultiGPUTrainer:
-    """``MultiGPUTrainer(MultiGPUConfig(**kwargs))``, or around ``config`` when given."""
-    if config is not None and kwargs:
-        raise ConfigError("pass either config= or MultiGPUConfig fields, not both")
-    return MultiGPUTrainer(config or MultiGPUConfig(**kwargs))
-
-
-def optimize_model_for_multi_gpu(
-    model: nn.Module, **kwargs: Any
-) -> tuple[nn.Module, MultiGPUTrainer]:
-    """Resolve the mode from ``kwargs`` (MultiGPUConfig fields) and wrap ``model`` for it."""
-    trainer = create_multi_gpu_trainer(**kwargs)
-    return trainer.initialize_training(model), trainer

@@ -1,34 +1,90 @@
-"""Allocator memory counters for step records, read without a device sync."""
+"""The device a run computes on, as one small object: what differs between CPU and CUDA is
+asked here (memory counters, the cache, bf16 support, current device), not in
+``device.type == "cuda"`` checks spread over the package.
+
+Example::
+
+    device = device_of(torch.device("cuda", 0))
+    device.make_current(); device.allocated()   # no synchronisation
+"""
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ("DeviceMemory", "device_memory")
+__all__ = ("CudaDevice", "Device", "device_of")
 
 
-class DeviceMemory:
-    """Devices without allocator statistics (CPU): the fields are null."""
-
-    def allocated(self) -> int | None:
-        return None
-
-    def max_allocated(self) -> int | None:
-        return None
-
-
-class CudaMemory(DeviceMemory):
-    """``torch.cuda`` allocator counters (host-side bookkeeping; no synchronisation)."""
+class Device:
+    """A device without an accelerator's extras (CPU): counters are null, caches absent."""
 
     def __init__(self, device: torch.device) -> None:
-        self.device = device
+        self.torch = device
+
+    @property
+    def is_cuda(self) -> bool:
+        return False
+
+    def indices(self) -> list[int]:
+        """The CUDA device indices this is (for NVML and DDP's ``device_ids``); empty on CPU."""
+        return []
+
+    def make_current(self) -> None:
+        """Make this the current device of the calling thread (CUDA only)."""
+
+    def empty_cache(self) -> None:
+        """Return cached allocator blocks to the device (after an out-of-memory error)."""
+
+    def supports_bf16(self) -> bool:
+        """CPU autocast runs bf16."""
+        return True
+
+    def auto_dtype(self) -> torch.dtype:
+        """What ``dtype="auto"`` means here: fp32 on CPU (autocast there rarely pays)."""
+        return torch.float32
 
     def allocated(self) -> int | None:
-        return torch.cuda.memory_allocated(self.device)
+        """Allocator bytes in use (host-side bookkeeping, no sync); None without statistics."""
+        return None
 
     def max_allocated(self) -> int | None:
-        return torch.cuda.max_memory_allocated(self.device)
+        return None
 
 
-def device_memory(device: torch.device) -> DeviceMemory:
-    return CudaMemory(device) if device.type == "cuda" else DeviceMemory()
+class CudaDevice(Device):
+    """A CUDA device: allocator counters, cache, current-device and bf16 queries."""
+
+    @property
+    def is_cuda(self) -> bool:
+        return True
+
+    def _index(self) -> int:
+        return self.torch.index if self.torch.index is not None else torch.cuda.current_device()
+
+    def indices(self) -> list[int]:
+        return [self.torch.index if self.torch.index is not None else 0]
+
+    def make_current(self) -> None:
+        torch.cuda.set_device(self.torch)
+
+    def empty_cache(self) -> None:
+        torch.cuda.empty_cache()
+
+    def supports_bf16(self) -> bool:
+        return bool(torch.cuda.is_bf16_supported())
+
+    def auto_dtype(self) -> torch.dtype:
+        """bf16 where supported (Ampere and newer), else fp16 with loss scaling."""
+        return torch.bfloat16 if self.supports_bf16() else torch.float16
+
+    def allocated(self) -> int | None:
+        return torch.cuda.memory_allocated(self.torch)
+
+    def max_allocated(self) -> int | None:
+        return torch.cuda.max_memory_allocated(self.torch)
+
+
+def device_of(device: torch.device | str) -> Device:
+    """The device object for a torch device."""
+    place = torch.device(device)
+    return CudaDevice(place) if place.type == "cuda" else Device(place)

@@ -19,6 +19,7 @@ import torch
 
 from core.checks import check_bool_fields, is_number
 from core.errors import config_error
+from core.hardware.device import device_of
 
 __all__ = ("GPUManager", "GPUManagerConfig")
 
@@ -26,7 +27,7 @@ _GIB = 1024**3
 _AMPERE = 8  # TF32 tensor cores arrived with compute capability 8.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GPUManagerConfig:
     """``tf32``: let fp32 matmuls and convolutions use TF32 tensor cores (Ampere and newer;
     ~10 bits of mantissa, usually harmless for training). ``cudnn_benchmark``: autotune
@@ -69,7 +70,7 @@ class GPUManager:
 
     @property
     def cuda(self) -> bool:
-        return self.device.type == "cuda"
+        return device_of(self.device).is_cuda
 
     def _index(self) -> int:
         return self.device.index if self.device.index is not None else torch.cuda.current_device()

@@ -1,4 +1,4 @@
-"""Gradient accumulation: windows of micro-batches, their loss weights, and sync skipping.
+"""Gradient accumulation: windows of micro-batches, their loss weights, the sync boundary.
 
 One optimizer step consumes a *window* of ``accumulation_steps`` loader batches (the last
 window of an epoch may hold fewer, and its last batch may be short). Each loader batch may
@@ -11,15 +11,14 @@ is exactly the gradient of one batch holding all of the window's samples, includ
 shorter last window of an epoch (dividing by ``accumulation_steps`` would under-weight it).
 A distributed strategy replaces the local sample count by the global one.
 
-Off-boundary micro-batches run inside :meth:`GradientAccumulation.sync_context`, where a
-distributed strategy installs its "no gradient sync" context (DDP ``no_sync``, FSDP2
-``set_requires_gradient_sync(False)``) through :meth:`install_sync_skipper`.
+Only the window's last micro-batch (``MicroBatch.is_last``) synchronises gradients across
+ranks; the step runs the others inside the strategy's ``no_backward_sync`` context (DDP
+``no_sync``, FSDP2 ``set_requires_gradient_sync(False)``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -89,19 +88,10 @@ class GradientAccumulation:
     def __init__(self, config: GradientAccumulationConfig | None = None) -> None:
         self.config = config or GradientAccumulationConfig()
         self.micro_batch_size: int | None = self.config.micro_batch_size
-        self._no_sync: Callable[[], AbstractContextManager[Any]] = nullcontext
 
     @property
     def accumulation_steps(self) -> int:
         return self.config.accumulation_steps
-
-    def install_sync_skipper(self, no_sync: Callable[[], AbstractContextManager[Any]]) -> None:
-        """Set the context off-boundary backward passes run in (a strategy's ``no_sync``)."""
-        self._no_sync = no_sync
-
-    def sync_context(self, micro: MicroBatch) -> AbstractContextManager[Any]:
-        """Gradient sync only on the window's last micro-batch."""
-        return nullcontext() if micro.is_last else self._no_sync()
 
     def windows(self, batches: Iterable[Any], start_index: int = 0) -> Iterator[Window]:
         """Group ``batches`` into windows of ``accumulation_steps`` (the last may be short)."""

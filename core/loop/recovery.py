@@ -51,7 +51,7 @@ _OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memo
 _TIMEOUT_MESSAGES = ("timed out", "timeout", "connection closed by peer", "connection reset")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ErrorHandlerConfig:
     """How far the ErrorHandler goes to keep a run alive.
 

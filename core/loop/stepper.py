@@ -14,6 +14,8 @@ from collections.abc import Iterable
 
 import torch
 
+from core.hardware.device import device_of
+
 __all__ = (
     "DeviceSkippingStepper",
     "OptimizerStepper",
@@ -71,7 +73,7 @@ def stepper_for(
 ) -> OptimizerStepper:
     """The stepper for ``optimizer`` on ``device`` (chosen once)."""
     fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
-    kind = DeviceSkippingStepper if fused and device.type == "cuda" else OptimizerStepper
+    kind = DeviceSkippingStepper if fused and device_of(device).is_cuda else OptimizerStepper
     return kind(optimizer, guard_nonfinite=guard_nonfinite)
 
 

@@ -1,38 +1,21 @@
 """``GPUMonitor``: samples of the training devices on a fixed schedule, off the event loop.
 
-The orchestrator runs :meth:`GPUMonitor.run` in its task group; every ``interval_s`` it takes
-one sample of each monitored device in a worker thread (NVML calls block, briefly) and
-writes one ``gpu_sample`` record per device. The step thread never waits for the monitor: it
-merges :meth:`GPUMonitor.step_fields`, a two-key dict replaced after each sample, into its
-``train_step`` records.
-
-Sources. With NVML (``nvidia-ml-py``) the counters come from the driver. Where NVML cannot be
-used (pynvml not installed, no driver, no CUDA device) or fails mid-run, the monitor writes
-one ``monitor_degraded`` record and samples the host through psutil under the *same* field
-names (``util_pct`` is this process's CPU percent, 100 per busy core), so consumers never
-branch on the source. A failing monitor never raises into training.
-
-Records written through ``emit``:
-
-- ``gpu_sample``: the fields of :data:`SAMPLE_FIELDS`, one record per device per sample;
-- ``monitor_degraded``: ``reason``, ``source`` (at most once per monitor);
-- ``monitor_field_unsupported``: ``device``, ``field``, ``reason`` (once per device and field);
-- ``monitor_sample_failed``: ``error`` (once; such a sample is skipped).
-
-Example::
-
-    async with GPUMonitor(GPUMonitorConfig(interval_s=0.5), emit=run_log.emit) as monitor:
-        ...  # train; monitor.step_fields() goes into every step record
+:meth:`GPUMonitor.run` takes one sample of each device every ``interval_s`` in a worker thread
+(NVML calls block, briefly) and writes one ``gpu_sample`` record per device; the step thread
+merges :meth:`GPUMonitor.step_record_fields` (replaced after each sample) into its records.
+Without a usable NVML (no pynvml, driver or CUDA device), or when it fails mid-run, one
+``monitor_degraded`` record is written and the host is sampled through psutil under the same
+field names (``util_pct``: this process's CPU percent, 100 per busy core). A failing monitor
+never raises into training. ``async with GPUMonitor(config, emit=log.emit):`` samples
+meanwhile; ``start_monitoring()`` does so from a daemon thread for synchronous callers.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal
 
@@ -42,6 +25,7 @@ import structlog
 import torch
 
 from core.errors import config_error
+from core.monitoring.config import GPUMonitorConfig
 from core.monitoring.device_metrics import (
     SAMPLE_FIELDS,
     HostReader,
@@ -50,7 +34,7 @@ from core.monitoring.device_metrics import (
     summarize,
     torch_memory,
 )
-from core.monitoring.nvml import NvmlReader, load_nvml, nvml_acquire, nvml_release
+from core.monitoring.nvml import NvmlReader, gpu_info, load_nvml, nvml_acquire, nvml_release
 
 __all__ = ("SAMPLE_FIELDS", "GPUMonitor", "GPUMonitorConfig")
 
@@ -58,28 +42,6 @@ _log = structlog.get_logger("core")
 
 Sample = dict[str, Any]
 Emit = Callable[..., None]
-
-
-@dataclass(frozen=True)
-class GPUMonitorConfig:
-    """``interval_s``: seconds between samples (0.1 is cheap: a sample costs microseconds).
-    ``history_size``: samples kept in memory, oldest dropped first."""
-
-    interval_s: float = 1.0
-    history_size: int = 3600
-
-    def __post_init__(self) -> None:
-        interval, size = self.interval_s, self.history_size
-        if (
-            isinstance(interval, bool)
-            or not isinstance(interval, (int, float))
-            or not 0 < interval < math.inf
-        ):
-            raise config_error("interval_s", interval, "a finite number of seconds > 0")
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise config_error(
-                "history_size", size, "an integer >= 1", "e.g. 3600 (an hour at 1 s)"
-            )
 
 
 class GPUMonitor:
@@ -123,7 +85,6 @@ class GPUMonitor:
         self._task_group: anyio.abc.TaskGroup | None = None
 
     # -- opening and degrading ------------------------------------------------------------
-
     def _open(self) -> None:
         """Open NVML, or fall back to the host (caller holds the lock)."""
         if self._opened:
@@ -180,7 +141,6 @@ class GPUMonitor:
             _log.warning(event, **fields)
 
     # -- sampling --------------------------------------------------------------------------
-
     def sample(self) -> Sample:
         """Sample every device now: append to the history, emit ``gpu_sample``s, return it.
 
@@ -246,7 +206,6 @@ class GPUMonitor:
         return dict(self._step)
 
     # -- schedules -------------------------------------------------------------------------
-
     async def run(self) -> None:
         """Sample every ``interval_s`` until cancelled, then release NVML.
 
@@ -272,11 +231,9 @@ class GPUMonitor:
         return self
 
     async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:
+    ) -> None:  # fmt: skip
         task_group, self._task_group = self._task_group, None
         if task_group is not None:
             task_group.cancel_scope.cancel()
@@ -303,7 +260,6 @@ class GPUMonitor:
             self._opened = False
 
     # -- reading ---------------------------------------------------------------------------
-
     def get_latest_metrics(self) -> Sample | None:
         history = self._history
         return history[-1] if history else None
@@ -321,25 +277,7 @@ class GPUMonitor:
         name, ``total_memory`` (bytes) and compute ``capability``."""
         with self._lock:
             self._open()
-            info: dict[str, Any] = {
-                "device_count": torch.cuda.device_count() if self._cuda else 0,
-                "current_device": torch.cuda.current_device() if self._cuda else None,
-                "nvml_available": self._reader is not None,
-                "source": self._source(),
-                "degraded_reason": self._degraded_reason,
-                "driver_version": None,
-                "cuda_driver_version": None,
-                "cuda_runtime_version": torch.version.cuda,
-                "devices": {},
-            }
-            if self._reader is not None:
-                try:
-                    info |= self._reader.describe()
-                except Exception as exc:
-                    _log.warning("monitor_info_failed", error=f"{type(exc).__name__}: {exc}")
-        if self._cuda:
-            info["device_count"] = torch.cuda.device_count()
-        return info
+            return gpu_info(self._reader, self._cuda, self._source(), self._degraded_reason)
 
     @property
     def source(self) -> Literal["nvml", "psutil"]:

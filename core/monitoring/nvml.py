@@ -19,16 +19,20 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import structlog
 import torch
 
 __all__ = (
     "NvmlReader",
+    "gpu_info",
     "load_nvml",
     "nvml_acquire",
     "nvml_release",
     "throttle_reason_names",
     "torch_device_handle",
 )
+
+_log = structlog.get_logger("core")
 
 _session_lock = threading.Lock()
 _session_users: dict[Any, int] = {}  # nvml module (held, so ids are never reused) -> users
@@ -231,3 +235,28 @@ class NvmlReader:
             "cuda_driver_version": f"{cuda // 1000}.{cuda % 1000 // 10}",
             "devices": devices,
         }
+
+
+def gpu_info(
+    reader: NvmlReader | None, cuda: bool, source: str, degraded_reason: str | None
+) -> dict[str, Any]:
+    """What :meth:`GPUMonitor.get_gpu_info` reports (``reader``: the open NVML session)."""
+    info: dict[str, Any] = {
+        "device_count": torch.cuda.device_count() if cuda else 0,
+        "current_device": torch.cuda.current_device() if cuda else None,
+        "nvml_available": reader is not None,
+        "source": source,
+        "degraded_reason": degraded_reason,
+        "driver_version": None,
+        "cuda_driver_version": None,
+        "cuda_runtime_version": torch.version.cuda,
+        "devices": {},
+    }
+    if reader is not None:
+        try:
+            info |= reader.describe()
+        except Exception as exc:
+            _log.warning("monitor_info_failed", error=f"{type(exc).__name__}: {exc}")
+    if cuda:  # torch's count, whatever NVML saw
+        info["device_count"] = torch.cuda.device_count()
+    return info

@@ -1,4 +1,4 @@
-"""Mixed precision: the config, the choice of precision object, and AMP statistics.
+"""Mixed precision: the choice of precision object, and AMP statistics.
 
 ``MixedPrecisionTrainer`` resolves the config once into a precision object (see
 ``core.precision.plugins``), hands the active one to the step loop at each optimizer step, and keeps
@@ -18,150 +18,55 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-from core.checks import check_bool_fields, is_finite_number, is_int, is_number
-from core.errors import config_error
+from core.hardware.device import device_of
+from core.precision.config import LossScalerConfig, MixedPrecisionConfig, parse_amp_dtype
 from core.precision.loss_scaler import DynamicLossScaler
 from core.precision.plugins import FP32, Autocast, Precision, ScaledFP16
 
 __all__ = (
-    "AmpDtype",
-    "MixedPrecisionConfig",
     "MixedPrecisionTrainer",
-    "parse_amp_dtype",
+    "fallback_precision",
+    "loss_scaler",
     "resolve_precision",
 )
 
-AmpDtype = Literal["auto", "float16", "fp16", "bfloat16", "bf16", "float32", "fp32"] | torch.dtype
 
-_DTYPE_NAMES: dict[str, torch.dtype] = {
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float32": torch.float32,
-    "fp32": torch.float32,
-}
-_DEFAULT_MIN_SCALE = 1.0
-_ALLOWED_DTYPES = "'auto', torch.float16, torch.bfloat16, torch.float32 (or their names)"
-
-
-def parse_amp_dtype(value: object, field: str = "amp_dtype") -> torch.dtype | None:
-    """Map a user's dtype choice to a torch dtype; ``None`` means "auto"."""
-    if value == "auto":
-        return None
-    if isinstance(value, torch.dtype) and value in (torch.float16, torch.bfloat16, torch.float32):
-        return value
-    if isinstance(value, str) and value.lower() in _DTYPE_NAMES:
-        return _DTYPE_NAMES[value.lower()]
-    raise config_error(field, value, _ALLOWED_DTYPES, "pass amp_dtype='auto' to let core choose.")
-
-
-@dataclass(frozen=True)
-class MixedPrecisionConfig:
-    """How a run uses reduced precision.
-
-    ``dtype="auto"`` picks bf16 on CUDA devices that support it, fp16 with loss scaling on
-    older CUDA devices, and fp32 on CPU. bf16 and fp16 work on CPU when asked for.
-    ``hysteresis`` is the number of fp16 overflows tolerated (step skipped, scale kept)
-    before the scale backs off; 0 backs off on every overflow, as ``GradScaler`` does.
-    """
-
-    enable_amp: bool = True
-    dtype: AmpDtype = "auto"
-    enable_grad_scaler: bool = True
-    init_scale: float = 2.0**16
-    growth_factor: float = 2.0
-    backoff_factor: float = 0.5
-    growth_interval: int = 2000
-    hysteresis: int = 0
-    min_scale: float = _DEFAULT_MIN_SCALE
-    max_scale: float = 2.0**24
-    cache_enabled: bool = True
-
-    def __post_init__(self) -> None:
-        check_bool_fields(self)
-        parse_amp_dtype(self.dtype, "dtype")
-        if not (is_finite_number(self.growth_factor) and self.growth_factor > 1.0):
-            raise config_error("growth_factor", self.growth_factor, "a float > 1.0 and finite")
-        if not (is_number(self.backoff_factor) and 0.0 < self.backoff_factor < 1.0):
-            raise config_error("backoff_factor", self.backoff_factor, "a float in (0, 1)")
-        if not (is_int(self.growth_interval) and self.growth_interval >= 1):
-            raise config_error("growth_interval", self.growth_interval, "an integer >= 1")
-        if not (is_int(self.hysteresis) and self.hysteresis >= 0):
-            raise config_error("hysteresis", self.hysteresis, "an integer >= 0")
-        for name in ("init_scale", "min_scale", "max_scale"):
-            if not (is_finite_number(getattr(self, name)) and getattr(self, name) > 0):
-                raise config_error(name, getattr(self, name), "a finite float > 0")
-        self._check_scale_bounds()
-
-    def _check_scale_bounds(self) -> None:
-        low, high = self.min_scale, self.max_scale
-        if high < low:
-            # Blame the bound the user most likely set: a max_scale below the default
-            # min_scale is wrong whatever min_scale is; otherwise min_scale is too high.
-            if high < _DEFAULT_MIN_SCALE:
-                raise config_error(
-                    "max_scale",
-                    high,
-                    f"a finite float >= min_scale={low!r}",
-                    "raise max_scale (default 2.0**24), or lower min_scale below it.",
-                )
-            raise config_error(
-                "min_scale",
-                low,
-                f"a float in (0, max_scale={high!r}]",
-                "lower min_scale (default 1.0), or raise max_scale above it.",
-            )
-        if not low <= self.init_scale <= high:
-            raise config_error(
-                "init_scale",
-                self.init_scale,
-                f"a float in [min_scale={low!r}, max_scale={high!r}]",
-                "choose init_scale (default 2.0**16) between min_scale and max_scale.",
-            )
-
-    def scaler(self, device: torch.device) -> DynamicLossScaler:
-        return DynamicLossScaler(
-            device,
-            init_scale=self.init_scale,
-            growth_factor=self.growth_factor,
-            backoff_factor=self.backoff_factor,
-            growth_interval=self.growth_interval,
-            hysteresis=self.hysteresis,
-            min_scale=self.min_scale,
-            max_scale=self.max_scale,
-        )
-
-
-def _auto_dtype(device: torch.device) -> torch.dtype:
-    if device.type != "cuda":
-        return torch.float32
-    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+def loss_scaler(config: LossScalerConfig, device: torch.device) -> DynamicLossScaler:
+    """The on-device loss scaler ``config`` describes."""
+    return DynamicLossScaler(
+        device,
+        init_scale=config.init_scale,
+        growth_factor=config.growth_factor,
+        backoff_factor=config.backoff_factor,
+        growth_interval=config.growth_interval,
+        hysteresis=config.hysteresis,
+        consecutive_hysteresis=config.consecutive_hysteresis,
+        min_scale=config.min_scale,
+        max_scale=config.max_scale,
+    )
 
 
 def fallback_precision(config: MixedPrecisionConfig, device: torch.device) -> Precision:
     """What fp16 falls back to when its loss scale cannot avoid overflow: bf16 where the
     device supports it (CPUs and Ampere+ GPUs), else fp32."""
-    supported = device.type != "cuda" or torch.cuda.is_bf16_supported()
-    if supported:
+    if device_of(device).supports_bf16():
         return Autocast(torch.bfloat16, device.type, config.cache_enabled)
     return FP32()
 
 
 def resolve_precision(config: MixedPrecisionConfig, device: torch.device) -> Precision:
     """Choose the precision object for ``config`` on ``device`` (once, at setup)."""
-    dtype = parse_amp_dtype(config.dtype, "dtype") or _auto_dtype(device)
+    dtype = parse_amp_dtype(config.dtype, "dtype") or device_of(device).auto_dtype()
     if not config.enable_amp or dtype == torch.float32:
         return FP32()
     if dtype == torch.float16 and config.enable_grad_scaler:
-        return ScaledFP16(device.type, config.scaler(device), config.cache_enabled)
+        return ScaledFP16(device.type, loss_scaler(config.scaler, device), config.cache_enabled)
     return Autocast(dtype, device.type, config.cache_enabled)
 
 
@@ -193,7 +98,18 @@ class MixedPrecisionTrainer:
     @property
     def min_scale(self) -> float:
         """The fp16 loss scale's floor: an overflow there falls back to bf16 or fp32."""
-        return self.config.min_scale
+        return self.config.scaler.min_scale
+
+    def describe(self) -> dict[str, Any]:
+        """The resolved precision and every setting of the precision section."""
+        return {
+            "resolved_precision": self._amp.name,
+            "enable_amp": self.config.enable_amp,
+            "dtype": str(self.config.dtype),
+            "enable_grad_scaler": self.config.enable_grad_scaler,
+            "cache_enabled": self.config.cache_enabled,
+            "scaler": asdict(self.config.scaler),
+        }
 
     def begin_step(self) -> Precision:
         """Apply a pending enable/disable and return the precision for this step."""

@@ -1,18 +1,41 @@
-"""The resolved configuration of a job, as written to ``config.json`` and ``run_start``."""
+"""What a run says about itself: ``config.json``, the ``run_start``/``run_end`` fields and
+the fingerprint a checkpoint is checked against. Each part describes itself (its own
+``describe()``); this module only assembles, so it imports none of them."""
 
 from __future__ import annotations
 
 import platform
-from collections.abc import Iterable, Sized
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping, Sized
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from core.trainer.orchestrator import OptimizedTrainingOptimizer
+__all__ = (
+    "Describable",
+    "Fixed",
+    "batches_per_epoch",
+    "fingerprint",
+    "jsonable",
+    "parameter_count",
+    "resolved",
+    "run_end_fields",
+    "run_start_fields",
+)
 
-__all__ = ("describe_job", "fingerprint", "jsonable", "run_end_fields", "run_start_fields")
+
+class Describable(Protocol):
+    def describe(self) -> dict[str, Any]: ...
+
+
+class Fixed:
+    """A description known in advance (a config section, settings already applied)."""
+
+    def __init__(self, description: dict[str, Any]) -> None:
+        self._description = description
+
+    def describe(self) -> dict[str, Any]:
+        return self._description
 
 
 def jsonable(value: object) -> object:
@@ -47,69 +70,80 @@ def _base_lr(optimizer: torch.optim.Optimizer) -> float | str | None:
     return float(lr) if isinstance(lr, (int, float)) else None if lr is None else str(lr)
 
 
-def fingerprint(job: OptimizedTrainingOptimizer) -> dict[str, Any]:
+def fingerprint(
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: object | None,
+    precision: str,
+    accumulation_steps: int,
+    world_size: int,
+    train_loader: Iterable[Any],
+) -> dict[str, Any]:
     """The settings a checkpoint's state depends on (compared before resuming)."""
-    model = job.strategy.unwrap(job.model)
     return {
         "model": type(model).__name__,
         "parameters": parameter_count(model),
-        "optimizer": type(job.optimizer).__name__,
-        "learning_rate": _base_lr(job.optimizer),
-        "scheduler": None if job.scheduler is None else type(job.scheduler).__name__,
-        "precision": job.mixed_precision.configured_precision,
-        "accumulation_steps": job.accumulation.accumulation_steps,
-        "world_size": job.strategy.world_size,
-        "batches_per_epoch": batches_per_epoch(job.train_loader),
-        "batch_size": getattr(job.train_loader, "batch_size", None),
+        "optimizer": type(optimizer).__name__,
+        "learning_rate": _base_lr(optimizer),
+        "scheduler": None if scheduler is None else type(scheduler).__name__,
+        "precision": precision,
+        "accumulation_steps": accumulation_steps,
+        "world_size": world_size,
+        "batches_per_epoch": batches_per_epoch(train_loader),
+        "batch_size": getattr(train_loader, "batch_size", None),
     }
 
 
-def describe_job(job: OptimizedTrainingOptimizer) -> dict[str, Any]:
-    """What ``config.json`` and ``run_start`` hold: every resolved setting of the job."""
-    model = job.strategy.unwrap(job.model)
-    return {
-        "training": job.config.to_dict(),
-        "mixed_precision": {
-            **{k: jsonable(v) for k, v in vars(job.mixed_precision.config).items()},
-            "resolved_precision": job.mixed_precision.amp_precision.name,
-        },
-        "gradient_accumulation": vars(job.accumulation.config),
-        "strategy": job.multi_gpu_trainer.get_training_info(),
-        "checkpoints": {
-            **{k: jsonable(v) for k, v in vars(job.checkpointer.config).items()},
-            "directory": str(job.checkpointer.store.directory),
-        },
-        "error_handling": jsonable(vars(job.error_handler.config)),
+def resolved(
+    parts: Mapping[str, Describable],
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: object | None,
+    loss_fn: object,
+) -> dict[str, Any]:
+    """What the config resolved to: each part's own description, and the runtime objects."""
+    return {name: jsonable(part.describe()) for name, part in parts.items()} | {
         "model": type(model).__name__,
         "parameters": parameter_count(model),
-        "optimizer": type(job.optimizer).__name__,
-        "optimizer_defaults": jsonable(job.optimizer.defaults),
-        "scheduler": None if job.scheduler is None else type(job.scheduler).__name__,
-        "loss_fn": name_of(job.objective.loss_fn),
+        "optimizer": type(optimizer).__name__,
+        "optimizer_defaults": jsonable(optimizer.defaults),
+        "scheduler": None if scheduler is None else type(scheduler).__name__,
+        "loss_fn": name_of(loss_fn),
     }
 
 
-def run_start_fields(job: OptimizedTrainingOptimizer) -> dict[str, Any]:
-    """The ``run_start`` record: the resolved config, versions, device and precision."""
+def run_start_fields(
+    config: dict[str, Any], resolved: dict[str, Any], *, device: str, precision: str, run_dir: str
+) -> dict[str, Any]:
+    """The ``run_start`` record: the config tree, what it resolved to, versions, device."""
     return {
-        "config": describe_job(job),
+        "config": config,
+        "resolved": resolved,
         "torch_version": torch.__version__,
         "python_version": platform.python_version(),
-        "device": str(job.strategy.device),
-        "precision": job.mixed_precision.precision.name,
-        "run_dir": str(job.run_dir),
+        "device": device,
+        "precision": precision,
+        "run_dir": run_dir,
     }
 
 
 def run_end_fields(
-    job: OptimizedTrainingOptimizer, status: str, error: BaseException | None, events_dropped: int
+    *,
+    status: str,
+    error: BaseException | None,
+    events_dropped: int,
+    epochs_completed: int,
+    global_step: int,
+    best_metric: float,
 ) -> dict[str, Any]:
     """The ``run_end`` record: how the run ended, where it got, and why it failed."""
     fields: dict[str, Any] = {
         "status": status,
-        "epochs_completed": job.epochs_completed,
-        "global_step": job.global_step,
-        "best_metric": job.early_stopping.best,
+        "epochs_completed": epochs_completed,
+        "global_step": global_step,
+        "best_metric": best_metric,
         "events_dropped": events_dropped,
     }
     if error is not None:

@@ -35,7 +35,7 @@ import structlog
 
 from core.telemetry.events import EventHub
 
-__all__ = ("RunLog", "new_run_id")
+__all__ = ("CurrentLog", "RunLog", "new_run_id")
 
 _MAX_QUEUED = 10_000
 _Queued = tuple[str, str, float, dict[str, Any]]
@@ -198,3 +198,23 @@ class RunLog:
     @property
     def closed(self) -> bool:
         return self._file.closed
+
+
+class CurrentLog:
+    """Where a job's parts write records: the log of the run in progress, if any (records
+    emitted between runs have no run to belong to and are dropped)."""
+
+    def __init__(self) -> None:
+        self.log: RunLog | None = None
+
+    def emit(self, event: str, **fields: Any) -> None:
+        if self.log is not None:
+            self.log.emit(event, **fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        if self.log is not None:
+            self.log.warning(event, **fields)
+
+    def error(self, event: str, **fields: Any) -> None:
+        if self.log is not None:
+            self.log.error(event, **fields)

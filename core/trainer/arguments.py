@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from core.checks import check_bool, is_path
+from core.checks import check_bool, check_writable_dir, is_path
 from core.distributed.config import MultiGPUConfig
 from core.errors import EmptyLoaderError, config_error
 from core.loop.accumulation import GradientAccumulationConfig
@@ -22,11 +22,15 @@ from core.loop.recovery import ErrorHandlerConfig
 __all__ = (
     "built_by",
     "check_callable",
+    "check_optimizer_argument",
+    "check_scheduler_argument",
+    "is_scheduler_instance",
     "check_loader",
     "check_loss_fn",
     "check_model",
     "check_optimizer",
     "check_parts",
+    "check_runtime",
     "check_scheduler",
 )
 
@@ -45,11 +49,29 @@ _FACTORY_CONTRACTS = {
 }
 _FACTORY_EXAMPLES = {
     "loss_fn": "a loss module such as loss_fn=nn.CrossEntropyLoss() or nn.MSELoss()",
-    "optimizer": "a factory, e.g. optimizer=lambda params: torch.optim.SGD(params, lr=0.1) "
-    "(not an optimizer instance: core builds it on the placed, wrapped model's parameters)",
-    "scheduler": "a factory, e.g. scheduler=lambda opt: "
-    "torch.optim.lr_scheduler.StepLR(opt, step_size=100) (not a scheduler instance)",
+    "optimizer": "an optimizer over the model's parameters, e.g. "
+    "optimizer=torch.optim.SGD(model.parameters(), lr=0.1), or a factory, e.g. "
+    "optimizer=lambda params: torch.optim.SGD(params, lr=0.1)",
+    "scheduler": "a scheduler of that optimizer, e.g. "
+    "torch.optim.lr_scheduler.StepLR(optimizer, step_size=100), or a factory, e.g. "
+    "scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=100)",
 }
+
+
+def check_optimizer_argument(value: object) -> None:
+    """``optimizer=``: None, a torch optimizer instance or a factory."""
+    if not isinstance(value, torch.optim.Optimizer):
+        check_callable("optimizer", value, "the model's parameters")
+
+
+def check_scheduler_argument(value: object) -> None:
+    """``scheduler=``: None, a scheduler instance (it has ``step``) or a factory."""
+    if not is_scheduler_instance(value):
+        check_callable("scheduler", value, "the optimizer")
+
+
+def is_scheduler_instance(value: object) -> bool:
+    return callable(getattr(value, "step", None)) and hasattr(value, "optimizer")
 
 
 def check_callable(field: str, value: object, takes: str) -> None:
@@ -74,14 +96,12 @@ def check_loss_fn(loss_fn: object) -> None:
         )
 
 
-def check_parts(
-    gradient_accumulation_config: object,
-    multi_gpu_config: object,
-    error_handler_config: object,
-    checkpoint_dir: object,
-    use_distributed_sampler: object,
-) -> None:
-    """The arguments that are component configs, paths or flags of other components."""
+def check_parts(settings: Mapping[str, Any]) -> None:
+    """The section objects among the factory's keywords, and the checkpoint directory."""
+    gradient_accumulation_config = settings.get("gradient_accumulation_config")
+    multi_gpu_config = settings.get("multi_gpu_config")
+    error_handler_config = settings.get("error_handler_config")
+    checkpoint_dir = settings.get("checkpoint_dir")
     steps = gradient_accumulation_config if isinstance(gradient_accumulation_config, int) else 4
     mode = multi_gpu_config if isinstance(multi_gpu_config, str) else "cpu"
     for field, value, kind, fix in (
@@ -104,7 +124,8 @@ def check_parts(
             "None (under log_dir) or a non-empty str or pathlib.Path",
             "e.g. checkpoint_dir='checkpoints'.",
         )
-    check_bool("use_distributed_sampler", use_distributed_sampler)
+    if "use_distributed_sampler" in settings:
+        check_bool("use_distributed_sampler", settings["use_distributed_sampler"])
 
 
 def check_loader(loader: object, field: str, max_epochs: int) -> None:
@@ -143,7 +164,9 @@ def built_by(field: str, factory: Callable[[Any], T], argument: object) -> T:
         ) from exc
 
 
-def check_optimizer(optimizer: object, model: nn.Module) -> None:
+def check_optimizer(optimizer: object, model: nn.Module, *, given: bool = False) -> None:
+    """An optimizer over parameters of ``model`` (as placed and wrapped); ``given``: the
+    user passed this instance (rather than a factory)."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise config_error("optimizer", optimizer, "a callable returning a torch.optim.Optimizer")
     held = [p for group in optimizer.param_groups for p in group["params"]]
@@ -156,6 +179,13 @@ def check_optimizer(optimizer: object, model: nn.Module) -> None:
             else f"{foreign} of its {len(held)} parameters are not the model's (as placed and "
             "wrapped by core)"
         )
+        if given:
+            raise config_error(
+                "optimizer", optimizer, "an optimizer over the model's parameters, or a factory",
+                f"{problem}; build it on this model's parameters, or (FSDP2 replaces them with "
+                "sharded ones) pass a factory: optimizer=lambda params: "
+                "torch.optim.AdamW(params, lr=1e-3).",
+            )  # fmt: skip
         raise config_error(
             "optimizer",
             optimizer,
@@ -165,9 +195,16 @@ def check_optimizer(optimizer: object, model: nn.Module) -> None:
         )
 
 
-def check_scheduler(scheduler: object) -> None:
+def check_scheduler(scheduler: object, optimizer: torch.optim.Optimizer) -> None:
     if scheduler is None:
         return
+    bound = getattr(scheduler, "optimizer", optimizer)
+    if bound is not optimizer:
+        raise config_error(
+            "scheduler", scheduler, "a scheduler of the run's optimizer",
+            "it drives another optimizer; build it on the optimizer you pass, or pass a "
+            "factory: scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 100).",
+        )  # fmt: skip
     if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
         raise config_error(
             "scheduler",
@@ -178,3 +215,43 @@ def check_scheduler(scheduler: object) -> None:
         )
     if not callable(getattr(scheduler, "step", None)):
         raise config_error("scheduler", scheduler, "a callable returning an LR scheduler")
+
+
+def check_runtime(runtime: Any, config: Any, callbacks: object) -> None:
+    """Every runtime object of a run, and the directories it will write, before building.
+
+    (``runtime`` is a :class:`~core.trainer.build.Runtime`, ``config`` the tree.)"""
+    from core.callbacks import Callback
+    from core.config import TrainingConfig
+
+    if not isinstance(config, TrainingConfig):
+        raise config_error(
+            "config", config, "None or a TrainingConfig",
+            "build one: TrainingConfig(run=RunConfig(max_epochs=3)), or use "
+            "create_optimized_training_optimizer(...) with flat keywords.",
+        )  # fmt: skip
+    check_model(runtime.model)
+    check_loss_fn(runtime.loss_fn)
+    check_optimizer_argument(runtime.optimizer)
+    check_scheduler_argument(runtime.scheduler)
+    max_epochs = config.run.max_epochs
+    check_loader(runtime.train_loader, "train_loader", max_epochs)
+    if runtime.val_loader is not None:
+        check_loader(runtime.val_loader, "val_loader", max_epochs)
+    if isinstance(runtime.optimizer, torch.optim.Optimizer):
+        check_optimizer(runtime.optimizer, runtime.model, given=True)
+    if not any(p.requires_grad for p in runtime.model.parameters()):
+        raise config_error(
+            "model", type(runtime.model).__name__, "a module with trainable parameters"
+        )
+    if isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, Iterable):
+        raise config_error("callbacks", callbacks, "a list of core.callbacks.Callback")
+    for callback in callbacks:
+        if not isinstance(callback, Callback):
+            raise config_error(
+                "callbacks", callback, "instances of core.callbacks.Callback",
+                "subclass Callback and override the hooks you need.",
+            )  # fmt: skip
+    check_writable_dir("log_dir", config.run.log_dir)
+    if config.checkpoint.checkpoint_dir is not None:
+        check_writable_dir("checkpoint_dir", config.checkpoint.checkpoint_dir)

@@ -98,7 +98,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         resume=args.resume,
         handle_signals=True,  # this script owns its process: SIGTERM/SIGINT stop gracefully
     )
-    rank = optimizer.strategy.rank
+    rank = optimizer.rank
     loader = optimizer.train_loader  # under torchrun: this rank's shard
     total = (
         -(-len(loader) // args.accumulation_steps) * args.epochs

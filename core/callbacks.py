@@ -1,0 +1,74 @@
+"""Observers of a run: ``Callback`` and its async no-op hooks.
+
+A callback sees the records ``events.jsonl`` receives, as they are written, on the event
+loop (never on the step thread). It is isolated: a hook that raises is reported once (an
+``error`` record, ``kind="callback_failed"``) and that callback is not called again in the
+run; a callback that falls more than ``event_buffer_size`` records behind loses the oldest
+(reported once, ``callback_lagging``). Training never waits for a callback; after the run
+ends, callbacks get up to ``callback_grace_s`` (5 s) to finish the last records.
+
+Progress bars, trackers and report writers are callbacks; what the step loop must do at a
+step (a checkpoint due, a profiler step) is not: it is a step hook of the loop.
+
+Example::
+
+    class PrintLoss(Callback):
+        async def on_epoch_end(self, run: RunInfo, record: Record) -> None:
+            print(record["epoch"], record["train_loss"])
+
+    async with OptimizedTrainingOptimizer(config, model=m, train_loader=dl,
+                                          callbacks=[PrintLoss()]) as run:
+        await run.train()
+
+A hook must not block the event loop: hand slow work to a thread
+(``await anyio.to_thread.run_sync(...)``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from core.config import TrainingConfig
+
+__all__ = ("Callback", "Record", "RunInfo")
+
+Record = dict[str, Any]
+
+
+class RunInfo(Protocol):
+    """What a callback may read about the run it observes."""
+
+    @property
+    def config(self) -> TrainingConfig: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def is_global_zero(self) -> bool: ...
+    @property
+    def run_dir(self) -> Path | None: ...
+
+
+class Callback:
+    """Base class of run observers: override the hooks you need (all async, all no-ops).
+
+    ``on_record`` receives every record; the others receive theirs after ``on_record``.
+    """
+
+    async def on_run_start(self, run: RunInfo, record: Record) -> None:
+        """The ``run_start`` record: the config tree, what it resolved to, the device."""
+
+    async def on_record(self, run: RunInfo, record: Record) -> None:
+        """Every record of the run, in order (``train_step``, ``gpu_sample``, ...)."""
+
+    async def on_epoch_end(self, run: RunInfo, record: Record) -> None:
+        """The ``epoch_end`` record (after validation)."""
+
+    async def on_checkpoint(self, run: RunInfo, record: Record) -> None:
+        """A ``checkpoint`` record: a checkpoint was committed (its ``path`` is in it)."""
+
+    async def on_run_end(self, run: RunInfo, record: Record) -> None:
+        """The ``run_end`` record: status, steps, the last good checkpoint."""

@@ -1,0 +1,240 @@
+"""The one table from the seed factory's flat keywords to the config tree.
+
+``create_optimized_training_optimizer(amp_dtype="bf16", keep_last_n=3)`` sets
+``precision.dtype`` and ``checkpoint.keep_last_n``; a section object
+(``multi_gpu_config=MultiGPUConfig(...)``) sets a whole section; ``config=`` is the base
+tree. Every new setting gets its place in the tree and, here, its flat name.
+
+Each setting is given once: a flat keyword, a section object and ``config=`` that set the
+same leaf raise :class:`~core.errors.ConfigError` naming both. (``config=`` sets the leaves
+where it differs from the defaults; a section object sets every leaf of its section.)
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, TypedDict
+
+from core.checkpointing.checkpointer import CheckpointConfig
+from core.config import TrainingConfig
+from core.distributed.config import MultiGPUConfig, TrainingMode
+from core.errors import ConfigError, config_error
+from core.loop.accumulation import GradientAccumulationConfig
+from core.loop.recovery import ErrorHandlerConfig
+from core.precision.config import AmpDtype, MixedPrecisionConfig
+
+__all__ = ("FLAT_KEYWORDS", "SECTION_KEYWORDS", "FlatSettings", "config_from_flat")
+
+FLAT_KEYWORDS: dict[str, str] = {
+    "experiment_name": "run.experiment_name",
+    "max_epochs": "run.max_epochs",
+    "seed": "run.seed",
+    "log_dir": "run.log_dir",
+    "handle_signals": "run.handle_signals",
+    "stop_grace_s": "run.stop_grace_s",
+    "data_stall_warn_s": "run.data_stall_warn_s",
+    "learning_rate": "optim.learning_rate",
+    "weight_decay": "optim.weight_decay",
+    "max_grad_norm": "optim.max_grad_norm",
+    "enable_amp": "precision.enable_amp",
+    "amp_dtype": "precision.dtype",
+    "enable_grad_scaler": "precision.enable_grad_scaler",
+    "amp_cache_enabled": "precision.cache_enabled",
+    "amp_init_scale": "precision.scaler.init_scale",
+    "amp_growth_factor": "precision.scaler.growth_factor",
+    "amp_backoff_factor": "precision.scaler.backoff_factor",
+    "amp_growth_interval": "precision.scaler.growth_interval",
+    "amp_hysteresis": "precision.scaler.hysteresis",
+    "amp_consecutive_hysteresis": "precision.scaler.consecutive_hysteresis",
+    "amp_min_scale": "precision.scaler.min_scale",
+    "amp_max_scale": "precision.scaler.max_scale",
+    "accumulation_steps": "accumulation.accumulation_steps",
+    "micro_batch_size": "accumulation.micro_batch_size",
+    "training_mode": "distributed.training_mode",
+    "use_distributed_sampler": "data.use_distributed_sampler",
+    "tf32": "hardware.tf32",
+    "cudnn_benchmark": "hardware.cudnn_benchmark",
+    "memory_fraction": "hardware.memory_fraction",
+    "checkpoint_dir": "checkpoint.checkpoint_dir",
+    "checkpoint_every_n_steps": "checkpoint.checkpoint_every_n_steps",
+    "checkpoint_every_n_epochs": "checkpoint.checkpoint_every_n_epochs",
+    "keep_last_n": "checkpoint.keep_last_n",
+    "resume": "checkpoint.resume",
+    "save_on_cancel": "checkpoint.save_on_cancel",
+    "checkpoint_safe_globals": "checkpoint.safe_globals",
+    "max_consecutive_nonfinite": "errors.max_consecutive_nonfinite",
+    "early_stopping_patience": "early_stopping.patience",
+    "early_stopping_min_delta": "early_stopping.min_delta",
+    "monitor_interval_s": "monitor.interval_s",
+    "monitor_history_size": "monitor.history_size",
+    "event_buffer_size": "logging.event_buffer_size",
+    "log_flush_interval_s": "logging.flush_interval_s",
+}
+"""Flat keyword -> dotted path of its leaf in :class:`~core.config.TrainingConfig`."""
+
+SECTION_KEYWORDS: dict[str, str] = {
+    "mixed_precision_config": "precision",
+    "gradient_accumulation_config": "accumulation",
+    "multi_gpu_config": "distributed",
+    "checkpoint_config": "checkpoint",
+    "error_handler_config": "errors",
+}
+"""Keyword taking a whole section object -> the section's name in the tree."""
+
+
+class FlatSettings(TypedDict, total=False):
+    """The factory's settings keywords, typed (the table above says where each goes)."""
+
+    experiment_name: str
+    max_epochs: int
+    seed: int | None
+    log_dir: str | Path
+    handle_signals: bool
+    stop_grace_s: float
+    data_stall_warn_s: float
+    learning_rate: float
+    weight_decay: float
+    max_grad_norm: float | None
+    enable_amp: bool
+    amp_dtype: AmpDtype
+    enable_grad_scaler: bool
+    amp_cache_enabled: bool
+    amp_init_scale: float
+    amp_growth_factor: float
+    amp_backoff_factor: float
+    amp_growth_interval: int
+    amp_hysteresis: int
+    amp_consecutive_hysteresis: bool
+    amp_min_scale: float
+    amp_max_scale: float
+    accumulation_steps: int
+    micro_batch_size: int | None
+    training_mode: TrainingMode
+    use_distributed_sampler: bool
+    tf32: bool
+    cudnn_benchmark: bool
+    memory_fraction: float | None
+    checkpoint_dir: str | Path | None
+    checkpoint_every_n_steps: int | None
+    checkpoint_every_n_epochs: int | None
+    keep_last_n: int
+    resume: str | Path | None
+    save_on_cancel: bool
+    checkpoint_safe_globals: Sequence[Any]
+    max_consecutive_nonfinite: int
+    early_stopping_patience: int | None
+    early_stopping_min_delta: float
+    monitor_interval_s: float
+    monitor_history_size: int
+    event_buffer_size: int
+    log_flush_interval_s: float
+    mixed_precision_config: MixedPrecisionConfig | None
+    gradient_accumulation_config: GradientAccumulationConfig | None
+    multi_gpu_config: MultiGPUConfig | None
+    checkpoint_config: CheckpointConfig | None
+    error_handler_config: ErrorHandlerConfig | None
+
+
+def config_from_flat(
+    settings: Mapping[str, Any], config: TrainingConfig | None = None
+) -> TrainingConfig:
+    """The tree for ``settings`` (flat and section keywords) on top of ``config``.
+
+    >>> config_from_flat({"amp_dtype": "bf16"}).precision.dtype
+    'bf16'
+    """
+    _check_names(settings)
+    if config is not None and not isinstance(config, TrainingConfig):
+        raise config_error("config", config, "None or a TrainingConfig")
+    base = config or TrainingConfig()
+    givers = _given_by_config(base) if config is not None else {}
+    tree = base
+    for keyword, section in SECTION_KEYWORDS.items():
+        value = settings.get(keyword)
+        if value is None:
+            continue
+        for leaf in _leaf_paths(getattr(tree, section), section):
+            _claim(givers, leaf, keyword, value)
+        tree = _set(tree, {section: value}, {section: keyword})
+    leaves = {path: settings[k] for k, path in FLAT_KEYWORDS.items() if k in settings}
+    for keyword, path in FLAT_KEYWORDS.items():
+        if keyword in settings:
+            _claim(givers, path, keyword, settings[keyword])
+    return _set(tree, leaves, {path: k for k, path in FLAT_KEYWORDS.items()})
+
+
+def _check_names(settings: Mapping[str, Any]) -> None:
+    known = FLAT_KEYWORDS.keys() | SECTION_KEYWORDS.keys()
+    for name in settings:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise TypeError(
+                f"create_optimized_training_optimizer() got an unexpected keyword argument "
+                f"{name!r}{hint} (settings without a flat keyword are reached with config=)"
+            )
+
+
+def _given_by_config(config: TrainingConfig) -> dict[str, str]:
+    """The leaves ``config=`` sets: those that differ from the defaults."""
+    default = TrainingConfig()
+    return {
+        path: "config"
+        for section in fields(TrainingConfig)
+        for path in _leaf_paths(getattr(config, section.name), section.name)
+        if _get(config, path) != _get(default, path)
+    }
+
+
+def _leaf_paths(node: Any, prefix: str) -> list[str]:
+    paths: list[str] = []
+    for f in fields(node):
+        value = getattr(node, f.name)
+        path = f"{prefix}.{f.name}"
+        paths += _leaf_paths(value, path) if hasattr(value, "__dataclass_fields__") else [path]
+    return paths
+
+
+def _get(node: Any, path: str) -> Any:
+    for part in path.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _claim(givers: dict[str, str], path: str, keyword: str, value: object) -> None:
+    if path in givers:
+        first = givers[path]
+        raise config_error(
+            keyword,
+            value,
+            f"a setting given once, but {first} sets {path} too",
+            f"set it in one place: drop {keyword}=..., or leave {path} out of {first}.",
+        )
+    givers[path] = keyword
+
+
+def _set(
+    tree: TrainingConfig, values: dict[str, object], keywords: dict[str, str]
+) -> TrainingConfig:
+    """``tree`` with ``values`` set; an error names the keyword the user writes for the
+    field (``amp_min_scale``, not ``precision.scaler.min_scale``)."""
+    try:
+        return tree.replace(values)
+    except ConfigError as exc:
+        path = exc.field or ""
+        keyword = keywords.get(path, path)
+        message = str(exc).replace(path, keyword)
+        # The section's other fields a message mentions get their flat names too:
+        # "max_scale ... >= min_scale=1.0" reads "amp_max_scale ... >= amp_min_scale=1.0".
+        section = path.rsplit(".", 1)[0]
+        for name, other in FLAT_KEYWORDS.items():
+            if other.rsplit(".", 1)[0] == section:
+                leaf = other.rsplit(".", 1)[-1]
+                message = re.sub(rf"(?<![.\w]){re.escape(leaf)}\b", name, message)
+        error = type(exc)(message)
+        error.field = keyword
+        raise error from None

@@ -1,0 +1,300 @@
+"""The run log's schema: every record type, defined once, and :data:`RECORDS` by event name.
+
+Each record holds :class:`Common`'s fields, then its own; ``float | None`` is ``null`` when
+unknown or not finite. No ``from __future__ import annotations``: checks read annotations.
+"""
+
+import sys
+from typing import Annotated, Literal
+
+if sys.version_info >= (3, 11):
+    from typing import NotRequired, TypedDict
+else:  # Python 3.10: the backport (typing_extensions comes with torch)
+    from typing_extensions import NotRequired, TypedDict
+
+__all__ = (
+    "CallbackLagging", "Checkpoint", "Common", "DataStall", "EpochEnd", "Error", "ForcedExit",
+    "GpuSample", "Level", "LogDegraded", "MonitorDegraded", "MonitorFieldUnsupported",
+    "NonfiniteSkipped", "OomRecovered", "PrecisionFallback", "RECORDS", "Resumed", "RunEnd",
+    "RunStart", "SignalReceived", "StepThreadAbandoned", "TrainStep", "UnevenInputs", "Validation",
+)  # fmt: skip
+
+Level = Literal["info", "warning", "error"]
+_Reason = Literal["step", "epoch", "signal", "cancel", "stopped_by_peer", "error"]
+_Verdict = Literal["input_bound", "underutilised", "compute_bound"]
+_Status = Literal["completed", "stopped", "cancelled", "failed", "abandoned"]
+_ErrorKind = Literal["checkpoint_invalid", "checkpoint_failed", "nonfinite_validation_loss",
+                    "callback_failed"]  # fmt: skip
+
+
+class Common(TypedDict):
+    """The fields every record starts with."""
+
+    event: Annotated[str, "the record type: one of the names below"]
+    ts: Annotated[str, "when the record was emitted: ISO 8601, UTC, microseconds"]
+    level: Annotated[Level, "severity: error for failures, warning for trouble, else info"]
+    run_id: Annotated[str, "the run, e.g. 20261122-031500.123-a1b2c3 (sorts by start time)"]
+    rank: Annotated[int, "the process's rank (0 when training alone)"]
+
+
+class RunStart(Common):
+    """Once, first, when the run has opened its directory (before resuming)."""
+
+    config: Annotated[dict[str, object], "the config tree, every setting (as in config.json)"]
+    resolved: Annotated[dict[str, object], "what the settings resolved to on this machine"]
+    torch_version: Annotated[str, "torch.__version__"]
+    python_version: Annotated[str, "the interpreter's version, e.g. 3.11.7"]
+    device: Annotated[str, "this rank's torch device, e.g. cuda:0 or cpu"]
+    precision: Annotated[str, "the precision steps start in: fp32, bf16 or fp16"]
+    run_dir: Annotated[str, "the run's directory (log_dir, experiment, run_id)"]
+
+
+class Resumed(Common):
+    """Once, after run_start, when the run continues from a checkpoint."""
+
+    path: Annotated[str, "the checkpoint directory loaded"]
+    step: Annotated[int, "optimizer steps the checkpoint had taken"]
+    epoch: Annotated[int, "epochs the checkpoint had completed"]
+
+
+class TrainStep(Common):
+    """After every optimizer step (read back during the next one, so one step behind)."""
+
+    epoch: Annotated[int, "the epoch, counted from 0"]
+    step: Annotated[int, "optimizer steps so far, this one included"]
+    loss: Annotated[float | None, "sample-weighted mean loss of the step's batches"]
+    lr: Annotated[float, "learning rate of the first parameter group for this step"]
+    grad_norm: Annotated[float | None, "total gradient norm (before clipping)"]
+    loss_scale: Annotated[float | None, "fp16 loss scale used; null without a loss scaler"]
+    overflow: Annotated[bool, "fp16 gradients overflowed (the step was skipped)"]
+    skipped: Annotated[bool, "the optimizer step was not applied"]
+    samples: Annotated[int, "samples in the step, all micro-batches"]
+    step_time_s: Annotated[float, "seconds from asking for the batch to the step queued"]
+    data_time_s: Annotated[float, "seconds of it spent waiting for the loader"]
+    samples_per_s: Annotated[float | None, "samples / step_time_s"]
+    mem_allocated_bytes: Annotated[int | None, "torch allocator bytes in use; null on CPU"]
+    max_mem_allocated_bytes: Annotated[int | None, "peak allocator bytes; null on CPU"]
+    device_util_pct: Annotated[float | None, "latest gpu_sample util_pct of the first device"]
+    device_mem_used_bytes: Annotated[int | None, "latest gpu_sample mem_used_bytes, likewise"]
+
+
+class NonfiniteSkipped(Common):
+    """After train_step, for a step skipped because its loss or gradient norm was NaN/inf."""
+
+    epoch: Annotated[int, "the epoch, counted from 0"]
+    step: Annotated[int, "the skipped optimizer step"]
+    loss: Annotated[float | None, "the step's loss (null: not finite)"]
+    grad_norm: Annotated[float | None, "the step's gradient norm (null: not finite)"]
+
+
+class OomRecovered(Common):
+    """After an out-of-memory error in a step: the micro-batch was halved and the step retried."""
+
+    epoch: Annotated[int, "the epoch, counted from 0"]
+    step: Annotated[int, "the optimizer step being retried"]
+    batch_index: Annotated[int, "the step's first loader batch in the epoch"]
+    batch_size: Annotated[int, "the largest micro-batch that ran out of memory, samples"]
+    micro_batch_size: Annotated[int, "the micro-batch size from now on, samples"]
+
+
+class PrecisionFallback(Common):
+    """When fp16 kept overflowing at amp_min_scale: later steps run in to_precision."""
+
+    step: Annotated[int, "the step whose readback decided it"]
+    from_precision: Annotated[str, "the precision left (fp16)"]
+    to_precision: Annotated[str, "the precision from the next step: bf16, else fp32"]
+    reason: Annotated[str, "why, in words"]
+
+
+class UnevenInputs(Common):
+    """Under several ranks with streamed loaders, when some ranks ran out: all end the epoch."""
+
+    epoch: Annotated[int, "the epoch, counted from 0"]
+    step: Annotated[int, "optimizer steps so far"]
+    loader: Annotated[str, "which loader (train_loader)"]
+    exhausted_ranks: Annotated[list[int], "the ranks that had no batch left"]
+    unused_batches_at_least: Annotated[list[int], "batches each rank had in hand, by rank"]
+
+
+class DataStall(Common):
+    """Warning: the loader has not delivered a batch for data_stall_warn_s (again at 2x, 4x...)."""
+
+    epoch: Annotated[int, "the epoch, counted from 0"]
+    batch_index: Annotated[int, "the awaited batch (loader batches consumed this epoch)"]
+    waited_s: Annotated[float, "seconds waited so far"]
+    next_warning_after_s: Annotated[float, "seconds of waiting before the next warning"]
+    advice: Annotated[str, "what to check, in words"]
+
+
+class Validation(Common):
+    """After each validation pass (every completed epoch, when there is a val_loader)."""
+
+    epoch: Annotated[int, "the epoch, counted from 0"]
+    step: Annotated[int, "optimizer steps so far"]
+    val_loss: Annotated[float | None, "sample-weighted mean loss over every rank's samples"]
+    val_accuracy: Annotated[float | None, "fraction correct, 0 to 1; null unless class targets"]
+    samples: Annotated[int, "validation samples counted"]
+
+
+class EpochEnd(Common):
+    """At the end of every completed epoch, after validation, with the bottleneck verdict."""
+
+    epoch: Annotated[int, "the epoch, counted from 0"]
+    step: Annotated[int, "optimizer steps so far"]
+    train_loss: Annotated[float | None, "the epoch's mean training loss over all ranks"]
+    val_loss: Annotated[float | None, "the latest validation loss; null without val_loader"]
+    val_accuracy: Annotated[float | None, "the latest validation accuracy, 0 to 1"]
+    steps: Annotated[int, "optimizer steps in the epoch"]
+    skipped_steps: Annotated[int, "of those, steps not applied (overflow or NaN/inf)"]
+    samples: Annotated[int, "training samples of this rank in the epoch"]
+    epoch_time_s: Annotated[float, "seconds of training in the epoch (validation excluded)"]
+    data_time_s: Annotated[float, "seconds of it spent waiting for the loader"]
+    samples_per_s: Annotated[float | None, "samples / epoch_time_s"]
+    early_stopping_bad_epochs: Annotated[int, "epochs in a row without improvement"]
+    stopped_early: Annotated[bool, "early stopping ends the run after this epoch"]
+    input_stall_fraction: Annotated[float, "data_time_s / epoch_time_s, 0 to 1"]
+    util_mean_pct: Annotated[float | None, "mean gpu_sample util_pct over the epoch"]
+    bottleneck: Annotated[_Verdict, "what limits speed"]
+    bottleneck_advice: Annotated[str, "the verdict and what to do, in words"]
+
+
+class Checkpoint(Common):
+    """After a checkpoint is committed: periodic, at an epoch end, or when the run stops."""
+
+    path: Annotated[str, "the checkpoint directory"]
+    step: Annotated[int, "optimizer steps it holds"]
+    epoch: Annotated[int, "epochs completed when it was written"]
+    reason: Annotated[_Reason, "a schedule (step, epoch) or a stop (the others)"]
+    save_time_s: Annotated[float, "seconds the save took"]
+
+
+class GpuSample(Common):
+    """Every monitor_interval_s, one per monitored device (NVML, else the host via psutil)."""
+
+    device: Annotated[int | str, "torch CUDA index, or cpu for a host sample"]
+    source: Annotated[Literal["nvml", "psutil"], "where the numbers come from"]
+    t_s: Annotated[float, "the monitor's monotonic clock, seconds"]
+    util_pct: Annotated[float | None, "GPU busy percent; psutil: process CPU (100 per core)"]
+    mem_util_pct: Annotated[float | None, "memory-controller busy percent; psutil: RAM used"]
+    mem_used_bytes: Annotated[int | None, "device memory used; psutil: process RSS"]
+    mem_total_bytes: Annotated[int | None, "device memory; psutil: host RAM"]
+    temperature_c: Annotated[float | None, "GPU temperature, degrees Celsius"]
+    power_w: Annotated[float | None, "power draw, watts"]
+    power_limit_w: Annotated[float | None, "enforced power limit, watts"]
+    sm_clock_mhz: Annotated[int | None, "SM clock, MHz"]
+    mem_clock_mhz: Annotated[int | None, "memory clock, MHz"]
+    throttle_reasons: Annotated[list[str] | None, "active clock throttle reasons"]
+    torch_mem_allocated_bytes: Annotated[int | None, "torch allocator in use; null off CUDA"]
+    torch_mem_reserved_bytes: Annotated[int | None, "torch allocator reserved; null off CUDA"]
+    torch_max_mem_allocated_bytes: Annotated[int | None, "torch allocator peak; null off CUDA"]
+
+
+class MonitorDegraded(Common):
+    """Once, when the monitor samples the host instead (no NVML, driver or GPU; NVML failed)."""
+
+    reason: Annotated[str, "why NVML cannot be used"]
+    source: Annotated[Literal["psutil"], "where samples come from now"]
+
+
+class MonitorFieldUnsupported(Common):
+    """Once per device and counter the board does not support (the field stays null)."""
+
+    device: Annotated[int, "torch CUDA index"]
+    field: Annotated[str, "the gpu_sample field"]
+    reason: Annotated[str, "NVML's message"]
+
+
+class Error(Common):
+    """Error: a failure reported as a record, not raised (its fields depend on kind)."""
+
+    kind: Annotated[_ErrorKind, "which failure (the fields below name their kinds)"]
+    path: NotRequired[Annotated[str, "checkpoint_invalid: the checkpoint skipped"]]
+    reason: NotRequired[Annotated[str, "checkpoint_invalid, checkpoint_failed: why"]]
+    last_checkpoint: NotRequired[Annotated[str | None, "checkpoint_failed: the last good one"]]
+    epoch: NotRequired[Annotated[int, "nonfinite_validation_loss: the epoch, from 0"]]
+    step: NotRequired[Annotated[int, "nonfinite_validation_loss: optimizer steps so far"]]
+    val_loss: NotRequired[Annotated[float | None, "nonfinite_validation_loss: the loss"]]
+    callback: NotRequired[Annotated[str, "callback_failed: the callback's class"]]
+    hook: NotRequired[Annotated[str, "callback_failed: the hook that raised"]]
+    event_type: NotRequired[Annotated[str | None, "callback_failed: the record it was given"]]
+    error: NotRequired[Annotated[str, "callback_failed: the exception, type: message"]]
+    effect: NotRequired[Annotated[str, "nonfinite_validation_loss, callback_failed: what follows"]]
+
+
+class CallbackLagging(Common):
+    """Warning, once per callback: it fell behind and lost its oldest records."""
+
+    callback: Annotated[str, "the callback's class"]
+    dropped: Annotated[int, "records it had lost when this was written"]
+    effect: Annotated[str, "what follows, in words"]
+
+
+class LogDegraded(Common):
+    """Error, in events() only: a file of the run directory could not be written."""
+
+    file: Annotated[str, "the file that failed"]
+    reason: Annotated[str, "the OS error"]
+    effect: Annotated[str, "what follows, in words"]
+
+
+class SignalReceived(Common):
+    """When a second SIGTERM/SIGINT arrives during a stop (a third one exits at once)."""
+
+    signal: Annotated[str, "SIGTERM or SIGINT"]
+    action: Annotated[Literal["hurry"], "what the signal does"]
+    note: Annotated[str, "what happens next, in words"]
+
+
+class StepThreadAbandoned(Common):
+    """Error: at a stop, the step thread did not reach a step boundary within stop_grace_s."""
+
+    stop_grace_s: Annotated[float, "the seconds waited"]
+    last_checkpoint: Annotated[str | None, "the last good checkpoint"]
+    step: Annotated[int, "optimizer steps completed"]
+    reason: Annotated[str, "what happened, in words"]
+
+
+class ForcedExit(Common):
+    """Error: a third stop signal; the process exits without waiting for the checkpoint."""
+
+    signal: Annotated[str, "SIGTERM or SIGINT"]
+    last_checkpoint: Annotated[str | None, "the last good checkpoint"]
+
+
+class RunEnd(Common):
+    """Once, last, however the run ended (level error when failed or abandoned)."""
+
+    status: Annotated[_Status, "how it ended"]
+    epochs_completed: Annotated[int, "epochs completed"]
+    global_step: Annotated[int, "optimizer steps taken"]
+    best_metric: Annotated[float | None, "lowest loss early stopping saw (val, else train)"]
+    events_dropped: Annotated[int, "records lost by events() consumers that fell behind"]
+    error_type: NotRequired[Annotated[str, "on failure: the exception's class name"]]
+    error: NotRequired[Annotated[str, "on failure: the exception's message"]]
+    last_checkpoint: Annotated[str | None, "the last good checkpoint of the run"]
+
+
+RECORDS: dict[str, type] = {
+    "run_start": RunStart,
+    "resumed": Resumed,
+    "train_step": TrainStep,
+    "nonfinite_skipped": NonfiniteSkipped,
+    "oom_recovered": OomRecovered,
+    "precision_fallback": PrecisionFallback,
+    "uneven_inputs": UnevenInputs,
+    "data_stall": DataStall,
+    "validation": Validation,
+    "epoch_end": EpochEnd,
+    "checkpoint": Checkpoint,
+    "gpu_sample": GpuSample,
+    "monitor_degraded": MonitorDegraded,
+    "monitor_field_unsupported": MonitorFieldUnsupported,
+    "error": Error,
+    "callback_lagging": CallbackLagging,
+    "log_degraded": LogDegraded,
+    "signal_received": SignalReceived,
+    "step_thread_abandoned": StepThreadAbandoned,
+    "forced_exit": ForcedExit,
+    "run_end": RunEnd,
+}
+"""Every record a run writes, by ``event`` name, in the order a run meets them."""

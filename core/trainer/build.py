@@ -1,0 +1,193 @@
+"""The composition root: a config tree and the runtime objects in, the run's parts out.
+
+One function, one fixed order, each part told what it needs in its constructor::
+
+    strategy (process group) -> device settings -> precision -> model wrap
+      -> optimizer and scheduler (on the wrapped parameters) -> loaders -> step loop
+      -> run state -> checkpointer -> monitor
+
+It runs off the event loop (``async with`` enter runs it in a worker thread): joining a
+process group and placing a model block. On failure, what was set up is torn down.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from core.checkpointing.checkpointer import Checkpointer
+from core.config import TrainingConfig
+from core.distributed.base import Strategy
+from core.hardware.settings import GPUManager
+from core.loop.accumulation import GradientAccumulation
+from core.loop.epoch import Scheduler, StepLoop
+from core.loop.objective import DefaultObjective, LossFn, Objective
+from core.loop.recovery import ErrorHandler
+from core.loop.stepper import default_optimizer
+from core.monitoring.gpu_monitor import GPUMonitor
+from core.multi_gpu_training import MultiGPUTrainer
+from core.precision.policy import MixedPrecisionTrainer
+from core.telemetry.describe import fingerprint
+from core.trainer.arguments import (
+    built_by,
+    check_optimizer,
+    check_scheduler,
+    is_scheduler_instance,
+)
+from core.trainer.early_stopping import EarlyStopping
+from core.trainer.run_state import RunState
+
+__all__ = ("Parts", "Runtime", "build")
+
+Emit = Callable[..., None]
+OptimizerArgument = torch.optim.Optimizer | Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+SchedulerArgument = Scheduler | Callable[[torch.optim.Optimizer], Scheduler]
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The objects a run is given, outside the config tree (checked at creation)."""
+
+    model: nn.Module
+    train_loader: Iterable[Any]
+    val_loader: Iterable[Any] | None = None
+    loss_fn: LossFn | None = None
+    optimizer: OptimizerArgument | None = None
+    scheduler: SchedulerArgument | None = None
+
+
+@dataclass(frozen=True)
+class Parts:
+    """Everything a run is made of, built once by :func:`build`."""
+
+    trainer: MultiGPUTrainer
+    strategy: Strategy
+    device_settings: dict[str, Any]
+    precision: MixedPrecisionTrainer
+    accumulation: GradientAccumulation
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Scheduler | None
+    objective: Objective
+    errors: ErrorHandler
+    train_loader: Iterable[Any]
+    val_loader: Iterable[Any] | None
+    early_stopping: EarlyStopping
+    loop: StepLoop
+    state: RunState
+    checkpointer: Checkpointer
+    monitor: GPUMonitor | None
+
+
+def build(
+    config: TrainingConfig,
+    runtime: Runtime,
+    *,
+    emit: Emit,
+    report_error: Emit,
+    on_step_end: Callable[[int], None],
+) -> Parts:
+    """Build the parts of a run; ``emit``/``report_error`` write records to the current
+    run's log, ``on_step_end`` runs on the step thread after every optimizer step."""
+    trainer = MultiGPUTrainer(
+        config.distributed,
+        use_distributed_sampler=config.data.use_distributed_sampler,
+        seed=config.run.seed or 0,
+    )
+    trainer.setup()
+    try:
+        return _build(config, runtime, trainer, emit, report_error, on_step_end)
+    except BaseException:
+        trainer.cleanup()
+        raise
+
+
+def _build(
+    config: TrainingConfig,
+    runtime: Runtime,
+    trainer: MultiGPUTrainer,
+    emit: Emit,
+    report_error: Emit,
+    on_step_end: Callable[[int], None],
+) -> Parts:
+    strategy = trainer.strategy
+    device_settings = GPUManager(config.hardware, strategy.device).apply()
+    precision = MixedPrecisionTrainer(config.precision, strategy.device)
+    model = trainer.initialize_training(runtime.model, precision.amp_precision.dtype)
+    optimizer = _optimizer(runtime.optimizer, model, config)
+    scheduler = _scheduler(runtime.scheduler, optimizer)
+    accumulation = GradientAccumulation(config.accumulation)
+    objective = DefaultObjective() if runtime.loss_fn is None else Objective(runtime.loss_fn)
+    errors = ErrorHandler(config.errors)
+    train_loader = trainer.prepare_loader(runtime.train_loader, train=True)
+    val_loader = (
+        None if runtime.val_loader is None
+        else trainer.prepare_loader(runtime.val_loader, train=False)
+    )  # fmt: skip
+    monitor = (
+        GPUMonitor(config.monitor, device_indices=strategy.device_indices() or None, emit=emit)
+        if config.monitoring_enabled
+        else None
+    )
+    loop = StepLoop(
+        model=model, optimizer=optimizer, scheduler=scheduler, precision=precision,
+        accumulation=accumulation, strategy=strategy, objective=objective, errors=errors,
+        max_grad_norm=config.optim.max_grad_norm, emit=emit, step_hooks=(on_step_end,),
+        device_fields=None if monitor is None else monitor.step_record_fields,
+    )  # fmt: skip
+    early_stopping = EarlyStopping(config.early_stopping.patience, config.early_stopping.min_delta)
+    state = RunState(
+        loop=loop, mixed_precision=precision, accumulation=accumulation, scheduler=scheduler,
+        early_stopping=early_stopping, errors=errors,
+        fingerprint=fingerprint(
+            model=strategy.unwrap(model), optimizer=optimizer, scheduler=scheduler,
+            precision=precision.configured_precision,
+            accumulation_steps=config.accumulation.accumulation_steps,
+            world_size=strategy.world_size, train_loader=train_loader,
+        ),
+    )  # fmt: skip
+    run = config.run
+    directory = config.checkpoint.checkpoint_dir or (
+        Path(run.log_dir) / run.experiment_name / "checkpoints"
+    )
+    checkpointer = Checkpointer(
+        config.checkpoint, Path(directory), strategy=strategy, model=model, optimizer=optimizer,
+        state=state, emit=emit, report_error=report_error,
+    )  # fmt: skip
+    return Parts(
+        trainer=trainer, strategy=strategy, device_settings=device_settings,
+        precision=precision, accumulation=accumulation, model=model, optimizer=optimizer,
+        scheduler=scheduler, objective=objective, errors=errors, train_loader=train_loader,
+        val_loader=val_loader, early_stopping=early_stopping, loop=loop, state=state,
+        checkpointer=checkpointer, monitor=monitor,
+    )  # fmt: skip
+
+
+def _optimizer(
+    argument: OptimizerArgument | None, model: nn.Module, config: TrainingConfig
+) -> torch.optim.Optimizer:
+    """The user's optimizer instance, one built by their factory, or the default AdamW."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if argument is None:
+        return default_optimizer(params, config.optim.learning_rate, config.optim.weight_decay)
+    given = isinstance(argument, torch.optim.Optimizer)
+    optimizer = argument if given else built_by("optimizer", argument, params)  # type: ignore[arg-type]
+    check_optimizer(optimizer, model, given=given)
+    return optimizer  # type: ignore[return-value]
+
+
+def _scheduler(
+    argument: SchedulerArgument | None, optimizer: torch.optim.Optimizer
+) -> Scheduler | None:
+    if argument is None:
+        return None
+    scheduler = (
+        argument if is_scheduler_instance(argument) else built_by("scheduler", argument, optimizer)
+    )
+    check_scheduler(scheduler, optimizer)
+    return scheduler

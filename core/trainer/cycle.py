@@ -1,0 +1,203 @@
+"""The synchronous work of a run around its epochs, all run on the step thread: opening
+and closing the run's files, what happens at an epoch's end (validation, the means over
+ranks, early stopping, records, the epoch checkpoint) and saving. Collectives, file writes
+and device syncs happen here, never on the event loop's thread.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core.config import TrainingConfig
+from core.loop.epoch import EpochStats, ResumePoint
+from core.loop.evaluation import EvalStats, evaluate
+from core.loop.seeding import seed_everything
+from core.monitoring.bottleneck import epoch_verdict
+from core.telemetry.describe import run_end_fields, run_start_fields
+from core.telemetry.events import EventHub
+from core.telemetry.run_log import CurrentLog, RunLog, new_run_id
+from core.trainer.build import Parts
+from core.trainer.stopping import RunEnding
+
+__all__ = ("EpochEnd", "RunCycle")
+
+
+@dataclass(frozen=True)
+class EpochEnd:
+    """How an epoch ended, as the async shell needs to know it."""
+
+    interrupted: bool = False
+    """A stop arrived during validation (all ranks agreed): end the run here."""
+    stop: bool = False
+    """Early stopping says this was the last epoch."""
+
+
+class RunCycle:
+    """One run's files and epoch edges, for the parts of one job."""
+
+    def __init__(
+        self, config: TrainingConfig, parts: Parts, hub: EventHub, current: CurrentLog
+    ) -> None:
+        self.config = config
+        self.parts = parts
+        self.hub = hub
+        self.current = current
+        """Where the parts write records: pointed at each run's log when it opens."""
+
+    @property
+    def log(self) -> RunLog | None:
+        return self.current.log
+
+    # -- the run's files ------------------------------------------------------------------
+    def open(self, description: dict[str, Any]) -> RunLog:
+        """Agree on a run id, create the run's directory and write ``run_start``."""
+        run, parts = self.config.run, self.parts
+        run_id = parts.strategy.broadcast_object(new_run_id())
+        log = RunLog.create(
+            Path(run.log_dir), run.experiment_name, run_id, rank=parts.strategy.rank, hub=self.hub
+        )
+        self.current.log = log
+        parts.checkpointer.begin_run(run_id)
+        if run.seed is not None:
+            seed_everything(run.seed)
+        log.write_json("config.json", {**self.config.to_dict(), "resolved": description})
+        log.emit("run_start", **run_start_fields(
+            self.config.to_dict(), description, device=str(parts.strategy.device),
+            precision=parts.precision.precision.name, run_dir=str(log.run_dir),
+        ))  # fmt: skip
+        log.drain()
+        return log
+
+    def close(self, end: RunEnding, *, abandoned: bool) -> None:
+        """Write ``run_end`` and close the log and the event hub, whatever fails here: a
+        consumer of ``events()`` always sees its stream end."""
+        log, parts = self.log, self.parts
+        try:
+            if log is None:
+                return
+            error = end.error
+            if not abandoned:  # an abandoned thread still owns the loop's state
+                try:
+                    parts.loop.flush()
+                except Exception as exc:  # the run already failed; keep the first error
+                    error = error or exc
+            log.write_json("amp_stats.json", parts.precision.get_amp_stats())
+            fields = run_end_fields(
+                status=end.status, error=error, events_dropped=self.hub.dropped,
+                epochs_completed=parts.state.epochs_completed,
+                global_step=parts.loop.global_step, best_metric=parts.early_stopping.best,
+            )  # fmt: skip
+            fields["last_checkpoint"] = parts.checkpointer.last_path
+            (log.error if end.status in ("failed", "abandoned") else log.emit)("run_end", **fields)
+        finally:
+            try:
+                if log is not None:
+                    log.close()
+            finally:
+                self.hub.close()
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def resume(self) -> ResumePoint | None:
+        checkpointer = self.parts.checkpointer
+        path = checkpointer.find()
+        return None if path is None else self.parts.state.resume_point(checkpointer.load(path))
+
+    def save(self, reason: str) -> str | None:
+        parts = self.parts
+        parts.loop.flush()  # the last step's readback: scheduler and statistics up to date
+        if self.log is not None:
+            self.log.drain()  # every record up to the checkpoint is on disk first
+        path = parts.checkpointer.save(
+            step=parts.loop.global_step, epoch=parts.state.epochs_completed, reason=reason
+        )
+        return None if path is None else str(path)
+
+    def save_if_due(self, step: int) -> None:
+        """After every optimizer step (a step hook of the loop)."""
+        if self.parts.checkpointer.due_after_step(step):
+            self.save("step")
+
+    # -- an epoch's end -------------------------------------------------------------------
+    def end_epoch(
+        self, epoch: int, stats: EpochStats, started: float, stop: threading.Event
+    ) -> EpochEnd:
+        """Validation, the means over ranks, early stopping, records, the epoch checkpoint."""
+        parts, log = self.parts, self.log
+        assert log is not None  # opened by open()
+        progress = parts.state.progress
+        progress.train_loss = monitored = self._mean_over_ranks(stats.loss_sum, stats.samples)
+        if parts.val_loader is not None:
+            evaluation = self._evaluate(epoch, stop)
+            if evaluation.interrupted:
+                return EpochEnd(interrupted=True)
+            self._record_validation(log, epoch, evaluation)
+            monitored = evaluation.loss
+        parts.state.epochs_completed = epoch + 1
+        # Rank 0 decides, every rank follows: no rank is left waiting in a collective.
+        progress.stopped_early = parts.strategy.broadcast_object(
+            parts.early_stopping.update(monitored)
+        )
+        parts.trainer.record_epoch(stats.samples, stats.time_s)
+        self._epoch_record(log, epoch, stats, started)
+        if parts.checkpointer.due_after_epoch(parts.state.epochs_completed):
+            self.save("epoch")
+        return EpochEnd(stop=progress.stopped_early)
+
+    def _evaluate(self, epoch: int, stop: threading.Event) -> EvalStats:
+        parts = self.parts
+        assert parts.val_loader is not None
+        return evaluate(
+            parts.model, parts.val_loader, epoch=epoch, stop=stop,
+            precision=parts.precision.precision, strategy=parts.strategy,
+            objective=parts.objective, errors=parts.errors,
+        )  # fmt: skip
+
+    def _record_validation(self, log: RunLog, epoch: int, evaluation: EvalStats) -> None:
+        step = self.parts.loop.global_step
+        if not math.isfinite(evaluation.loss):
+            log.error(
+                "error", kind="nonfinite_validation_loss", epoch=epoch, step=step,
+                val_loss=evaluation.loss,
+                effect="not counted as an improvement by early stopping or best_val_loss",
+            )  # fmt: skip
+        self.parts.state.progress.add_validation(evaluation.loss, evaluation.accuracy)
+        log.emit(
+            "validation", epoch=epoch, step=step, val_loss=evaluation.loss,
+            val_accuracy=evaluation.accuracy, samples=evaluation.samples,
+        )  # fmt: skip
+
+    def _mean_over_ranks(self, total: float, count: int) -> float:
+        sums = self.parts.strategy.all_reduce_sum(torch.tensor([total, count], dtype=torch.float64))
+        return float(sums[0] / sums[1])
+
+    def _epoch_record(self, log: RunLog, epoch: int, stats: EpochStats, started: float) -> None:
+        parts = self.parts
+        progress = parts.state.progress
+        verdict = epoch_verdict(stats.time_s, stats.data_time_s, parts.monitor, started)
+        log.emit(
+            "epoch_end", epoch=epoch, step=parts.loop.global_step,
+            train_loss=progress.train_loss, val_loss=progress.val_loss,
+            val_accuracy=progress.val_accuracy, steps=stats.steps,
+            skipped_steps=stats.skipped_steps, samples=stats.samples, epoch_time_s=stats.time_s,
+            data_time_s=stats.data_time_s,
+            samples_per_s=stats.samples / stats.time_s if stats.time_s else None,
+            early_stopping_bad_epochs=parts.early_stopping.bad_epochs,
+            stopped_early=progress.stopped_early,
+            input_stall_fraction=verdict["input_stall_fraction"],
+            util_mean_pct=verdict["util_mean_pct"], bottleneck=verdict["verdict"],
+            bottleneck_advice=verdict["advice"],
+        )  # fmt: skip
+        log.write_json("amp_stats.json", parts.precision.get_amp_stats())
+        log.drain()
+
+
+def monotonic() -> float:
+    """The monitor's clock: an epoch's samples follow the time it started."""
+    return time.monotonic()

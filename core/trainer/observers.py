@@ -1,0 +1,109 @@
+"""Feeds each callback its own stream of the run's records, on the event loop, isolated.
+
+Each callback has its own bounded subscription to the run's event hub (so a slow one
+only loses its own oldest records) and its own task, shielded so that a cancelled run still
+delivers ``run_end``; after the run, :meth:`Observers.finish` waits at most ``grace_s``
+before cancelling whatever is still running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from core.callbacks import Callback, Record, RunInfo
+from core.telemetry.events import EventHub, EventStream
+
+__all__ = ("Observers",)
+
+Emit = Callable[..., None]
+_HOOKS: dict[str, str] = {
+    "run_start": "on_run_start",
+    "epoch_end": "on_epoch_end",
+    "checkpoint": "on_checkpoint",
+    "run_end": "on_run_end",
+}
+
+
+class Observers:
+    """The callbacks of one run, while it runs."""
+
+    def __init__(
+        self,
+        callbacks: Sequence[Callback],
+        run: RunInfo,
+        *,
+        report: Emit,
+        warn: Emit,
+        capacity: int,
+        grace_s: float = 5.0,
+    ) -> None:
+        self._callbacks = tuple(callbacks)
+        self._run = run
+        self._report = report
+        self._warn = warn
+        self._capacity = capacity
+        self.grace_s = grace_s
+        self._scopes: list[anyio.CancelScope] = []
+        self._pending = 0
+        self._done = anyio.Event()
+
+    def start(self, tg: anyio.abc.TaskGroup, hub: EventHub) -> None:
+        """Subscribe every callback (before the run's first record) and start feeding it."""
+        for callback in self._callbacks:
+            scope = anyio.CancelScope(shield=True)
+            self._scopes.append(scope)
+            self._pending += 1
+            tg.start_soon(self._feed, callback, hub.subscribe(self._capacity), scope)
+        if not self._callbacks:
+            self._done.set()
+
+    async def finish(self) -> None:
+        """After the hub closed: let callbacks finish their streams, then stop them."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.grace_s):
+            await self._done.wait()
+        for scope in self._scopes:
+            scope.cancel()
+
+    async def _feed(
+        self, callback: Callback, stream: EventStream, scope: anyio.CancelScope
+    ) -> None:
+        name = type(callback).__name__
+        lagging = False
+        try:
+            with scope:
+                async for record in stream:
+                    if not lagging and stream.dropped:
+                        lagging = True
+                        self._warn(
+                            "callback_lagging", callback=name, dropped=stream.dropped,
+                            effect="this callback misses the oldest records; training goes on",
+                        )  # fmt: skip
+                    if not await self._deliver(callback, name, record):
+                        return
+        finally:
+            await stream.aclose()
+            self._pending -= 1
+            if self._pending == 0:
+                self._done.set()
+
+    async def _deliver(self, callback: Callback, name: str, record: Record) -> bool:
+        """Call the hooks for ``record``; False after a hook failed (reported once)."""
+        hooks: list[Callable[[RunInfo, Record], Awaitable[Any]]] = [callback.on_record]
+        special = _HOOKS.get(record.get("event", ""))
+        if special is not None:
+            hooks.append(getattr(callback, special))
+        for hook in hooks:
+            try:
+                await hook(self._run, record)
+            except Exception as exc:
+                self._report(
+                    "error", kind="callback_failed", callback=name, hook=hook.__name__,
+                    event_type=record.get("event"), error=f"{type(exc).__name__}: {exc}",
+                    effect="this callback is not called again in this run; training goes on",
+                )  # fmt: skip
+                return False
+        return True

@@ -1,0 +1,165 @@
+"""One call of ``train()``: the step thread, the tasks beside it, and how the run ends.
+
+The event loop only schedules here. Opening the run, epochs, epoch edges, saves and closing
+run on the step thread (``core.trainer.cycle``); beside it run the log drain, the data
+watchdog, the signal watcher and the monitor; the callbacks outlive them, to see ``run_end``.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from core.config import TrainingConfig
+from core.errors import NonFiniteLossError, OutOfMemoryError, SignalReceived, TrainingStepError
+from core.loop.epoch import ResumePoint
+from core.telemetry.events import EventHub
+from core.trainer.async_tools import drain_periodically, watch_data_stalls
+from core.trainer.build import Parts
+from core.trainer.cycle import RunCycle, monotonic
+from core.trainer.observers import Observers
+from core.trainer.results import TrainingResults
+from core.trainer.signals import watch_stop_signals
+from core.trainer.step_thread import StepThread
+from core.trainer.stopping import RunEnding, Stopping
+
+__all__ = ("Run",)
+
+_CHECKPOINT_AFTER = (TrainingStepError, NonFiniteLossError, OutOfMemoryError)
+
+
+class Run:
+    """A run of one job, from ``run_start`` to ``run_end``."""
+
+    def __init__(
+        self, config: TrainingConfig, parts: Parts, cycle: RunCycle, hub: EventHub,
+        observers: Observers,
+    ) -> None:  # fmt: skip
+        self.config = config
+        self.parts = parts
+        self.cycle = cycle
+        self.hub = hub
+        self.observers = observers
+        self.worker = StepThread(threading.Event(), grace_s=config.run.stop_grace_s)
+        self.end = RunEnding()
+        log = cycle.current
+        self.stopping = Stopping(
+            checkpointer=parts.checkpointer, save=cycle.save,
+            global_step=lambda: parts.loop.global_step, grace_s=config.run.stop_grace_s,
+            emit=log.emit, error=log.error,
+            close_log=lambda: cycle.log.close() if cycle.log is not None else None,
+        )  # fmt: skip
+
+    async def execute(
+        self, description: dict[str, Any], *, on_open: Callable[[Path], None]
+    ) -> TrainingResults:
+        """Run to the end; ``on_open`` learns the run's directory once it exists."""
+        worker, end, cycle, observers = self.worker, self.end, self.cycle, self.observers
+        self.hub.reopen()
+        results: TrainingResults | None = None
+        failure: Exception | None = None
+        async with anyio.create_task_group() as watchers:  # the callbacks outlive the run
+            observers.start(watchers, self.hub)
+            try:
+                results = await self._run(description, on_open)
+            except Exception as exc:  # re-raised unwrapped, after the task group
+                failure = exc
+            finally:
+                if worker.abandoned:
+                    end.status = "abandoned"
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(
+                        functools.partial(cycle.close, end, abandoned=worker.abandoned)
+                    )
+                worker.close()
+                await observers.finish()
+        if failure is not None:
+            raise failure
+        assert results is not None
+        return results
+
+    async def _run(
+        self, description: dict[str, Any], on_open: Callable[[Path], None]
+    ) -> TrainingResults:
+        """Open the run, then supervise it beside the log drain, the watchdogs and the monitor."""
+        parts, cycle, run = self.parts, self.cycle, self.config.run
+        worker, end, stopping = self.worker, self.end, self.stopping
+        log = await worker.call(cycle.open, description)
+        on_open(log.run_dir)
+        run_scope = anyio.CancelScope()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(drain_periodically, log, self.config.logging.flush_interval_s)
+            tg.start_soon(watch_data_stalls, parts.loop, log, run.data_stall_warn_s)
+            if run.handle_signals:
+                tg.start_soon(functools.partial(
+                    watch_stop_signals, run_scope, end.signals,
+                    on_hurry=stopping.hurry, on_force=stopping.force_exit,
+                ))  # fmt: skip
+            if parts.monitor is not None:
+                tg.start_soon(parts.monitor.run)
+            try:
+                return await self._supervise(run_scope, log.run_dir)
+            except Exception as exc:  # re-raised unwrapped, after the task group
+                end.error = exc
+            finally:
+                tg.cancel_scope.cancel()
+        assert end.error is not None
+        raise end.error
+
+    async def _supervise(self, run_scope: anyio.CancelScope, run_dir: Path) -> TrainingResults:
+        """The run itself, and the stop checkpoint whatever ends it."""
+        worker, end, stopping, cycle = self.worker, self.end, self.stopping, self.cycle
+        try:
+            with run_scope:  # cancelled by the first stop signal
+                resume = await worker.call(cycle.resume)
+                results = await self._fit(resume, run_dir)
+            if end.signals:
+                end.status = "stopped"
+                checkpoint = await stopping.checkpoint(worker, "signal")
+                raise SignalReceived(end.signals[0], checkpoint, abandoned=worker.abandoned)
+            if results.interrupted:
+                await stopping.checkpoint(worker, "stopped_by_peer")
+            end.status = "stopped" if results.interrupted else "completed"
+            return results
+        except anyio.get_cancelled_exc_class():
+            end.status = "cancelled"
+            await stopping.checkpoint(worker, "cancel")
+            raise
+        except _CHECKPOINT_AFTER:
+            if self.parts.strategy.world_size == 1:
+                await stopping.checkpoint(worker, "error", always=True)
+            raise
+
+    async def _fit(self, resume: ResumePoint | None, run_dir: Path) -> TrainingResults:
+        parts, cycle, worker = self.parts, self.cycle, self.worker
+        stop, progress = worker.stop, parts.state.progress
+        for epoch in range(parts.state.epochs_completed, self.config.run.max_epochs):
+            started = monotonic()
+            stats = await worker.call(parts.loop.run_epoch, parts.train_loader, epoch, stop, resume)
+            resume = None
+            progress.add_epoch(stats.samples, stats.time_s)
+            if stats.interrupted:
+                progress.interrupted = await _stopped()
+                break
+            ended = await worker.call(cycle.end_epoch, epoch, stats, started, stop)
+            if ended.interrupted:
+                progress.interrupted = await _stopped()
+                break
+            if ended.stop:
+                break
+        return progress.results(
+            epochs_completed=parts.state.epochs_completed, global_step=parts.loop.global_step,
+            run_dir=run_dir,
+        )  # fmt: skip
+
+
+async def _stopped() -> bool:
+    """After the ranks agreed to stop: re-raise this task's cancellation if it was cancelled;
+    otherwise another rank asked to stop, and this one ends its run as interrupted."""
+    await anyio.lowlevel.checkpoint()
+    return True

@@ -1,0 +1,148 @@
+"""The layering of the package, as ARCHITECTURE.md draws it, checked on the import graph.
+
+Every ``import core...`` in every module counts, including those inside functions and under
+``TYPE_CHECKING``: an arrow a reader must follow is an arrow.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "core"
+FACES = {
+    "core",
+    "core.optimized_training_optimizer",
+    "core.mixed_precision_training",
+    "core.gradient_accumulation",
+    "core.multi_gpu_training",
+    "core.cli",
+}
+COMPONENTS = ("loop", "precision", "distributed", "checkpointing", "telemetry", "monitoring",
+              "hardware")  # fmt: skip
+MAX_LINES = 300
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def imports(path: Path) -> Iterator[str]:
+    """Every module ``path`` imports (absolute names)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+            for alias in node.names:  # ``from core.loop import epoch`` imports a module
+                if f"{node.module}.{alias.name}" in MODULES:
+                    yield f"{node.module}.{alias.name}"
+
+
+GRAPH = {name: {m for m in imports(path) if m.startswith("core")} for name, path in MODULES.items()}
+
+
+def in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def arrows(source: str, target: str) -> list[str]:
+    return sorted(
+        f"{name} -> {imported}"
+        for name, targets in GRAPH.items()
+        if in_package(name, source)
+        for imported in targets
+        if in_package(imported, target)
+    )
+
+
+def test_the_graph_is_read_from_every_module() -> None:
+    assert len(MODULES) > 60 and "core.trainer.orchestrator" in GRAPH
+    assert "core.loop.epoch" in GRAPH["core.trainer.build"]  # the parser sees arrows
+
+
+def test_the_synchronous_loop_never_imports_anyio() -> None:
+    offenders = sorted(
+        f"{name} -> {m}"
+        for name, path in MODULES.items()
+        if in_package(name, "core.loop")
+        for m in imports(path)
+        if m.split(".")[0] in ("anyio", "trio", "asyncio")
+    )
+    assert offenders == []
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_no_component_imports_the_async_shell_or_a_seed_face(component: str) -> None:
+    shell = arrows(f"core.{component}", "core.trainer")
+    faces = [a for a in arrows(f"core.{component}", "core") if a.split(" -> ")[1] in FACES]
+    assert shell + faces == []
+
+
+def test_only_the_faces_import_the_async_shell() -> None:
+    outside = [
+        f"{name} -> {m}"
+        for name, targets in GRAPH.items()
+        if not in_package(name, "core.trainer") and name not in FACES
+        for m in targets
+        if in_package(m, "core.trainer")
+    ]
+    assert outside == []
+
+
+def test_distribution_does_not_import_monitoring() -> None:
+    assert arrows("core.distributed", "core.monitoring") == []
+
+
+def test_precision_and_distribution_do_not_know_each_other() -> None:
+    assert arrows("core.precision", "core.distributed") == []
+    assert arrows("core.distributed", "core.precision") == []
+
+
+def test_the_import_graph_has_no_circle() -> None:
+    modules = {
+        name: {m for m in targets if m in GRAPH and m != name} for name, targets in GRAPH.items()
+    }
+    # A package's __init__ re-exporting its own modules is not a circle a reader follows.
+    for name, targets in modules.items():
+        if MODULES[name].name == "__init__.py":
+            modules[name] = {m for m in targets if not in_package(m, name)}
+    seen: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        seen[node] = 1
+        for nxt in sorted(modules[node]):
+            if seen.get(nxt) == 1:
+                return [*path, node, nxt]
+            if nxt not in seen and (cycle := visit(nxt, [*path, node])):
+                return cycle
+        seen[node] = 2
+        return None
+
+    for start in sorted(modules):
+        if start not in seen:
+            assert visit(start, []) is None
+
+
+def test_environment_variables_are_read_in_one_place() -> None:
+    readers = sorted(
+        name for name, path in MODULES.items() if "os.environ" in path.read_text()
+        or "os.getenv" in path.read_text()
+    )  # fmt: skip
+    assert readers == ["core.distributed.environment", "core.distributed.launch"]
+
+
+def test_no_module_is_longer_than_the_house_limit() -> None:
+    long = {
+        name: n
+        for name, path in MODULES.items()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}

@@ -1,0 +1,169 @@
+"""The step loop driven directly: gradient-sync boundary, lagged readback, constructor wiring."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from core.distributed import Strategy
+from core.hardware.device import device_of
+from core.loop.accumulation import GradientAccumulation, GradientAccumulationConfig
+from core.loop.epoch import StepLoop
+from core.loop.objective import DefaultObjective
+from core.loop.readback import Readback
+from core.loop.recorder import NOTHING_PENDING, StepOutcome, StepRecorder
+from core.loop.recovery import ErrorHandler
+from core.precision.config import MixedPrecisionConfig
+from core.precision.policy import MixedPrecisionTrainer
+from tests.helpers import make_classification, make_model
+
+CPU = torch.device("cpu")
+
+
+class SyncRecordingStrategy(Strategy):
+    """One process; remembers whether each micro-batch asked to skip gradient sync."""
+
+    def __init__(self) -> None:
+        super().__init__(CPU)
+        self.skips: list[bool] = []
+
+    def no_backward_sync(self, model: nn.Module, enabled: bool) -> AbstractContextManager[Any]:
+        self.skips.append(enabled)
+        return nullcontext()
+
+
+class LoggingObjective(DefaultObjective):
+    """Writes ``("loss", n)`` to ``log`` for every forward pass; inf loss on ``bad`` calls."""
+
+    def __init__(self, log: list[tuple[str, Any]], bad: frozenset[int] = frozenset()) -> None:
+        super().__init__()
+        self.log, self.bad, self.calls = log, bad, 0
+
+    def __call__(self, model: nn.Module, batch: Any) -> tuple[Any, Any]:
+        self.calls += 1
+        self.log.append(("loss", self.calls))
+        outputs, loss = super().__call__(model, batch)
+        return outputs, loss * float("inf") if self.calls in self.bad else loss
+
+
+class LoggingScheduler:
+    def __init__(self, optimizer: torch.optim.Optimizer, log: list[tuple[str, Any]]) -> None:
+        self.optimizer, self.log = optimizer, log
+
+    def step(self) -> None:
+        self.log.append(("scheduler", None))
+        for group in self.optimizer.param_groups:
+            group["lr"] *= 0.5
+
+
+def make_loop(
+    *,
+    batches: int = 3,
+    accumulation_steps: int = 1,
+    strategy: Strategy | None = None,
+    log: list[tuple[str, Any]] | None = None,
+    bad: frozenset[int] = frozenset(),
+    **wiring: Any,
+) -> tuple[StepLoop, DataLoader[Any], list[dict[str, Any]]]:
+    log = [] if log is None else log
+    records: list[dict[str, Any]] = []
+
+    def emit(event: str, **fields: Any) -> None:
+        records.append({"event": event, **fields})
+        log.append((event, fields.get("step")))
+
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loop = StepLoop(
+        model=model, optimizer=optimizer, scheduler=LoggingScheduler(optimizer, log),
+        precision=MixedPrecisionTrainer(MixedPrecisionConfig(dtype="fp32"), CPU),
+        accumulation=GradientAccumulation(GradientAccumulationConfig(accumulation_steps)),
+        strategy=strategy or Strategy(CPU), objective=LoggingObjective(log, bad),
+        errors=ErrorHandler(), max_grad_norm=1.0, emit=emit, **wiring,
+    )  # fmt: skip
+    return loop, DataLoader(make_classification(8 * batches), batch_size=8), records
+
+
+def run_epoch(loop: StepLoop, loader: DataLoader[Any]) -> None:
+    loop.run_epoch(loader, 0, threading.Event())
+
+
+def test_only_the_last_micro_batch_of_a_window_syncs_gradients() -> None:
+    strategy = SyncRecordingStrategy()
+    loop, loader, _ = make_loop(batches=6, accumulation_steps=4, strategy=strategy)
+    run_epoch(loop, loader)
+    assert strategy.skips == [True, True, True, False, True, False]  # windows of 4 and 2
+
+
+def test_step_n_is_read_back_after_step_n_plus_1_forward_and_before_its_update() -> None:
+    log: list[tuple[str, Any]] = []
+    loop, loader, records = make_loop(log=log)
+    run_epoch(loop, loader)
+    assert log == [
+        ("loss", 1),
+        ("loss", 2), ("scheduler", None), ("train_step", 1),
+        ("loss", 3), ("scheduler", None), ("train_step", 2),
+        ("scheduler", None), ("train_step", 3),  # the epoch's end settles the last step
+    ]  # fmt: skip
+    # Each step ran at the LR the scheduler set after the step before it.
+    assert [r["lr"] for r in records] == [0.1, 0.05, 0.025]
+
+
+def test_a_skipped_step_does_not_step_the_scheduler() -> None:
+    log: list[tuple[str, Any]] = []
+    loop, loader, records = make_loop(batches=4, log=log, bad=frozenset({2}))
+    run_epoch(loop, loader)
+    assert [r["skipped"] for r in records if r["event"] == "train_step"] == [
+        False, True, False, False,
+    ]  # fmt: skip
+    assert [r["lr"] for r in records if r["event"] == "train_step"] == [0.1, 0.05, 0.05, 0.025]
+    assert [e for e, _ in log].count("scheduler") == 3
+    assert [r["step"] for r in records if r["event"] == "nonfinite_skipped"] == [2]
+
+
+def test_step_hooks_and_device_fields_are_constructor_arguments() -> None:
+    seen: list[int] = []
+    fields = {"device_util_pct": 42.0, "device_mem_used_bytes": 7}
+    loop, loader, records = make_loop(step_hooks=[seen.append], device_fields=lambda: fields)
+    run_epoch(loop, loader)
+    assert seen == [1, 2, 3]
+    assert all(r["device_util_pct"] == 42.0 and r["device_mem_used_bytes"] == 7 for r in records)
+
+
+def test_without_device_fields_the_record_fields_are_null() -> None:
+    loop, loader, records = make_loop()
+    run_epoch(loop, loader)
+    assert {(r["device_util_pct"], r["device_mem_used_bytes"]) for r in records} == {(None, None)}
+
+
+def recorder(emit: Callable[..., None]) -> StepRecorder:
+    precision = MixedPrecisionTrainer(MixedPrecisionConfig(dtype="fp32"), CPU)
+    return StepRecorder(
+        scheduler=None, precision=precision, errors=ErrorHandler(), device=device_of(CPU),
+        emit=emit,
+    )  # fmt: skip
+
+
+def outcome(step: int, losses: Iterator[float]) -> StepOutcome:
+    micro = [torch.tensor(next(losses)), torch.tensor(next(losses))]
+    readback = Readback(micro, [3, 1], torch.tensor(0.5), False, None)
+    return StepOutcome(readback, 0, step, 0.1, 4, 0.01, 0.0)
+
+
+def test_settle_reads_the_deferred_step_once() -> None:
+    records: list[dict[str, Any]] = []
+    rec = recorder(lambda event, **f: records.append({"event": event, **f}))
+    assert rec.settle() is NOTHING_PENDING
+    rec.defer(outcome(1, iter([1.0, 5.0])))
+    scalars = rec.settle()
+    assert scalars is not NOTHING_PENDING
+    assert (scalars.loss, scalars.grad_norm, scalars.skipped) == (2.0, 0.5, False)  # (3+5)/4
+    assert rec.settle() is NOTHING_PENDING
+    assert [(r["event"], r["step"]) for r in records] == [("train_step", 1)]
+    assert (rec.stats.steps, rec.stats.samples, rec.stats.loss_sum) == (1, 4, 8.0)
