@@ -7,7 +7,13 @@ start-up included (building the optimizer, the run directory, the worker thread)
 GPU monitor on and checkpoints off unless asked for (the hand-written loop saves nothing).
 Prints the median samples/s of each and their ratio.
 
+With ``--peers``, the same hand-written loop also runs through Lightning Fabric and Hugging
+Face Accelerate (``benchmarks.peers``; optional packages), alternated with the others in
+each round, and their ratios to the hand-written loop are printed as extra rows ("not
+installed" where the package cannot be imported).
+
     python benchmarks/overhead.py                      # small MLP on this machine's device
+    python benchmarks/overhead.py --peers              # and Fabric, Accelerate beside them
     python benchmarks/overhead.py --model gpt2 --precision bf16 --sync-check   # on a GPU
 """
 
@@ -30,6 +36,7 @@ import torch
 from torch import nn
 
 from benchmarks.models import GPT, mlp
+from benchmarks.peers import PEERS, Peer, quiet
 from core import GradientAccumulationConfig, MultiGPUConfig, create_optimized_training_optimizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -117,6 +124,16 @@ def ours(
     anyio.run(optimizer.train)
 
 
+def peer_run(
+    peer: Peer,
+    model: nn.Module,
+    batches: Sequence[Batch],
+    args: argparse.Namespace,
+    device: torch.device,
+) -> None:
+    peer.loop(model, batches, args.epochs, args.accum, args.precision, device)
+
+
 def timed(fn: Callable[[], None], device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -147,25 +164,42 @@ def main() -> None:
         help="core's default is 1; off here, as the hand-written loop saves nothing",
     )  # fmt: skip
     parser.add_argument("--no-monitor", action="store_true", help="switch the GPU monitor off")
+    parser.add_argument(
+        "--peers", nargs="*", choices=list(PEERS), default=None,
+        help="also run the hand-written loop through these frameworks (no names: all)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
+    if args.peers is not None and not args.peers:
+        args.peers = list(PEERS)
+    peers = [PEERS[name] for name in args.peers or []]
+    running = [peer for peer in peers if peer.installed]
+    if running:
+        quiet()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     model, batches = make_job(args, device)
     samples = args.epochs * sum(len(y) for _, y in batches)
-    results: dict[str, list[float]] = {"hand": [], "core": []}
+    names = ["hand", "core"] + [peer.name for peer in running]
+    results: dict[str, list[float]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as tmp:
         warm = copy.deepcopy(model)
         warm_up = batches[: 4 * args.accum]  # allocator, kernels, lazy imports
         hand_loop(warm, warm_up, args, device)
         ours(copy.deepcopy(model), warm_up, args, Path(tmp))
+        for peer in running:
+            peer_run(peer, copy.deepcopy(model), warm_up, args, device)
         for round_ in range(args.rounds):
-            order = ["hand", "core"] if round_ % 2 == 0 else ["core", "hand"]
+            shift = round_ % len(names)  # every job takes every place in the order in turn
+            order = names[shift:] + names[:shift]
             for name in order:
                 replica = copy.deepcopy(model)
                 if name == "hand":
                     seconds = timed(partial(hand_loop, replica, batches, args, device), device)
+                elif name in PEERS:
+                    run = partial(peer_run, PEERS[name], replica, batches, args, device)
+                    seconds = timed(run, device)
                 else:
                     check = args.sync_check and device.type == "cuda"
                     if check:
@@ -197,8 +231,25 @@ def main() -> None:
         "hand_round_s": [round(samples / x, 3) for x in results["hand"]],
         "core_round_s": [round(samples / x, 3) for x in results["core"]],
     }
+    rows: dict[str, Any] = {}
+    for peer in peers:
+        if not peer.installed:
+            summary[f"{peer.name}_ratio"] = None
+            rows[f"{peer.label} / hand-written"] = "not installed"
+            continue
+        speed = statistics.median(results[peer.name])
+        summary[f"{peer.name}_samples_per_s"] = round(speed, 1)
+        summary[f"{peer.name}_ratio"] = round(speed / hand, 4)
+        summary[f"{peer.name}_ms_per_step"] = round(1000 * args.batch_size * args.accum / speed, 3)
+        summary[f"{peer.name}_round_s"] = [round(samples / x, 3) for x in results[peer.name]]
+        rows[f"{peer.label} / hand-written"] = summary[f"{peer.name}_ratio"]
+    if peers:
+        rows = {"core / hand-written": summary["ratio"], **rows}
+    width = max(len(key) for key in [*summary, *rows])
     for key, value in summary.items():
-        print(f"{key:>20}: {value}")
+        print(f"{key:>{width}}: {value}")
+    for key, value in rows.items():
+        print(f"{key:>{width}}: {value}")
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
 

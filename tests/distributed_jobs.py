@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -325,6 +326,60 @@ def uneven_len(out: Path, rank: int) -> None:
         (out / f"uneven_len.rank{rank}.txt").write_text("\n".join(messages))
         torch.distributed.barrier()  # the group survived: both ranks wrote before either exits
         raise
+
+
+class LateAtEpochEnd(torch.optim.lr_scheduler.LambdaLR):
+    """A constant schedule whose step for an epoch's last optimizer step sleeps: that step is
+    settled at the epoch's end, after the last gradient collective, so a rank using it
+    reaches the epoch-end collectives ``delay_s`` late."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, steps_per_epoch: int, delay_s: float):
+        self.steps_per_epoch, self.delay_s, self.calls = steps_per_epoch, delay_s, -1
+        super().__init__(optimizer, lambda _: 1.0)  # calls step() once itself
+
+    def step(self, epoch: int | None = None) -> None:
+        super().step()
+        self.calls += 1
+        if self.calls and self.calls % self.steps_per_epoch == 0:
+            time.sleep(self.delay_s)
+
+
+@scenario
+def slow_rank_heartbeat(out: Path, rank: int) -> None:
+    # Rank 1 reaches every epoch end 0.3 s late, so rank 0 waits in the epoch-edge
+    # collectives. Those run on the step thread: rank 0's event loop must keep beating.
+    delay_s = 0.3 if rank == 1 else 0.0
+    optimizer = create_optimized_training_optimizer(
+        model=Recorder(), train_loader=DataLoader(IndexedData(256), batch_size=8),
+        val_loader=DataLoader(IndexedData(64, seed=1), batch_size=16),
+        scheduler=lambda opt: LateAtEpochEnd(opt, steps_per_epoch=16, delay_s=delay_s),
+        max_epochs=3, log_dir=out / "logs", experiment_name="heartbeat",
+    )  # fmt: skip
+    gaps: list[float] = []
+
+    async def main() -> None:
+        async def heartbeat() -> None:
+            last = time.perf_counter()
+            while True:
+                await anyio.sleep(0.005)
+                now = time.perf_counter()
+                if optimizer.global_step > 0:  # across the epochs and their ends
+                    gaps.append(now - last)
+                last = now
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(heartbeat)
+            started = time.perf_counter()
+            await optimizer.train()
+            outcome["train_s"] = time.perf_counter() - started
+            tg.cancel_scope.cancel()
+
+    outcome: dict[str, Any] = {}
+    anyio.run(main)
+    optimizer.close()
+    outcome["worst_gap_s"] = max(gaps)
+    outcome["beats"] = len(gaps)
+    torch.save(outcome, out / f"slow_rank_heartbeat.rank{rank}.pt")
 
 
 def main() -> None:

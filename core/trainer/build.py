@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch._dynamo  # (see below)
 from torch import nn
 
 from core.checkpointing.checkpointer import Checkpointer
@@ -43,6 +44,10 @@ from core.trainer.early_stopping import EarlyStopping
 from core.trainer.run_state import RunState
 
 __all__ = ("Parts", "Runtime", "build")
+
+# torch imports its compiler stack on the first fused optimizer: ~0.5 s that holds the GIL,
+# so an application's event loop stalls even when the build runs in a worker thread.
+# Imported with core (above), it is paid at the application's start, not in a running loop.
 
 Emit = Callable[..., None]
 OptimizerArgument = torch.optim.Optimizer | Callable[[list[nn.Parameter]], torch.optim.Optimizer]
