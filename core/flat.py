@@ -27,7 +27,7 @@ from core.loop.accumulation import GradientAccumulationConfig
 from core.loop.recovery import ErrorHandlerConfig
 from core.precision.config import AmpDtype, MixedPrecisionConfig
 
-__all__ = ("FLAT_KEYWORDS", "SECTION_KEYWORDS", "FlatSettings", "config_from_flat")
+__all__ = ("FLAT_KEYWORDS", "FlatSettings", "SECTION_KEYWORDS", "config_from_flat")
 
 FLAT_KEYWORDS: dict[str, str] = {
     "experiment_name": "run.experiment_name",

@@ -28,9 +28,9 @@ from core.loop.recovery import ErrorHandler
 from core.precision.policy import MixedPrecisionTrainer
 
 __all__ = (
-    "NOTHING_PENDING",
     "DeviceFields",
     "EpochStats",
+    "NOTHING_PENDING",
     "Scheduler",
     "StepOutcome",
     "StepRecorder",

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 __all__ = (
-    "SAMPLE_FIELDS",
     "HostReader",
+    "SAMPLE_FIELDS",
     "SamplingThread",
     "next_tick",
     "summarize",

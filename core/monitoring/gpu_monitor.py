@@ -36,7 +36,7 @@ from core.monitoring.device_metrics import (
 )
 from core.monitoring.nvml import NvmlReader, gpu_info, load_nvml, nvml_acquire, nvml_release
 
-__all__ = ("SAMPLE_FIELDS", "GPUMonitor", "GPUMonitorConfig")
+__all__ = ("GPUMonitor", "GPUMonitorConfig", "SAMPLE_FIELDS")
 
 _log = structlog.get_logger("core")
 

@@ -24,7 +24,7 @@ import torch
 
 from core.precision.loss_scaler import DynamicLossScaler
 
-__all__ = ("FP32", "Autocast", "Precision", "ScaledFP16")
+__all__ = ("Autocast", "FP32", "Precision", "ScaledFP16")
 
 _SHORT_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 

@@ -22,16 +22,16 @@ from core.loop.recovery import ErrorHandlerConfig
 __all__ = (
     "built_by",
     "check_callable",
-    "check_optimizer_argument",
-    "check_scheduler_argument",
-    "is_scheduler_instance",
     "check_loader",
     "check_loss_fn",
     "check_model",
     "check_optimizer",
+    "check_optimizer_argument",
     "check_parts",
     "check_runtime",
     "check_scheduler",
+    "check_scheduler_argument",
+    "is_scheduler_instance",
 )
 
 T = TypeVar("T")
