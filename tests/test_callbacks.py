@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -114,17 +113,14 @@ async def test_a_slow_callback_loses_its_oldest_records_and_training_does_not_wa
         run=RunConfig(log_dir=log_dir, max_epochs=1),
         logging=LoggingConfig(event_buffer_size=8, flush_interval_s=0.05),
     )
-    started = time.monotonic()
     results = await OptimizedTrainingOptimizer(
         config, model=make_model(), train_loader=train, callbacks=[slow]
     ).train()
-    elapsed = time.monotonic() - started
     written = read(results.run_dir)
     assert results.global_step == 128
-    # 130+ records at 50 ms each would take 6.5 s if training waited for the callback.
+    # Had training waited for the callback, it would have seen every record.
     assert len(slow.seen) < len(written) and slow.seen[-1] == "run_end"
     assert next(r for r in written if r["event"] == "callback_lagging")["callback"] == "Slow"
-    assert elapsed < 0.05 * len(written)
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -31,8 +32,12 @@ Record = dict[str, Any]
 class EventStream:
     """An async iterator of records; ends after the run it watches ends."""
 
-    def __init__(self, hub: EventHub, capacity: int, poll_interval_s: float) -> None:
+    def __init__(
+        self, hub: EventHub, capacity: int, poll_interval_s: float,
+        on_first_drop: Callable[[], None] | None = None,
+    ) -> None:  # fmt: skip
         self._hub = hub
+        self._on_first_drop = on_first_drop
         self._buffer: deque[Record] = deque(maxlen=capacity)
         self._lock = threading.Lock()
         self._poll_interval_s = poll_interval_s
@@ -43,9 +48,11 @@ class EventStream:
     def offer(self, record: Record) -> None:
         """Called by the producer; drops the oldest record when the buffer is full."""
         with self._lock:
-            if len(self._buffer) == self._buffer.maxlen:
-                self.dropped += 1
+            full = len(self._buffer) == self._buffer.maxlen
+            self.dropped += full
             self._buffer.append(record)
+        if full and self.dropped == 1 and self._on_first_drop is not None:
+            self._on_first_drop()  # on the producer's thread, as the drop happens
 
     def close(self) -> None:
         """No more records will come; iteration ends once the buffer is drained."""
@@ -93,8 +100,13 @@ class EventHub:
         with self._lock:
             self._closed = False
 
-    def subscribe(self, capacity: int = 1024, poll_interval_s: float = 0.02) -> EventStream:
-        stream = EventStream(self, capacity, poll_interval_s)
+    def subscribe(
+        self, capacity: int = 1024, poll_interval_s: float = 0.02,
+        on_first_drop: Callable[[], None] | None = None,
+    ) -> EventStream:  # fmt: skip
+        """A new stream of the records published from now on; ``on_first_drop`` is called
+        (on the publishing thread; it must not block) when it first loses a record."""
+        stream = EventStream(self, capacity, poll_interval_s, on_first_drop)
         with self._lock:
             if self._closed:  # the run already ended: nothing will come
                 stream.close()

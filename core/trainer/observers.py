@@ -57,9 +57,21 @@ class Observers:
             scope = anyio.CancelScope(shield=True)
             self._scopes.append(scope)
             self._pending += 1
-            tg.start_soon(self._feed, callback, hub.subscribe(self._capacity), scope)
+            stream = hub.subscribe(self._capacity, on_first_drop=self._lagging(callback))
+            tg.start_soon(self._feed, callback, stream, scope)
         if not self._callbacks:
             self._done.set()
+
+    def _lagging(self, callback: Callback) -> Callable[[], None]:
+        """The report of a callback's first lost record (queued: no I/O, any thread)."""
+
+        def report() -> None:
+            self._warn(
+                "callback_lagging", callback=type(callback).__name__, dropped=1,
+                effect="this callback misses the oldest records; training goes on",
+            )  # fmt: skip
+
+        return report
 
     async def finish(self) -> None:
         """After the hub closed: let callbacks finish their streams, then stop them."""
@@ -72,16 +84,9 @@ class Observers:
         self, callback: Callback, stream: EventStream, scope: anyio.CancelScope
     ) -> None:
         name = type(callback).__name__
-        lagging = False
         try:
             with scope:
                 async for record in stream:
-                    if not lagging and stream.dropped:
-                        lagging = True
-                        self._warn(
-                            "callback_lagging", callback=name, dropped=stream.dropped,
-                            effect="this callback misses the oldest records; training goes on",
-                        )  # fmt: skip
                     if not await self._deliver(callback, name, record):
                         return
         finally:
