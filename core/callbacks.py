@@ -12,12 +12,16 @@ step (a checkpoint due, a profiler step) is not: it is a step hook of the loop.
 
 Example::
 
-    class PrintLoss(Callback):
-        async def on_epoch_end(self, run: RunInfo, record: Record) -> None:
-            print(record["epoch"], record["train_loss"])
+    class LossCurve(Callback):
+        def __init__(self) -> None:
+            self.losses: list[float] = []
 
+        async def on_epoch_end(self, run: RunInfo, record: Record) -> None:
+            self.losses.append(record["train_loss"])
+
+    curve = LossCurve()
     async with OptimizedTrainingOptimizer(config, model=m, train_loader=dl,
-                                          callbacks=[PrintLoss()]) as run:
+                                          callbacks=[curve]) as run:
         await run.train()
 
 A hook must not block the event loop: hand slow work to a thread
