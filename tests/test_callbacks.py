@@ -143,3 +143,28 @@ async def test_a_cancelled_run_still_delivers_run_end(log_dir: Path) -> None:
 def test_callbacks_must_be_callback_instances(log_dir: Path) -> None:
     with pytest.raises(ConfigError, match=r"^callbacks=.*print.* is invalid; allowed: instances"):
         job(log_dir, [print])  # type: ignore[list-item]
+
+
+class FailsOnTheLastEpoch(Callback):
+    async def on_epoch_end(self, run: RunInfo, record: Record) -> None:
+        if record["epoch"] == 1:
+            raise ValueError("a bug seen only at the end")
+
+
+async def test_a_callback_failing_on_the_last_records_is_reported_before_run_end(
+    log_dir: Path,
+) -> None:
+    # Records reach callbacks only at epoch edges and at the end (a long flush interval):
+    # the failing hook runs while the run is closing, and must still be in the run's log.
+    train, _ = loaders(n=64)
+    config = TrainingConfig(
+        run=RunConfig(log_dir=log_dir, max_epochs=2),
+        logging=LoggingConfig(flush_interval_s=60.0),
+    )
+    results = await OptimizedTrainingOptimizer(
+        config, model=make_model(), train_loader=train, callbacks=[FailsOnTheLastEpoch()]
+    ).train()
+    written = read(results.run_dir)
+    assert written[-1]["event"] == "run_end" and written[-1]["status"] == "completed"
+    (failure,) = [r for r in written if r.get("kind") == "callback_failed"]
+    assert "a bug seen only at the end" in failure["error"]

@@ -54,6 +54,11 @@ class EventStream:
         if full and self.dropped == 1 and self._on_first_drop is not None:
             self._on_first_drop()  # on the producer's thread, as the drop happens
 
+    @property
+    def backlog(self) -> int:
+        """Records published to this stream and not yet taken by its consumer."""
+        return len(self._buffer)
+
     def close(self) -> None:
         """No more records will come; iteration ends once the buffer is drained."""
         self._closed = True

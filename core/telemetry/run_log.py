@@ -41,6 +41,9 @@ _MAX_QUEUED = 10_000
 _Queued = tuple[str, str, float, dict[str, Any]]
 
 
+_process_log = structlog.get_logger("core")
+
+
 def new_run_id() -> str:
     """A run id that sorts by start time (UTC, to the millisecond) and does not collide,
     such as ``20261122-031500.123-a1b2c3``."""
@@ -201,20 +204,28 @@ class RunLog:
 
 
 class CurrentLog:
-    """Where a job's parts write records: the log of the run in progress, if any (records
-    emitted between runs have no run to belong to and are dropped)."""
+    """Where a job's parts write records: the log of the run in progress. Warnings and
+    errors that come when no run's log is open (a callback failing on ``run_end``) go to
+    the process's structlog logger instead, so that none is lost."""
 
     def __init__(self) -> None:
         self.log: RunLog | None = None
 
+    def _open(self) -> RunLog | None:
+        return None if self.log is None or self.log.closed else self.log
+
     def emit(self, event: str, **fields: Any) -> None:
-        if self.log is not None:
-            self.log.emit(event, **fields)
+        if (log := self._open()) is not None:
+            log.emit(event, **fields)
 
     def warning(self, event: str, **fields: Any) -> None:
-        if self.log is not None:
-            self.log.warning(event, **fields)
+        if (log := self._open()) is not None:
+            log.warning(event, **fields)
+        else:
+            _process_log.warning(event, **fields)
 
     def error(self, event: str, **fields: Any) -> None:
-        if self.log is not None:
-            self.log.error(event, **fields)
+        if (log := self._open()) is not None:
+            log.error(event, **fields)
+        else:
+            _process_log.error(event, **fields)

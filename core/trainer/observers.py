@@ -48,6 +48,9 @@ class Observers:
         self._capacity = capacity
         self.grace_s = grace_s
         self._scopes: list[anyio.CancelScope] = []
+        self._streams: list[EventStream] = []
+        self._busy = 0  # feeds inside a hook right now
+        self._deadline: float | None = None  # of the grace, shared by catch_up and finish
         self._pending = 0
         self._done = anyio.Event()
 
@@ -58,6 +61,7 @@ class Observers:
             self._scopes.append(scope)
             self._pending += 1
             stream = hub.subscribe(self._capacity, on_first_drop=self._lagging(callback))
+            self._streams.append(stream)
             tg.start_soon(self._feed, callback, stream, scope)
         if not self._callbacks:
             self._done.set()
@@ -73,12 +77,27 @@ class Observers:
 
         return report
 
+    async def catch_up(self) -> None:
+        """Before ``run_end`` is written: wait until every callback has handled the records
+        published so far, so that a hook failing on the last epoch's records is reported in
+        the run's own log. Shielded; this and :meth:`finish` share one ``grace_s``, of which
+        this takes at most half (a slow callback must still get ``run_end``)."""
+        bound = min(self._remaining(), self.grace_s / 2)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(bound):
+            while not self._done.is_set() and (self._busy or any(s.backlog for s in self._streams)):
+                await anyio.sleep(0.005)
+
     async def finish(self) -> None:
         """After the hub closed: let callbacks finish their streams, then stop them."""
-        with anyio.CancelScope(shield=True), anyio.move_on_after(self.grace_s):
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self._remaining()):
             await self._done.wait()
         for scope in self._scopes:
             scope.cancel()
+
+    def _remaining(self) -> float:
+        if self._deadline is None:
+            self._deadline = anyio.current_time() + self.grace_s
+        return max(0.0, self._deadline - anyio.current_time())
 
     async def _feed(
         self, callback: Callback, stream: EventStream, scope: anyio.CancelScope
@@ -86,10 +105,11 @@ class Observers:
         name = type(callback).__name__
         try:
             with scope:
-                async for record in stream:
+                async for record in stream:  # (the stream is closed when the run ends)
                     if not await self._deliver(callback, name, record):
                         return
         finally:
+            self._streams.remove(stream)  # a feed that ended owes nothing to catch_up
             await stream.aclose()
             self._pending -= 1
             if self._pending == 0:
@@ -102,6 +122,7 @@ class Observers:
         if special is not None:
             hooks.append(getattr(callback, special))
         for hook in hooks:
+            self._busy += 1
             try:
                 await hook(self._run, record)
             except Exception as exc:
@@ -111,4 +132,6 @@ class Observers:
                     effect="this callback is not called again in this run; training goes on",
                 )  # fmt: skip
                 return False
+            finally:
+                self._busy -= 1
         return True

@@ -73,6 +73,9 @@ class Run:
                 if worker.abandoned:
                     end.status = "abandoned"
                 with anyio.CancelScope(shield=True):
+                    if cycle.log is not None:  # callbacks see every record before run_end
+                        await anyio.to_thread.run_sync(cycle.log.drain)
+                    await observers.catch_up()
                     await anyio.to_thread.run_sync(
                         functools.partial(cycle.close, end, abandoned=worker.abandoned)
                     )
