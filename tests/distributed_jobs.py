@@ -28,7 +28,9 @@ if str(ROOT) not in sys.path:
 
 from core import GradientAccumulationConfig, MultiGPUConfig, create_optimized_training_optimizer  # noqa: E402
 from core.errors import UnevenLoadersError  # noqa: E402
+from core.loop.recovery import ErrorHandlerConfig  # noqa: E402
 from core.multi_gpu_training import setup_distributed_environment  # noqa: E402
+from tests.helpers import TokenModel, padded_sequences  # noqa: E402
 
 FEATURES = 8
 
@@ -380,6 +382,61 @@ def slow_rank_heartbeat(out: Path, rank: int) -> None:
     outcome["worst_gap_s"] = max(gaps)
     outcome["beats"] = len(gaps)
     torch.save(outcome, out / f"slow_rank_heartbeat.rank{rank}.pt")
+
+
+class OOMOnRank1(Recorder):
+    """Rank 1 runs out of memory (injected) on micro-batches above 4 samples; rank 0 never."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        self.rank = rank
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self.training and self.rank == 1 and inputs.shape[0] > 4:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().forward(inputs)
+
+
+@scenario
+def ddp_oom_rank1(out: Path, rank: int) -> None:
+    model = OOMOnRank1(rank)
+    optimizer = create_optimized_training_optimizer(
+        model=model, train_loader=DataLoader(IndexedData(96), batch_size=8), max_epochs=2,
+        learning_rate=1e-2, log_dir=out / "logs", experiment_name="oom", seed=0,
+        multi_gpu_config=MultiGPUConfig(training_mode="distributed"),
+        error_handler_config=ErrorHandlerConfig(oom_recovery="on"),
+    )  # fmt: skip
+    results = anyio.run(optimizer.train)
+    weights = optimizer._built.strategy.model_state_dict(optimizer.model)
+    micro = optimizer._built.accumulation.micro_batch_size
+    optimizer.close()
+    torch.save(
+        {"weights": weights, "results": results.to_dict(), "micro_batch_size": micro},
+        out / f"ddp_oom_rank1.rank{rank}.pt",
+    )
+
+
+def token_job(world: str, log_dir: Path) -> dict[str, torch.Tensor]:
+    """One SGD step (lr 1) over a window of 2 batches per rank of padded sequences: under
+    DDP each rank holds 2 of the 4 sequences (1+5 and 6+4 real tokens)."""
+    model = TokenModel()
+    optimizer = create_optimized_training_optimizer(
+        model=model, train_loader=DataLoader(padded_sequences(4), batch_size=1),
+        loss_fn=nn.CrossEntropyLoss(), max_epochs=1, log_dir=log_dir, experiment_name="tok",
+        gradient_accumulation_config=GradientAccumulationConfig(2, normalize_by="tokens"),
+        optimizer=lambda params: torch.optim.SGD(params, lr=1.0),
+        multi_gpu_config=MultiGPUConfig(training_mode=world),  # type: ignore[arg-type]
+    )  # fmt: skip
+    anyio.run(optimizer.train)
+    weights: dict[str, torch.Tensor] = optimizer._built.strategy.model_state_dict(optimizer.model)
+    optimizer.close()
+    return weights
+
+
+@scenario
+def ddp_tokens(out: Path, rank: int) -> None:
+    weights = token_job("distributed", out / "logs")
+    torch.save({"weights": weights}, out / f"ddp_tokens.rank{rank}.pt")
 
 
 def main() -> None:

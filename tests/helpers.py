@@ -27,3 +27,31 @@ def loaders(
     train = DataLoader(make_classification(n), batch_size=batch_size, shuffle=shuffle)
     valid = DataLoader(make_classification(64, seed=1), batch_size=32) if val else None
     return train, valid
+
+
+VOCAB = 11
+
+
+def padded_sequences(n: int = 4, length: int = 6, seed: int = 0) -> TensorDataset:
+    """Token sequences padded with -100 to ``length``: sequence i keeps ``i % length + 1``
+    tokens, so batches hold very different numbers of real target tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, VOCAB, (n, length), generator=generator)
+    targets = torch.randint(0, VOCAB, (n, length), generator=generator)
+    for i in range(n):
+        targets[i, (i * 5) % length + 1 :] = -100
+    return TensorDataset(tokens, targets)
+
+
+class TokenModel(nn.Module):
+    """Embedding -> linear over the vocabulary; outputs ``[batch, vocab, time]``."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = nn.Embedding(VOCAB, 8)
+        self.head = nn.Linear(8, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.embed(tokens)).transpose(1, 2)
+        return out

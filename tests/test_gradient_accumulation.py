@@ -14,7 +14,8 @@ from core import (
     GradientAccumulationConfig,
     create_optimized_training_optimizer,
 )
-from tests.helpers import make_classification, make_model
+from core.distributed import Strategy
+from tests.helpers import TokenModel, make_classification, make_model, padded_sequences
 
 
 def batches(sizes: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -52,6 +53,11 @@ def test_halving_the_micro_batch() -> None:
         ({"accumulation_steps": 0}, r"accumulation_steps=0 is invalid; allowed: an integer >= 1"),
         ({"accumulation_steps": 2.5}, r"accumulation_steps=2.5 is invalid"),
         ({"micro_batch_size": 0}, r"micro_batch_size=0 is invalid"),
+        (
+            {"normalize_by": "words"},
+            r"normalize_by='words' is invalid; allowed: 'samples', 'tokens'",
+        ),
+        ({"ignore_index": None}, r"ignore_index=None is invalid; allowed: an integer"),
     ],
 )
 def test_config_errors(kwargs: dict[str, object], pattern: str) -> None:
@@ -111,3 +117,62 @@ def test_dividing_by_accumulation_steps_would_differ(log_dir: Path) -> None:
         torch.allclose(a, b, atol=1e-6)
         for a, b in zip(naive.parameters(), reference.parameters(), strict=True)
     )
+
+
+def token_run(normalize_by: str, log_dir: Path, micro_batch_size: int | None = None) -> nn.Module:
+    """One optimizer step (SGD, lr 1) over a window of two padded batches of two sequences."""
+    model = TokenModel()
+    optimizer = create_optimized_training_optimizer(
+        model=model,
+        train_loader=DataLoader(padded_sequences(4), batch_size=2),
+        loss_fn=nn.CrossEntropyLoss(),  # ignore_index -100: a mean over real tokens
+        gradient_accumulation_config=GradientAccumulationConfig(
+            2,
+            micro_batch_size,
+            normalize_by=normalize_by,  # type: ignore[arg-type]
+        ),
+        optimizer=lambda params: torch.optim.SGD(params, lr=1.0),
+        max_epochs=1,
+        log_dir=log_dir,
+    )
+    assert anyio.run(optimizer.train).global_step == 1
+    return model
+
+
+def big_batch_step() -> nn.Module:
+    model = TokenModel()
+    tokens, targets = padded_sequences(4)[:]
+    nn.functional.cross_entropy(model(tokens), targets).backward()
+    torch.optim.SGD(model.parameters(), lr=1.0).step()
+    return model
+
+
+@pytest.mark.parametrize("micro_batch_size", [None, 1])
+def test_token_normalised_accumulation_equals_the_big_batch_with_padding(
+    micro_batch_size: int | None, log_dir: Path
+) -> None:
+    # Real tokens per sequence: 1, 6, 5, 4, so the two batches hold 7 and 9 tokens.
+    ours = token_run("tokens", log_dir, micro_batch_size)
+    reference = big_batch_step()
+    for a, b in zip(ours.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+def test_sample_normalisation_is_off_on_padded_batches(log_dir: Path) -> None:
+    """Guards the test above: weighting by samples gives a visibly different update."""
+    start = TokenModel()
+    by_samples, reference = token_run("samples", log_dir), big_batch_step()
+    moved = [b - s for b, s in zip(reference.parameters(), start.parameters(), strict=True)]
+    wrong = [a - b for a, b in zip(by_samples.parameters(), reference.parameters(), strict=True)]
+    relative = (
+        torch.cat([w.flatten() for w in wrong]).norm()
+        / torch.cat([m.flatten() for m in moved]).norm()
+    )
+    assert relative > 0.05
+
+
+def test_tokens_need_targets(log_dir: Path) -> None:
+    acc = GradientAccumulation(GradientAccumulationConfig(normalize_by="tokens"))
+    (window,) = list(acc.windows([{"input_ids": torch.ones(2, 3, dtype=torch.long)}]))
+    with pytest.raises(Exception, match=r"normalize_by='tokens' needs target tokens"):
+        acc.loss_weights(acc.micro_batches(window), window, Strategy(torch.device("cpu")))

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 from core import (
     ConfigError,
@@ -38,7 +39,7 @@ from core.multi_gpu_training import (
     optimize_model_for_multi_gpu,
 )
 from tests.distributed_jobs import IndexedData, interleaved, run_job
-from tests.helpers import loaders, make_model
+from tests.helpers import TokenModel, loaders, make_model, padded_sequences
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = ROOT / "tests" / "distributed_jobs.py"
@@ -236,6 +237,8 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "ddp_fp32",
         "ddp_bf16",
         "ddp_accum",
+        "ddp_oom_rank1",
+        "ddp_tokens",
         "ddp_shuffle",
         "fsdp_fp32",
         "fsdp_bf16_policy",
@@ -498,3 +501,40 @@ def test_the_event_loop_keeps_beating_while_a_slow_rank_holds_up_epoch_ends(jobs
     assert fast["train_s"] > 3 * 0.3
     # ...while its event loop, beating every 5 ms, never stalled: the issue's bound is 50 ms.
     assert fast["beats"] > 100 and fast["worst_gap_s"] < 0.050, fast
+
+
+@pytest.mark.distributed
+def test_an_oom_on_one_rank_halves_both_and_matches_the_smaller_micro_batch(
+    jobs: Path, tmp_path: Path
+) -> None:
+    """Rank 1 alone runs out of memory at 8 samples: both ranks halve to 4 and go on; the
+    weights equal one process with the global batch of 16 (and the ranks stay identical)."""
+    rank0, rank1 = load(jobs, "ddp_oom_rank1"), load(jobs, "ddp_oom_rank1", rank=1)
+    assert rank0["micro_batch_size"] == rank1["micro_batch_size"] == 4
+    assert rank0["results"]["global_step"] == rank1["results"]["global_step"] == 12
+    _, _, weights = run_job(
+        batch_size=16, mode="cpu", log_dir=tmp_path,
+        gradient_accumulation_config=GradientAccumulationConfig(micro_batch_size=8),
+    )  # fmt: skip
+    assert_same_weights(rank0["weights"], weights)
+    for key, value in rank1["weights"].items():
+        assert torch.equal(value, rank0["weights"][key])
+    records = [
+        json.loads(line)
+        for path in sorted((jobs / "logs" / "oom").glob("*/events*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
+    recovered = [r for r in records if r["event"] == "oom_recovered"]
+    assert [r["micro_batch_size"] for r in recovered] == [4, 4]  # each rank logs the halving
+
+
+@pytest.mark.distributed
+def test_token_normalisation_over_two_ranks_equals_the_big_batch(
+    jobs: Path, tmp_path: Path
+) -> None:
+    ddp = load(jobs, "ddp_tokens")["weights"]
+    model = TokenModel()
+    tokens, targets = padded_sequences(4)[:]
+    nn.functional.cross_entropy(model(tokens), targets).backward()
+    torch.optim.SGD(model.parameters(), lr=1.0).step()
+    assert_same_weights(ddp, model.state_dict(), atol=1e-6)

@@ -127,9 +127,22 @@ class Strategy:
         backward does not synchronise gradients across ranks (all but a window's last)."""
         return _NO_CONTEXT
 
-    def window_normaliser(self, local_samples: int) -> float | torch.Tensor:
-        """The divisor of a micro-batch's ``loss * samples`` so gradients average correctly."""
-        return float(local_samples)
+    def window_normaliser(
+        self, local: float | torch.Tensor, *, exact: bool = False
+    ) -> float | torch.Tensor:
+        """The divisor of a micro-batch's ``loss * count`` so gradients average correctly:
+        the window's count over all ranks divided by the world size (averaging gradients
+        divides by it again). ``exact`` counts even where shards hold equal windows (token
+        counts differ between equal-sized windows)."""
+        return local if isinstance(local, torch.Tensor) else float(local)
+
+    # -- out-of-memory agreement ------------------------------------------------------------
+    can_agree_on_oom = True
+    """Whether ranks can re-split together after an out-of-memory error: every micro-batch
+    runs without gradient sync, ranks vote, then :meth:`average_gradients` syncs."""
+
+    def average_gradients(self, grads: Sequence[torch.Tensor]) -> None:
+        """Average ``grads`` over ranks in place (where backward did not synchronise)."""
 
     def total_norm(self, grads: Sequence[torch.Tensor]) -> torch.Tensor:
         """The global 2-norm of all gradients (a device tensor; no host sync)."""

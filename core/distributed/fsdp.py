@@ -58,6 +58,10 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
 class FSDPStrategy(ProcessGroupStrategy):
     """FSDP2 over a 1-D device mesh of all ranks."""
 
+    # Forward all-gathers parameters block by block: a rank that runs out of memory inside
+    # one leaves the others waiting in the next, before any vote could be taken.
+    can_agree_on_oom = False
+
     def __init__(
         self,
         device: torch.device,

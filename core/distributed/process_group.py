@@ -18,7 +18,7 @@ in step as ``core.distributed.lockstep`` describes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch._C._distributed_c10d import PrefixStore, TCPStore
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from core.distributed.base import Strategy
 from core.distributed.lockstep import (
@@ -171,16 +172,36 @@ class ProcessGroupStrategy(Strategy):
         return limit if isinstance(limit, int) else None
 
     # -- the step -------------------------------------------------------------------------
-    def window_normaliser(self, local_samples: int) -> float | torch.Tensor:
+    def window_normaliser(
+        self, local: float | torch.Tensor, *, exact: bool = False
+    ) -> float | torch.Tensor:
         # Gradients are averaged over ranks, so a micro-batch's weight is its share of the
         # global window times world_size. Shards core built hold equal windows on every rank.
-        if self._equal_shards:
-            return float(local_samples)
-        total = torch.tensor([float(local_samples)], device=self._collective_device())
+        if self._equal_shards and not exact:
+            return local if isinstance(local, torch.Tensor) else float(local)
+        device = self._collective_device()
+        total = (
+            local.detach().reshape(1).to(device=device, dtype=torch.float32)
+            if isinstance(local, torch.Tensor)
+            else torch.tensor([float(local)], device=device)
+        )
         dist.all_reduce(total)
         if total.device.type == "cpu":
-            return float(total) / self.world_size
-        return total / self.world_size
+            return float(total) / self.world_size  # gloo: a CPU tensor, no device sync
+        return total.reshape(()) / self.world_size
+
+    def average_gradients(self, grads: Sequence[torch.Tensor]) -> None:
+        # One all-reduce per ~25 MB bucket of same-dtype gradients (as DDP buckets them),
+        # after backward instead of overlapped with it: the price of agreeing on OOM first.
+        device = self._collective_device()
+        for bucket in _buckets(grads, _BUCKET_BYTES):
+            flat = _flatten_dense_tensors(bucket).to(device)
+            dist.all_reduce(flat)
+            flat /= self.world_size
+            for grad, synced in zip(
+                bucket, _unflatten_dense_tensors(flat.to(bucket[0].device), bucket), strict=True
+            ):
+                grad.copy_(synced)
 
     def _collective_device(self) -> torch.device:
         return torch.device("cpu") if dist.get_backend() == "gloo" else self.device
@@ -236,3 +257,22 @@ class ProcessGroupStrategy(Strategy):
 
     def barrier(self) -> None:
         dist.barrier(group=self._control)
+
+
+_BUCKET_BYTES = 25 * 2**20
+
+
+def _buckets(grads: Sequence[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:
+    """``grads`` grouped by dtype and device into lists of at most ~``limit`` bytes."""
+    buckets: list[list[torch.Tensor]] = []
+    open_: dict[tuple[torch.dtype, torch.device], tuple[list[torch.Tensor], int]] = {}
+    for grad in grads:
+        key = (grad.dtype, grad.device)
+        bucket, size = open_.get(key, ([], 0))
+        if bucket and size + grad.numel() * grad.element_size() > limit:
+            buckets.append(bucket)
+            bucket, size = [], 0
+        bucket.append(grad)
+        open_[key] = (bucket, size + grad.numel() * grad.element_size())
+    buckets.extend(bucket for bucket, _ in open_.values() if bucket)
+    return buckets

@@ -50,6 +50,14 @@ class Device:
     def max_allocated(self) -> int | None:
         return None
 
+    def rng_state(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The generators a forward draws from (dropout): torch's CPU one and, on CUDA, the
+        device's (host-side state: no sync)."""
+        return torch.get_rng_state(), None
+
+    def set_rng_state(self, state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+        torch.set_rng_state(state[0])
+
 
 class CudaDevice(Device):
     """A CUDA device: allocator counters, cache, current-device and bf16 queries."""
@@ -82,6 +90,14 @@ class CudaDevice(Device):
 
     def max_allocated(self) -> int | None:
         return torch.cuda.max_memory_allocated(self.torch)
+
+    def rng_state(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return torch.get_rng_state(), torch.cuda.get_rng_state(self.torch)
+
+    def set_rng_state(self, state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+        torch.set_rng_state(state[0])
+        if state[1] is not None:
+            torch.cuda.set_rng_state(state[1], self.torch)
 
 
 def device_of(device: torch.device | str) -> Device:

@@ -11,6 +11,11 @@ is exactly the gradient of one batch holding all of the window's samples, includ
 shorter last window of an epoch (dividing by ``accumulation_steps`` would under-weight it).
 A distributed strategy replaces the local sample count by the global one.
 
+For sequence models whose loss is a mean over *tokens* (padding ignored),
+``normalize_by="tokens"`` weights each micro-batch by its share of the window's
+non-ignored target tokens, counted over all ranks (as torchtitan does): padded batches then
+give the gradient of one big batch, not a mean of per-batch means.
+
 Only the window's last micro-batch (``MicroBatch.is_last``) synchronises gradients across
 ranks; the step runs the others inside the strategy's ``no_backward_sync`` context (DDP
 ``no_sync``, FSDP2 ``set_requires_gradient_sync(False)``).
@@ -20,16 +25,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, Protocol
+
+import torch
 
 from core.checks import is_int
 from core.errors import config_error
-from core.loop.batches import count_samples, split_batch
+from core.loop.batches import count_samples, count_tokens, split_batch
 
 __all__ = (
     "GradientAccumulation",
     "GradientAccumulationConfig",
     "MicroBatch",
+    "SampleWeights",
+    "TokenWeights",
     "Window",
 )
 
@@ -40,10 +49,18 @@ class GradientAccumulationConfig:
 
     ``micro_batch_size`` (optional) splits each loader batch into chunks of at most that
     many samples; the result is the same, the peak memory lower.
+
+    ``normalize_by`` (default ``"samples"``) is what a micro-batch's loss is weighted by:
+    its samples, or (``"tokens"``, for a loss that is a mean over target tokens) its target
+    tokens not equal to ``ignore_index`` (default -100, ``CrossEntropyLoss``'s). Tokens cost
+    one count per micro-batch (on the loader's tensors: no device sync for CPU batches) and,
+    under DDP, one all-reduce of the window's count.
     """
 
     accumulation_steps: int = 1
     micro_batch_size: int | None = None
+    normalize_by: Literal["samples", "tokens"] = "samples"
+    ignore_index: int = -100
 
     def __post_init__(self) -> None:
         if not (is_int(self.accumulation_steps) and self.accumulation_steps >= 1):
@@ -62,6 +79,13 @@ class GradientAccumulationConfig:
                 "None or an integer >= 1",
                 "leave it None to use each loader batch whole.",
             )
+        if self.normalize_by not in ("samples", "tokens"):
+            raise config_error(
+                "normalize_by", self.normalize_by, ("samples", "tokens"),
+                "use 'tokens' when the loss is a mean over (non-padding) target tokens.",
+            )  # fmt: skip
+        if not is_int(self.ignore_index):
+            raise config_error("ignore_index", self.ignore_index, "an integer (e.g. -100)")
 
 
 class MicroBatch(NamedTuple):
@@ -82,12 +106,52 @@ class Window(NamedTuple):
     samples: int
 
 
+class Counts(Protocol):
+    """What a weighting needs from the strategy: the window's count over all ranks."""
+
+    def window_normaliser(
+        self, local: float | torch.Tensor, *, exact: bool = False
+    ) -> float | torch.Tensor: ...
+
+
+class SampleWeights:
+    """Each micro-batch's loss weighted by its share of the window's samples."""
+
+    def __call__(
+        self, micro: list[MicroBatch], window: Window, counts: Counts
+    ) -> list[float | torch.Tensor]:
+        normaliser = counts.window_normaliser(window.samples)
+        return [m.samples / normaliser for m in micro]
+
+
+class TokenWeights:
+    """Each micro-batch's loss weighted by its share of the window's target tokens (all
+    ranks), tokens equal to ``ignore_index`` not counted."""
+
+    def __init__(self, ignore_index: int) -> None:
+        self.ignore_index = ignore_index
+
+    def __call__(
+        self, micro: list[MicroBatch], window: Window, counts: Counts
+    ) -> list[float | torch.Tensor]:
+        tokens = [count_tokens(m.data, self.ignore_index) for m in micro]
+        total = counts.window_normaliser(sum(tokens), exact=True)  # ranks' windows differ
+        # An all-padding window (0 tokens everywhere): weights 0 instead of 0 / 0.
+        total = total.clamp(min=1e-6) if isinstance(total, torch.Tensor) else max(total, 1e-6)
+        return [t / total for t in tokens]
+
+
 class GradientAccumulation:
     """Groups batches into windows and splits them into weighted micro-batches."""
 
     def __init__(self, config: GradientAccumulationConfig | None = None) -> None:
         self.config = config or GradientAccumulationConfig()
         self.micro_batch_size: int | None = self.config.micro_batch_size
+        self.loss_weights: SampleWeights | TokenWeights = (
+            TokenWeights(self.config.ignore_index)
+            if self.config.normalize_by == "tokens"
+            else SampleWeights()
+        )
 
     @property
     def accumulation_steps(self) -> int:

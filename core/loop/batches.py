@@ -14,7 +14,15 @@ import torch
 
 from core.errors import BatchFormatError
 
-__all__ = ("count_samples", "describe", "is_pair", "split_batch", "take_samples", "to_device")
+__all__ = (
+    "count_samples",
+    "count_tokens",
+    "describe",
+    "is_pair",
+    "split_batch",
+    "take_samples",
+    "to_device",
+)
 
 
 def is_pair(batch: object) -> bool:
@@ -71,6 +79,24 @@ def count_samples(batch: object) -> int:
             "is the batch, or a dict of such tensors."
         )
     return int(tensor.shape[0])
+
+
+def count_tokens(batch: object, ignore_index: int) -> int | torch.Tensor:
+    """Target tokens not equal to ``ignore_index``: of ``targets`` in a pair, of
+    ``batch["labels"]`` in a mapping (Hugging Face's name). An int for CPU targets (no
+    device sync); a 0-d device tensor for targets already on an accelerator."""
+    targets = batch.get("labels") if isinstance(batch, Mapping) else None
+    if is_pair(batch):
+        targets = batch[1]  # type: ignore[index]
+    if not isinstance(targets, torch.Tensor):
+        raise BatchFormatError(
+            f"normalize_by='tokens' needs target tokens, but batch {describe(batch)} has "
+            "none: allowed: an (inputs, targets) pair with a targets tensor, or a dict with "
+            "a 'labels' tensor. Fix: return targets from the dataset, or use "
+            "normalize_by='samples'."
+        )
+    counted = (targets != ignore_index).sum()
+    return int(counted) if counted.device.type == "cpu" else counted
 
 
 def to_device(value: Any, device: torch.device) -> Any:

@@ -52,6 +52,8 @@ class StepLoop:
     ``step_hooks`` run on the step thread after every optimizer step, with the global step
     (a checkpoint due, a profiler step). ``device_fields`` gives the latest device
     utilisation and memory for every ``train_step`` record (None: both fields null).
+    ``prepare_batch`` moves a batch to the device (default ``to_device``; channels_last
+    models convert 4-D inputs too).
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class StepLoop:
         emit: Emit,
         step_hooks: Sequence[StepHook] = (),
         device_fields: DeviceFields | None = None,
+        prepare_batch: Callable[[Any], Any] | None = None,
     ) -> None:
         self.model = model
         self.accumulation = accumulation
@@ -83,7 +86,7 @@ class StepLoop:
         self.optimizer_step = OptimizerStep(
             model=model, optimizer=optimizer, amp=precision, accumulation=accumulation,
             strategy=strategy, objective=objective, errors=errors, max_grad_norm=max_grad_norm,
-            recorder=self.recorder, emit=emit,
+            recorder=self.recorder, emit=emit, prepare_batch=prepare_batch,
         )  # fmt: skip
         self.global_step = 0
         self.epoch = 0

@@ -8,8 +8,9 @@ sums are all-reduced, so the metrics equal one process's.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -44,9 +45,13 @@ def evaluate(
     strategy: Strategy,
     objective: Objective,
     errors: ErrorHandler,
+    prepare_batch: Callable[[Any], Any] | None = None,
 ) -> EvalStats:
+    """Mean loss (and accuracy) of ``model`` over ``loader``; ``prepare_batch`` moves a batch
+    to the device (and into channels_last where the model is)."""
     model.eval()
     device = strategy.device
+    prepare = prepare_batch or partial(to_device, device=device)
     limit = strategy.eval_sample_limit(loader)
     zero = torch.zeros((), dtype=torch.float64, device=device)
     loss_sum, correct, counted = zero.clone(), zero.clone(), zero.clone()
@@ -54,7 +59,7 @@ def evaluate(
     accuracy_applies = True
     interrupted = False
     for index, raw in enumerate(loader):
-        batch = to_device(errors.check_batch(raw, epoch=epoch, batch_index=index), device)
+        batch = prepare(errors.check_batch(raw, epoch=epoch, batch_index=index))
         size = count_samples(batch)
         keep = size if limit is None else max(0, min(size, limit - samples))
         if 0 < keep < size:

@@ -55,9 +55,12 @@ _TIMEOUT_MESSAGES = ("timed out", "timeout", "connection closed by peer", "conne
 class ErrorHandlerConfig:
     """How far the ErrorHandler goes to keep a run alive.
 
-    ``oom_recovery="auto"`` re-splits batches after out-of-memory errors in one process,
-    and under DDP/FSDP2 on CUDA (where ranks agree through one small all-reduce per step
-    before the gradient sync); ``"on"`` forces the agreement on CPU ranks too.
+    ``oom_recovery="auto"`` re-splits batches after out-of-memory errors in one process
+    (the micro-batch halves, the window's result is unchanged); ``"on"`` does it under DDP
+    too, where ranks vote after every micro-batch (a 4-byte all-reduce each) and gradients
+    are averaged after backward instead of during it (``core.loop.retry``); FSDP2 cannot.
+    ``oom_thrash_steps`` consecutive optimizer steps that each needed a re-split stop the
+    run: memory then grows from step to step, which halving cannot fix.
     """
 
     skip_nonfinite: bool = True
@@ -65,10 +68,14 @@ class ErrorHandlerConfig:
     precision_fallback: bool = True
     overflows_at_min_scale_before_fallback: int = 3
     oom_recovery: Literal["auto", "on", "off"] = "auto"
+    oom_thrash_steps: int = 3
 
     def __post_init__(self) -> None:
         check_bool_fields(self)
-        for name in ("max_consecutive_nonfinite", "overflows_at_min_scale_before_fallback"):
+        for name in (
+            "max_consecutive_nonfinite", "overflows_at_min_scale_before_fallback",
+            "oom_thrash_steps",
+        ):  # fmt: skip
             value = getattr(self, name)
             if not (is_int(value) and value >= 1):
                 raise config_error(name, value, "an integer >= 1")
@@ -153,6 +160,17 @@ class ErrorHandler:
             "smaller model; the last checkpoint is intact."
         )
 
+    def oom_thrashing(self, steps: list[int], sizes: list[int]) -> OutOfMemoryError:
+        shown = " -> ".join(str(size) for size in sizes)
+        return OutOfMemoryError(
+            f"out of memory in {len(steps)} optimizer steps in a row (steps {steps[0]} to "
+            f"{steps[-1]}; micro-batches halved to {shown}): memory grows from step to step, "
+            "which halving cannot fix. Likely a tensor kept across steps (a loss or output "
+            "stored without .detach()/.item()), or a fragmented allocator. Fix: find what "
+            "grows (profile_memory_usage), set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, "
+            "or raise oom_thrash_steps; the last checkpoint is intact."
+        )
+
     def step_error(
         self, exc: BaseException, *, epoch: int, step: int, batch_index: int, rank: int,
         timeout_s: float | None, phase: str,
@@ -160,13 +178,14 @@ class ErrorHandler:
         """The error to raise for an exception escaping a step (the original is chained)."""
         if isinstance(exc, CoreError):
             return exc
-        if is_out_of_memory(exc):  # here only where re-splitting is off (several ranks)
+        if is_out_of_memory(exc):  # here only where re-splitting is off
             return OutOfMemoryError(
                 f"rank {rank} ran out of memory in epoch {epoch}, step {step}, batch "
-                f"{batch_index}; re-splitting batches after an OOM works in one process only "
-                "(ranks would have to agree before the gradient sync). Fix: a smaller batch "
-                "size, micro_batch_size in GradientAccumulationConfig, bf16, or gradient "
-                "checkpointing; the last checkpoint is intact."
+                f"{batch_index}, and oom_recovery={self.config.oom_recovery!r} does not "
+                "re-split here ('auto' re-splits in one process only). Fix: "
+                "oom_recovery='on' (DDP: ranks agree and halve together), a smaller batch "
+                "size or micro_batch_size, bf16, or activation_checkpointing; the last "
+                "checkpoint is intact."
             )
         if timeout_s is not None and is_collective_failure(exc):
             return DistributedTimeoutError(

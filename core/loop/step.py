@@ -16,6 +16,9 @@ CPU-GPU sync points (CUDA):
 - Ranks with unequal shards (a user's sampler) all-reduce the window's sample count each
   step; over gloo the host waits for that collective (not for the GPU).
 - After an out-of-memory error only: ``torch.cuda.empty_cache()`` before the retry.
+- Ranks agreeing on OOM (``oom_recovery="on"`` under DDP): a 4-byte vote per micro-batch
+  on the gloo control group (the host waits for the other ranks, not for the GPU), and the
+  gradients averaged after backward (``core.loop.retry``).
 
 Nothing else reads a device value: the loss checks look at tensor metadata, the gradient
 norm and clip stay on the device, and batches are copied with ``non_blocking=True``.
@@ -25,7 +28,9 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
+from functools import partial
 from time import perf_counter
+from typing import Any
 
 import torch
 from torch import nn
@@ -37,8 +42,10 @@ from core.loop.batches import to_device
 from core.loop.objective import Objective
 from core.loop.readback import Readback
 from core.loop.recorder import StepOutcome, StepRecorder
-from core.loop.recovery import ErrorHandler, is_out_of_memory
+from core.loop.recovery import ErrorHandler
+from core.loop.retry import retry_policy
 from core.loop.stepper import stepper_for
+from core.precision.plugins import Precision
 from core.precision.policy import MixedPrecisionTrainer
 
 __all__ = ("OptimizerStep",)
@@ -62,6 +69,7 @@ class OptimizerStep:
         max_grad_norm: float | None,
         recorder: StepRecorder,
         emit: Emit,
+        prepare_batch: Callable[[Any], Any] | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -78,37 +86,21 @@ class OptimizerStep:
         self.stepper = stepper_for(
             optimizer, strategy.device, guard_nonfinite=errors.config.skip_nonfinite
         )
-        self.recover_oom = strategy.world_size == 1 and errors.config.oom_recovery != "off"
+        self.retry = retry_policy(strategy, device_of(strategy.device), errors)
+        self.prepare_batch = prepare_batch or partial(to_device, device=strategy.device)
 
     def __call__(
         self, window: Window, *, step: int, epoch: int, started: float, data_time_s: float
     ) -> None:
         """Optimizer step number ``step`` over ``window``; ``started`` is its perf_counter()."""
         precision = self.amp.begin_step()  # FP32 | Autocast | ScaledFP16
-        normaliser = self.strategy.window_normaliser(window.samples)
-        while True:  # once, or again with halved micro-batches after an out-of-memory error
-            losses: list[torch.Tensor] = []
-            sizes: list[int] = []
-            try:
-                for micro in self.accumulation.micro_batches(window):
-                    batch = to_device(micro.data, self.device)
-                    # Backward inside too: FSDP2 reduces gradients during backward.
-                    with self.strategy.no_backward_sync(self.model, enabled=not micro.is_last):
-                        with precision.autocast():
-                            _, loss = self.objective(self.model, batch)
-                        loss = self.errors.check_loss(
-                            loss, epoch=epoch, batch_index=window.first_batch_index
-                        )
-                        precision.backward(loss * (micro.samples / normaliser))
-                    losses.append(loss.detach().float())
-                    sizes.append(micro.samples)
-                break
-            except Exception as exc:
-                if not (self.recover_oom and is_out_of_memory(exc)):
-                    raise
-            self._shrink_after_oom(window, step, epoch)  # outside except: frees the traceback
+        self.retry.begin()  # RNG noted where an OOM may make us run the window again
+        while (done := self._forward_backward(window, precision, epoch)) is None:
+            self._shrink_after_oom(window, step, epoch)  # all ranks, together
+        losses, sizes = done
 
         grads = [p.grad for p in self.params if p.grad is not None]
+        self.retry.average_gradients(grads)  # where backward did not sync (ranks voting)
         found_inf = self.strategy.reduce_found_inf(precision.unscale_(grads))  # fp16 only
         grad_norm = self._norm_and_clip(grads)  # device tensor: no host sync
         self.recorder.settle()  # step N-1 read back here, after N's backward is queued
@@ -124,6 +116,36 @@ class OptimizerStep:
             )
         )
 
+    def _forward_backward(
+        self, window: Window, precision: Precision, epoch: int
+    ) -> tuple[list[torch.Tensor], list[int]] | None:
+        """Forward and backward of every micro-batch, each loss weighted by the micro-batch's
+        share of the window; None when a micro-batch ran out of memory (on any rank)."""
+        micro_batches = self.accumulation.micro_batches(window)
+        weights = self.accumulation.loss_weights(micro_batches, window, self.strategy)
+        losses: list[torch.Tensor] = []
+        for micro, weight in zip(micro_batches, weights, strict=True):
+            failed = False
+            try:
+                batch = self.prepare_batch(micro.data)
+                sync = micro.is_last and self.retry.sync_in_backward
+                # Backward inside too: FSDP2 reduces gradients during backward.
+                with self.strategy.no_backward_sync(self.model, enabled=not sync):
+                    with precision.autocast():
+                        _, loss = self.objective(self.model, batch)
+                    loss = self.errors.check_loss(
+                        loss, epoch=epoch, batch_index=window.first_batch_index
+                    )
+                    precision.backward(loss * weight)
+                losses.append(loss.detach().float())
+            except Exception as exc:
+                if not self.retry.recoverable(exc):
+                    raise
+                failed = True  # handled outside ``except``: the traceback holds the memory
+            if self.retry.failed_anywhere(failed):  # all ranks vote where they must agree
+                return None
+        return losses, [m.samples for m in micro_batches]
+
     def _norm_and_clip(self, grads: list[torch.Tensor]) -> torch.Tensor:
         """The global 2-norm of the gradients; clipped in place to ``max_grad_norm`` if set."""
         grad_norm = self.strategy.total_norm(grads)
@@ -133,12 +155,13 @@ class OptimizerStep:
 
     def _shrink_after_oom(self, window: Window, step: int, epoch: int) -> None:
         """Drop the failed attempt's gradients, free memory, halve the micro-batch (same
-        result); raise when it is already one sample."""
+        result), rewind the RNG; raise when it is already one sample, or on thrashing."""
         self.optimizer.zero_grad(set_to_none=True)
         largest = max(window.sizes)
         size = self.accumulation.halve_micro_batch(largest)
         if size is None:
             raise self.errors.out_of_memory(batch_size=largest, micro_batch_size=1)
+        self.retry.rewind(step, size)
         gc.collect()
         device_of(self.device).empty_cache()  # a host sync on CUDA, after an OOM only
         self.emit(
