@@ -20,6 +20,7 @@ from __future__ import annotations
 from core.callbacks import Callback, RunInfo
 from core.checkpointing.checkpointer import CheckpointConfig
 from core.config import DataConfig, EarlyStoppingConfig, OptimConfig, RunConfig, TrainingConfig
+from core.data import CachedDataset, DevicePrefetcher, LoaderConfig, create_dataloader
 from core.errors import (
     BatchFormatError,
     CheckpointError,
@@ -39,6 +40,13 @@ from core.errors import (
 from core.gradient_accumulation import GradientAccumulation, GradientAccumulationConfig
 from core.hardware.settings import GPUManagerConfig
 from core.loop.recovery import ErrorHandler, ErrorHandlerConfig
+from core.memory import (
+    GPUMemoryOptimizer,
+    MemoryConfig,
+    optimize_batch_size,
+    optimize_model_memory,
+    profile_memory_usage,
+)
 from core.mixed_precision_training import (
     LossScalerConfig,
     MixedPrecisionConfig,
@@ -53,17 +61,20 @@ from core.optimized_training_optimizer import (
 from core.telemetry.config import LoggingConfig
 from core.telemetry.events import EventStream
 from core.trainer.results import TrainingResults
+from core.transforms import ModelTransformsConfig
 
 __version__ = "0.1.0"
 
 __all__ = (
     "BatchFormatError",
+    "CachedDataset",
     "Callback",
     "CheckpointConfig",
     "CheckpointError",
     "ConfigError",
     "CoreError",
     "DataConfig",
+    "DevicePrefetcher",
     "DistributedTimeoutError",
     "EarlyStoppingConfig",
     "EmptyLoaderError",
@@ -71,15 +82,19 @@ __all__ = (
     "ErrorHandlerConfig",
     "EventStream",
     "GPUManagerConfig",
+    "GPUMemoryOptimizer",
     "GPUMonitorConfig",
     "GradientAccumulation",
     "GradientAccumulationConfig",
     "IncompatibleCheckpointError",
+    "LoaderConfig",
     "LoggingConfig",
     "LossFormatError",
     "LossScalerConfig",
+    "MemoryConfig",
     "MixedPrecisionConfig",
     "MixedPrecisionTrainer",
+    "ModelTransformsConfig",
     "MultiGPUConfig",
     "MultiGPUTrainer",
     "NonFiniteLossError",
@@ -94,5 +109,9 @@ __all__ = (
     "TrainingStepError",
     "UnevenLoadersError",
     "UnsafeCheckpointError",
+    "create_dataloader",
     "create_optimized_training_optimizer",
+    "optimize_batch_size",
+    "optimize_model_memory",
+    "profile_memory_usage",
 )

@@ -6,6 +6,7 @@ optimizer, scheduler, callbacks) are arguments of the orchestrator, outside the 
     config = TrainingConfig(
         run=RunConfig(experiment_name="email_sequence", max_epochs=3, seed=0),
         precision=MixedPrecisionConfig(dtype="bf16"),
+        transforms=ModelTransformsConfig(activation_checkpointing=True),
         checkpoint=CheckpointConfig(checkpoint_every_n_steps=500, resume="auto"),
     )
     config.replace({"precision.scaler.hysteresis": 2})   # a new tree; errors name the path
@@ -24,14 +25,17 @@ from typing import Any
 
 from core.checkpointing.checkpointer import CheckpointConfig
 from core.checks import check_bool_fields, is_finite_number, is_int, is_path
+from core.data.config import LoaderConfig
 from core.distributed.config import MultiGPUConfig
 from core.errors import ConfigError, config_error
 from core.hardware.settings import GPUManagerConfig
 from core.loop.accumulation import GradientAccumulationConfig
 from core.loop.recovery import ErrorHandlerConfig
+from core.memory.config import MemoryConfig
 from core.monitoring.config import GPUMonitorConfig
 from core.precision.config import LossScalerConfig, MixedPrecisionConfig
 from core.telemetry.config import LoggingConfig
+from core.transforms.config import ModelTransformsConfig
 
 __all__ = ("DataConfig", "EarlyStoppingConfig", "OptimConfig", "RunConfig", "TrainingConfig")
 
@@ -126,12 +130,17 @@ class EarlyStoppingConfig:
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     """How loaders are fed. ``use_distributed_sampler``: under DDP/FSDP2 a plain DataLoader
-    is rebuilt with a DistributedSampler (off: each rank's loader is used as given)."""
+    is rebuilt with a DistributedSampler (off: each rank's loader is used as given).
+    ``loader``: how :func:`~core.data.create_dataloader` builds loaders; of it, a run uses
+    ``device_prefetch`` (its loaders are the user's own)."""
 
     use_distributed_sampler: bool = True
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
 
     def __post_init__(self) -> None:
         check_bool_fields(self)
+        if not isinstance(self.loader, LoaderConfig):
+            raise config_error("loader", self.loader, "a LoaderConfig")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,6 +154,8 @@ class TrainingConfig:
     data: DataConfig = field(default_factory=DataConfig)
     distributed: MultiGPUConfig = field(default_factory=MultiGPUConfig)
     hardware: GPUManagerConfig = field(default_factory=GPUManagerConfig)
+    transforms: ModelTransformsConfig = field(default_factory=ModelTransformsConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     errors: ErrorHandlerConfig = field(default_factory=ErrorHandlerConfig)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
@@ -191,7 +202,10 @@ class TrainingConfig:
 
 
 _SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(TrainingConfig)}  # type: ignore[misc]
-_NESTED: dict[type, dict[str, type]] = {MixedPrecisionConfig: {"scaler": LossScalerConfig}}
+_NESTED: dict[type, dict[str, type]] = {
+    MixedPrecisionConfig: {"scaler": LossScalerConfig},
+    DataConfig: {"loader": LoaderConfig},
+}
 
 
 def _replace_in(node: Any, parts: list[str], leaves: dict[str, object], section: str) -> Any:

@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 from core.checkpointing.checkpointer import CheckpointConfig
 from core.config import TrainingConfig
@@ -25,7 +25,9 @@ from core.distributed.config import MultiGPUConfig, TrainingMode
 from core.errors import ConfigError, config_error
 from core.loop.accumulation import GradientAccumulationConfig
 from core.loop.recovery import ErrorHandlerConfig
+from core.memory.config import MemoryConfig
 from core.precision.config import AmpDtype, MixedPrecisionConfig
+from core.transforms.config import CompileMode, ModelTransformsConfig
 
 __all__ = ("FLAT_KEYWORDS", "FlatSettings", "SECTION_KEYWORDS", "config_from_flat")
 
@@ -54,11 +56,22 @@ FLAT_KEYWORDS: dict[str, str] = {
     "amp_max_scale": "precision.scaler.max_scale",
     "accumulation_steps": "accumulation.accumulation_steps",
     "micro_batch_size": "accumulation.micro_batch_size",
+    "normalize_by": "accumulation.normalize_by",
     "training_mode": "distributed.training_mode",
     "use_distributed_sampler": "data.use_distributed_sampler",
+    "device_prefetch": "data.loader.device_prefetch",
     "tf32": "hardware.tf32",
     "cudnn_benchmark": "hardware.cudnn_benchmark",
     "memory_fraction": "hardware.memory_fraction",
+    "activation_checkpointing": "transforms.activation_checkpointing",
+    "channels_last": "transforms.channels_last",
+    "compile": "transforms.compile",
+    "compile_mode": "transforms.compile_mode",
+    "compile_fullgraph": "transforms.compile_fullgraph",
+    "auto_batch_size": "memory.auto_batch_size",
+    "target_memory_gb": "memory.target_memory_gb",
+    "max_batch_size": "memory.max_batch_size",
+    "memory_margin": "memory.margin",
     "checkpoint_dir": "checkpoint.checkpoint_dir",
     "checkpoint_every_n_steps": "checkpoint.checkpoint_every_n_steps",
     "checkpoint_every_n_epochs": "checkpoint.checkpoint_every_n_epochs",
@@ -67,6 +80,7 @@ FLAT_KEYWORDS: dict[str, str] = {
     "save_on_cancel": "checkpoint.save_on_cancel",
     "checkpoint_safe_globals": "checkpoint.safe_globals",
     "max_consecutive_nonfinite": "errors.max_consecutive_nonfinite",
+    "oom_recovery": "errors.oom_recovery",
     "early_stopping_patience": "early_stopping.patience",
     "early_stopping_min_delta": "early_stopping.min_delta",
     "monitor_interval_s": "monitor.interval_s",
@@ -82,6 +96,8 @@ SECTION_KEYWORDS: dict[str, str] = {
     "multi_gpu_config": "distributed",
     "checkpoint_config": "checkpoint",
     "error_handler_config": "errors",
+    "model_transforms_config": "transforms",
+    "memory_config": "memory",
 }
 """Keyword taking a whole section object -> the section's name in the tree."""
 
@@ -113,11 +129,22 @@ class FlatSettings(TypedDict, total=False):
     amp_max_scale: float
     accumulation_steps: int
     micro_batch_size: int | None
+    normalize_by: Literal["samples", "tokens"]
     training_mode: TrainingMode
     use_distributed_sampler: bool
+    device_prefetch: Literal["auto"] | bool
     tf32: bool
     cudnn_benchmark: bool
     memory_fraction: float | None
+    activation_checkpointing: bool | tuple[str, ...]
+    channels_last: Literal["auto"] | bool
+    compile: Literal["auto"] | bool
+    compile_mode: CompileMode
+    compile_fullgraph: bool
+    auto_batch_size: bool
+    target_memory_gb: float | None
+    max_batch_size: int
+    memory_margin: float
     checkpoint_dir: str | Path | None
     checkpoint_every_n_steps: int | None
     checkpoint_every_n_epochs: int | None
@@ -126,6 +153,7 @@ class FlatSettings(TypedDict, total=False):
     save_on_cancel: bool
     checkpoint_safe_globals: Sequence[Any]
     max_consecutive_nonfinite: int
+    oom_recovery: Literal["auto", "on", "off"]
     early_stopping_patience: int | None
     early_stopping_min_delta: float
     monitor_interval_s: float
@@ -137,6 +165,8 @@ class FlatSettings(TypedDict, total=False):
     multi_gpu_config: MultiGPUConfig | None
     checkpoint_config: CheckpointConfig | None
     error_handler_config: ErrorHandlerConfig | None
+    model_transforms_config: ModelTransformsConfig | None
+    memory_config: MemoryConfig | None
 
 
 def config_from_flat(

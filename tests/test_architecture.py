@@ -22,7 +22,7 @@ FACES = {
     "core.cli",
 }
 COMPONENTS = ("loop", "precision", "distributed", "checkpointing", "telemetry", "monitoring",
-              "hardware")  # fmt: skip
+              "hardware", "memory", "transforms", "data")  # fmt: skip
 MAX_LINES = 300
 
 

@@ -35,3 +35,16 @@ def test_a_quick_start_program_runs_as_written(index: int, tmp_path: Path) -> No
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert list((tmp_path / "logs").glob("*/*/events.jsonl"))  # the run wrote its log
+
+
+def test_the_memory_and_speed_example_runs_as_written(tmp_path: Path) -> None:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Memory and speed") : text.index("## Several GPUs")]
+    (program,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    done = subprocess.run(
+        [sys.executable, "-c", program], check=False, cwd=tmp_path, capture_output=True,
+        text=True, timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    batch_size = int(done.stdout.split()[0])
+    assert 32 <= batch_size < 4096  # the budget binds

@@ -129,6 +129,9 @@ def run_jobs(log_dir: Path) -> None:
         train(log_dir, "fp16", model=OverflowInFP16(), amp_dtype=torch.float16,
               amp_init_scale=16.0, train_loader=DataLoader(make_classification(256), 16),
               max_epochs=1, checkpoint_every_n_epochs=None)  # fmt: skip
+    # A compiled model (CPU inductor): the compile record at the first step.
+    train(log_dir, "compiled", compile=True, train_loader=DataLoader(make_classification(64), 32),
+          max_epochs=1, checkpoint_every_n_epochs=None)  # fmt: skip
     # Out of memory, a NaN step, a NaN validation loss, then a failing step.
     with pytest.raises(TrainingStepError, match="a corrupt sample"):
         train(log_dir, "faults", model=Flaky(), amp_dtype=torch.float32, val_loader=val_loader,
@@ -156,7 +159,7 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     log_dir = tmp_path_factory.mktemp("schema") / "logs"
     run_jobs(log_dir)
     files = sorted(log_dir.rglob("events*.jsonl"))
-    assert len(files) == 5
+    assert len(files) == 6
     return [json.loads(line) for f in files for line in f.read_text().splitlines()]
 
 

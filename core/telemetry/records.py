@@ -13,8 +13,8 @@ else:  # Python 3.10: the backport (typing_extensions comes with torch)
     from typing_extensions import NotRequired, TypedDict
 
 __all__ = (
-    "CallbackLagging", "Checkpoint", "Common", "DataStall", "EpochEnd", "Error", "ForcedExit",
-    "GpuSample", "Level", "LogDegraded", "MonitorDegraded", "MonitorFieldUnsupported",
+    "CallbackLagging", "Checkpoint", "Common", "Compile", "DataStall", "EpochEnd", "Error",
+    "ForcedExit", "GpuSample", "Level", "LogDegraded", "MonitorDegraded", "MonitorFieldUnsupported",
     "NonfiniteSkipped", "OomRecovered", "PrecisionFallback", "RECORDS", "Resumed", "RunEnd",
     "RunStart", "SignalReceived", "StepThreadAbandoned", "TrainStep", "UnevenInputs", "Validation",
 )  # fmt: skip
@@ -24,7 +24,7 @@ _Reason = Literal["step", "epoch", "signal", "cancel", "stopped_by_peer", "error
 _Verdict = Literal["input_bound", "underutilised", "compute_bound"]
 _Status = Literal["completed", "stopped", "cancelled", "failed", "abandoned"]
 _ErrorKind = Literal["checkpoint_invalid", "checkpoint_failed", "nonfinite_validation_loss",
-                    "callback_failed"]  # fmt: skip
+                    "callback_failed", "compile_failed"]  # fmt: skip
 
 
 class Common(TypedDict):
@@ -85,6 +85,16 @@ class NonfiniteSkipped(Common):
     step: Annotated[int, "the skipped optimizer step"]
     loss: Annotated[float | None, "the step's loss (null: not finite)"]
     grad_norm: Annotated[float | None, "the step's gradient norm (null: not finite)"]
+
+
+class Compile(Common):
+    """Once per compiled target, at its first call (compilation is lazy: the first step)."""
+
+    target: Annotated[str, "what was compiled: 'model' or a block's qualified name"]
+    mode: Annotated[str, "torch.compile mode"]
+    fullgraph: Annotated[bool, "one graph without breaks was demanded"]
+    seconds: Annotated[float, "wall time of the first call: tracing, both graphs, the forward"]
+    graph_breaks: Annotated[int, "graph breaks this compilation added"]
 
 
 class OomRecovered(Common):
@@ -209,7 +219,7 @@ class Error(Common):
 
     kind: Annotated[_ErrorKind, "which failure (the fields below name their kinds)"]
     path: NotRequired[Annotated[str, "checkpoint_invalid: the checkpoint skipped"]]
-    reason: NotRequired[Annotated[str, "checkpoint_invalid, checkpoint_failed: why"]]
+    reason: NotRequired[Annotated[str, "checkpoint_invalid/_failed, compile_failed: why"]]
     last_checkpoint: NotRequired[Annotated[str | None, "checkpoint_failed: the last good one"]]
     epoch: NotRequired[Annotated[int, "nonfinite_validation_loss: the epoch, from 0"]]
     step: NotRequired[Annotated[int, "nonfinite_validation_loss: optimizer steps so far"]]
@@ -218,7 +228,7 @@ class Error(Common):
     hook: NotRequired[Annotated[str, "callback_failed: the hook that raised"]]
     event_type: NotRequired[Annotated[str | None, "callback_failed: the record it was given"]]
     error: NotRequired[Annotated[str, "callback_failed: the exception, type: message"]]
-    effect: NotRequired[Annotated[str, "nonfinite_validation_loss, callback_failed: what follows"]]
+    effect: NotRequired[Annotated[str, "all but checkpoint_*: what follows"]]
 
 
 class CallbackLagging(Common):
@@ -275,26 +285,14 @@ class RunEnd(Common):
 
 
 RECORDS: dict[str, type] = {
-    "run_start": RunStart,
-    "resumed": Resumed,
-    "train_step": TrainStep,
-    "nonfinite_skipped": NonfiniteSkipped,
-    "oom_recovered": OomRecovered,
-    "precision_fallback": PrecisionFallback,
-    "uneven_inputs": UnevenInputs,
-    "data_stall": DataStall,
-    "validation": Validation,
-    "epoch_end": EpochEnd,
-    "checkpoint": Checkpoint,
-    "gpu_sample": GpuSample,
-    "monitor_degraded": MonitorDegraded,
-    "monitor_field_unsupported": MonitorFieldUnsupported,
-    "error": Error,
-    "callback_lagging": CallbackLagging,
-    "log_degraded": LogDegraded,
-    "signal_received": SignalReceived,
-    "step_thread_abandoned": StepThreadAbandoned,
-    "forced_exit": ForcedExit,
-    "run_end": RunEnd,
-}
+    "run_start": RunStart, "resumed": Resumed, "compile": Compile, "train_step": TrainStep,
+    "nonfinite_skipped": NonfiniteSkipped, "oom_recovered": OomRecovered,
+    "precision_fallback": PrecisionFallback, "uneven_inputs": UnevenInputs,
+    "data_stall": DataStall, "validation": Validation, "epoch_end": EpochEnd,
+    "checkpoint": Checkpoint, "gpu_sample": GpuSample, "monitor_degraded": MonitorDegraded,
+    "monitor_field_unsupported": MonitorFieldUnsupported, "error": Error,
+    "callback_lagging": CallbackLagging, "log_degraded": LogDegraded,
+    "signal_received": SignalReceived, "step_thread_abandoned": StepThreadAbandoned,
+    "forced_exit": ForcedExit, "run_end": RunEnd,
+}  # fmt: skip
 """Every record a run writes, by ``event`` name, in the order a run meets them."""

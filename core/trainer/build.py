@@ -2,9 +2,10 @@
 
 One function, one fixed order, each part told what it needs in its constructor::
 
-    strategy (process group) -> device settings -> precision -> model wrap
-      -> optimizer and scheduler (on the wrapped parameters) -> loaders -> step loop
-      -> run state -> checkpointer -> monitor
+    strategy (process group) -> device settings -> precision -> model transforms
+      (activation checkpointing -> channels_last -> [batch-size search] -> compile)
+      -> model wrap -> optimizer and scheduler (on the wrapped parameters) -> loaders
+      -> step loop -> run state -> checkpointer -> monitor
 
 It runs off the event loop (``async with`` enter runs it in a worker thread): joining a
 process group and placing a model block. On failure, what was set up is torn down.
@@ -13,7 +14,7 @@ process group and placing a model block. On failure, what was set up is torn dow
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,16 @@ from torch import nn
 
 from core.checkpointing.checkpointer import Checkpointer
 from core.config import TrainingConfig
+from core.data.prefetch import DevicePrefetcher
 from core.distributed.base import Strategy
+from core.hardware.device import device_of
 from core.hardware.settings import GPUManager
 from core.loop.accumulation import GradientAccumulation
 from core.loop.epoch import Scheduler, StepLoop
 from core.loop.objective import DefaultObjective, LossFn, Objective
 from core.loop.recovery import ErrorHandler
 from core.loop.stepper import default_optimizer
+from core.memory.trial import OptimizerFactory
 from core.monitoring.gpu_monitor import GPUMonitor
 from core.multi_gpu_training import MultiGPUTrainer
 from core.precision.policy import MixedPrecisionTrainer
@@ -41,6 +45,7 @@ from core.trainer.arguments import (
     is_scheduler_instance,
 )
 from core.trainer.early_stopping import EarlyStopping
+from core.trainer.model_setup import PreparedModel, optimizer_factory_like, prepare_model
 from core.trainer.run_state import RunState
 
 __all__ = ("Parts", "Runtime", "build")
@@ -74,6 +79,7 @@ class Parts:
     strategy: Strategy
     device_settings: dict[str, Any]
     precision: MixedPrecisionTrainer
+    prepared: PreparedModel
     accumulation: GradientAccumulation
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -123,13 +129,22 @@ def _build(
     strategy = trainer.strategy
     device_settings = GPUManager(config.hardware, strategy.device).apply()
     precision = MixedPrecisionTrainer(config.precision, strategy.device)
+    objective = DefaultObjective() if runtime.loss_fn is None else Objective(runtime.loss_fn)
+    prepared = prepare_model(
+        runtime.model, config, strategy=strategy, precision=precision, objective=objective,
+        train_loader=runtime.train_loader, optimizer_factory=_trial_optimizer(runtime.optimizer),
+        emit=emit, report_error=report_error,
+    )  # fmt: skip
     model = trainer.initialize_training(runtime.model, precision.amp_precision.dtype)
     optimizer = _optimizer(runtime.optimizer, model, config)
     scheduler = _scheduler(runtime.scheduler, optimizer)
-    accumulation = GradientAccumulation(config.accumulation)
-    objective = DefaultObjective() if runtime.loss_fn is None else Objective(runtime.loss_fn)
+    accumulation = GradientAccumulation(
+        replace(config.accumulation, micro_batch_size=prepared.micro_batch_size)
+    )
     errors = ErrorHandler(config.errors)
-    train_loader = trainer.prepare_loader(runtime.train_loader, train=True)
+    train_loader = _device_prefetched(
+        trainer.prepare_loader(runtime.train_loader, train=True), config, strategy.device
+    )
     val_loader = (
         None if runtime.val_loader is None
         else trainer.prepare_loader(runtime.val_loader, train=False)
@@ -144,6 +159,7 @@ def _build(
         accumulation=accumulation, strategy=strategy, objective=objective, errors=errors,
         max_grad_norm=config.optim.max_grad_norm, emit=emit, step_hooks=(on_step_end,),
         device_fields=None if monitor is None else monitor.step_record_fields,
+        prepare_batch=prepared.prepare_batch,
     )  # fmt: skip
     early_stopping = EarlyStopping(config.early_stopping.patience, config.early_stopping.min_delta)
     state = RunState(
@@ -166,7 +182,8 @@ def _build(
     )  # fmt: skip
     return Parts(
         trainer=trainer, strategy=strategy, device_settings=device_settings,
-        precision=precision, accumulation=accumulation, model=model, optimizer=optimizer,
+        precision=precision, prepared=prepared, accumulation=accumulation, model=model,
+        optimizer=optimizer,
         scheduler=scheduler, objective=objective, errors=errors, train_loader=train_loader,
         val_loader=val_loader, early_stopping=early_stopping, loop=loop, state=state,
         checkpointer=checkpointer, monitor=monitor,
@@ -184,6 +201,22 @@ def _optimizer(
     optimizer = argument if given else built_by("optimizer", argument, params)  # type: ignore[arg-type]
     check_optimizer(optimizer, model, given=given)
     return optimizer  # type: ignore[return-value]
+
+
+def _trial_optimizer(argument: OptimizerArgument | None) -> OptimizerFactory | None:
+    """What the batch-size trials step: a fresh optimizer like the run's (AdamW without)."""
+    if argument is None or isinstance(argument, torch.optim.Optimizer):
+        return optimizer_factory_like(argument)
+    return argument  # the user's factory of parameters
+
+
+def _device_prefetched(
+    loader: Iterable[Any], config: TrainingConfig, device: torch.device
+) -> Iterable[Any]:
+    """The train loader, copied ahead on a side CUDA stream where ``device_prefetch`` says."""
+    setting = config.data.loader.device_prefetch
+    wanted = device_of(device).is_cuda if setting == "auto" else setting
+    return DevicePrefetcher(loader, device) if wanted else loader
 
 
 def _scheduler(

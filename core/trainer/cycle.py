@@ -157,6 +157,7 @@ class RunCycle:
             parts.model, parts.val_loader, epoch=epoch, stop=stop,
             precision=parts.precision.precision, strategy=parts.strategy,
             objective=parts.objective, errors=parts.errors,
+            prepare_batch=parts.prepared.prepare_batch,
         )  # fmt: skip
 
     def _record_validation(self, log: RunLog, epoch: int, evaluation: EvalStats) -> None:

@@ -207,6 +207,7 @@ class OptimizedTrainingOptimizer:
                 "precision": parts.precision,
                 "checkpoints": parts.checkpointer,
                 "device_settings": Fixed(parts.device_settings),
+                "model_setup": Fixed(parts.prepared.describe()),
                 "gradient_accumulation": Fixed(asdict(self._config.accumulation)),
                 "error_handling": Fixed(asdict(self._config.errors)),
             },
