@@ -385,14 +385,15 @@ def slow_rank_heartbeat(out: Path, rank: int) -> None:
 
 
 class OOMOnRank1(Recorder):
-    """Rank 1 runs out of memory (injected) on micro-batches above 4 samples; rank 0 never."""
+    """Rank 1 runs out of memory (injected) on micro-batches above ``limit`` samples; rank 0
+    never."""
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, limit: int = 4) -> None:
         super().__init__()
-        self.rank = rank
+        self.rank, self.limit = rank, limit
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        if self.training and self.rank == 1 and inputs.shape[0] > 4:
+        if self.training and self.rank == 1 and inputs.shape[0] > self.limit:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return super().forward(inputs)
 
@@ -414,6 +415,22 @@ def ddp_oom_rank1(out: Path, rank: int) -> None:
         {"weights": weights, "results": results.to_dict(), "micro_batch_size": micro},
         out / f"ddp_oom_rank1.rank{rank}.pt",
     )
+
+
+@scenario
+def ddp_auto_batch(out: Path, rank: int) -> None:
+    # Rank 1 fits 12 samples, rank 0 up to max_batch_size: both must take 12.
+    optimizer = create_optimized_training_optimizer(
+        model=OOMOnRank1(rank, limit=12), train_loader=DataLoader(IndexedData(96), batch_size=16),
+        max_epochs=1, log_dir=out / "logs", experiment_name="auto_batch", seed=0,
+        multi_gpu_config=MultiGPUConfig(training_mode="distributed"),
+        auto_batch_size=True, target_memory_gb=1.0, max_batch_size=64,
+    )  # fmt: skip
+    anyio.run(optimizer.train)
+    search = optimizer.describe()["model_setup"]["batch_size_search"]
+    micro = optimizer._built.accumulation.micro_batch_size
+    optimizer.close()
+    torch.save({"search": search, "micro": micro}, out / f"ddp_auto_batch.rank{rank}.pt")
 
 
 def token_job(world: str, log_dir: Path) -> dict[str, torch.Tensor]:

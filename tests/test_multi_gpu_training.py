@@ -238,6 +238,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "ddp_bf16",
         "ddp_accum",
         "ddp_oom_rank1",
+        "ddp_auto_batch",
         "ddp_tokens",
         "ddp_shuffle",
         "fsdp_fp32",
@@ -538,3 +539,13 @@ def test_token_normalisation_over_two_ranks_equals_the_big_batch(
     nn.functional.cross_entropy(model(tokens), targets).backward()
     torch.optim.SGD(model.parameters(), lr=1.0).step()
     assert_same_weights(ddp, model.state_dict(), atol=1e-6)
+
+
+@pytest.mark.distributed
+def test_the_batch_size_search_agrees_on_the_smallest_answer(jobs: Path) -> None:
+    """Rank 1 runs out of memory above 12 samples, rank 0 fits all 64: both use 12."""
+    rank0, rank1 = load(jobs, "ddp_auto_batch"), load(jobs, "ddp_auto_batch", rank=1)
+    assert rank0["search"]["batch_size"] == rank1["search"]["batch_size"] == 12
+    assert rank0["micro"] == rank1["micro"] == 12  # the loader's 16 are split
+    assert any(not t["fits"] for t in rank1["search"]["trials"])
+    assert all(t["fits"] for t in rank0["search"]["trials"])

@@ -54,6 +54,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--checkpoint-every-n-steps", type=int, default=None)
     parser.add_argument("--resume", default=None, help="'auto' or a checkpoint directory")
+    switch = argparse.BooleanOptionalAction
+    parser.add_argument("--compile", action=switch, default=None,
+                        help="torch.compile (default: on for CUDA, off on CPU)")  # fmt: skip
+    parser.add_argument("--compile-mode", default="default",
+                        help="default, reduce-overhead, max-autotune")  # fmt: skip
+    parser.add_argument("--channels-last", action=switch, default=None,
+                        help="NHWC memory format (default: on for conv nets on CUDA)")  # fmt: skip
+    parser.add_argument("--activation-checkpointing", action="store_true",
+                        help="recompute each transformer block in backward")  # fmt: skip
+    parser.add_argument("--auto-batch-size", action="store_true",
+                        help="split batches that do not fit the device's free memory")  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -97,6 +108,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         checkpoint_every_n_steps=args.checkpoint_every_n_steps,
         resume=args.resume,
         handle_signals=True,  # this script owns its process: SIGTERM/SIGINT stop gracefully
+        compile="auto" if args.compile is None else args.compile,
+        compile_mode=args.compile_mode,
+        channels_last="auto" if args.channels_last is None else args.channels_last,
+        activation_checkpointing=args.activation_checkpointing,
+        auto_batch_size=args.auto_batch_size,
     )
     rank = optimizer.rank
     loader = optimizer.train_loader  # under torchrun: this rank's shard
