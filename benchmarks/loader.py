@@ -2,7 +2,7 @@
 against ``num_workers=0``, and a ``CachedDataset``'s first epoch (filling) against its second.
 
 Each sample is a 3x64x64 image run through a CPU-heavy pure-torch transform (three 3x3
-convolutions, an FFT filter: about 1.5 ms on one idle core). torch's intra-op threads are set
+convolutions, an FFT filter: about 2 ms on one core). torch's intra-op threads are set
 to 1 here, in the training process; torch sets 1 in each DataLoader worker itself. So the
 figures compare processes, not intra-op thread pools. Other processes busy on the same cores
 skew the ratios: the load average is printed with the figures.

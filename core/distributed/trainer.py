@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from core.data.loader import create_dataloader
 from core.distributed.config import MultiGPUConfig
 from core.distributed.selection import Machine, StrategyOptions, build_strategy, resolve_mode
 
@@ -85,8 +86,11 @@ class Distribution:
     def setup_dataloader(
         self, dataset: Dataset[Any], batch_size: int, *, shuffle: bool = True, **kwargs: Any
     ) -> DataLoader[Any]:
-        """A DataLoader for ``dataset``; under DDP/FSDP2 with this rank's DistributedSampler."""
+        """A tuned DataLoader for ``dataset`` (:func:`~core.data.create_dataloader`: workers
+        from this machine's cores and ranks, pinned memory on CUDA); under DDP/FSDP2 with
+        this rank's DistributedSampler. Keywords go to ``create_dataloader``."""
         strategy = self.strategy
+        local_ranks = self.machine.env.local_world_size if self.machine.env else 1
         if strategy.world_size > 1 or self.training_mode in ("distributed", "fsdp"):
             sampler: DistributedSampler[Any] = DistributedSampler(
                 dataset,
@@ -95,8 +99,13 @@ class Distribution:
                 shuffle=shuffle,
                 seed=kwargs.pop("seed", 0),
             )
-            return DataLoader(dataset, batch_size=batch_size, sampler=sampler, **kwargs)
-        return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, **kwargs)
+            return create_dataloader(
+                dataset, batch_size, sampler=sampler, device=strategy.device,
+                world_size=local_ranks, **kwargs,
+            )  # fmt: skip
+        return create_dataloader(
+            dataset, batch_size, shuffle=shuffle, device=strategy.device, **kwargs
+        )
 
     def get_training_info(self) -> dict[str, Any]:
         """Mode, ranks, device and the GPUs of this machine."""
