@@ -142,3 +142,26 @@ def test_the_new_sections_are_reached_by_flat_keywords_and_dotted_paths() -> Non
         )
     with pytest.raises(ConfigError, match=r"data.loader.num_workers=-3 is invalid"):
         TrainingConfig().replace({"data.loader.num_workers": -3})
+
+
+class Stream:
+    """A re-iterable loader without ``len()``."""
+
+    def __init__(self, loader: DataLoader[Any]) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Any:
+        return iter(self.loader)
+
+
+def test_device_prefetch_wraps_sized_loaders_and_leaves_streams(log_dir: Path) -> None:
+    def loader() -> DataLoader[Any]:
+        return DataLoader(make_classification(128), batch_size=32, shuffle=True)
+
+    wrapped, _ = train(log_dir, Blocks(), loader(), device_prefetch=True)
+    assert type(wrapped._built.train_loader).__name__ == "DevicePrefetcher"
+    plain, _ = train(log_dir, Blocks(), loader(), device_prefetch=False)
+    for a, b in zip(wrapped.model.parameters(), plain.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    stream, results = train(log_dir, Blocks(), Stream(loader()), device_prefetch=True)
+    assert isinstance(stream._built.train_loader, Stream) and results.global_step == 4

@@ -24,9 +24,9 @@ from torch import nn
 
 from core.checkpointing.checkpointer import Checkpointer
 from core.config import TrainingConfig
-from core.data.prefetch import DevicePrefetcher
+from core.data.prefetch import prefetch_to_device
 from core.distributed.base import Strategy
-from core.hardware.device import device_of
+from core.distributed.lockstep import batches_in
 from core.hardware.settings import GPUManager
 from core.loop.accumulation import GradientAccumulation
 from core.loop.epoch import Scheduler, StepLoop
@@ -142,7 +142,7 @@ def _build(
         replace(config.accumulation, micro_batch_size=prepared.micro_batch_size)
     )
     errors = ErrorHandler(config.errors)
-    train_loader = _device_prefetched(
+    train_loader = _prefetched(
         trainer.prepare_loader(runtime.train_loader, train=True), config, strategy.device
     )
     val_loader = (
@@ -183,8 +183,8 @@ def _build(
     return Parts(
         trainer=trainer, strategy=strategy, device_settings=device_settings,
         precision=precision, prepared=prepared, accumulation=accumulation, model=model,
-        optimizer=optimizer,
-        scheduler=scheduler, objective=objective, errors=errors, train_loader=train_loader,
+        optimizer=optimizer, scheduler=scheduler, objective=objective, errors=errors,
+        train_loader=train_loader,
         val_loader=val_loader, early_stopping=early_stopping, loop=loop, state=state,
         checkpointer=checkpointer, monitor=monitor,
     )  # fmt: skip
@@ -210,13 +210,12 @@ def _trial_optimizer(argument: OptimizerArgument | None) -> OptimizerFactory | N
     return argument  # the user's factory of parameters
 
 
-def _device_prefetched(
-    loader: Iterable[Any], config: TrainingConfig, device: torch.device
-) -> Iterable[Any]:
-    """The train loader, copied ahead on a side CUDA stream where ``device_prefetch`` says."""
-    setting = config.data.loader.device_prefetch
-    wanted = device_of(device).is_cuda if setting == "auto" else setting
-    return DevicePrefetcher(loader, device) if wanted else loader
+def _prefetched(loader: Iterable[Any], config: TrainingConfig, device: torch.device) -> Any:
+    """The train loader copied ahead on a side CUDA stream where ``device_prefetch`` says;
+    streams stay as given (the ranks' lockstep must see them as streams)."""
+    if batches_in(loader) is None:
+        return loader
+    return prefetch_to_device(loader, device, config.data.loader)
 
 
 def _scheduler(
