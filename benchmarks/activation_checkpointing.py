@@ -18,84 +18,24 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.nn import functional as F
-from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from core.memory import meter_for
 from core.transforms import apply_activation_checkpointing
 from examples.email_sequence.model import EmailSequenceModel
 
 MiB = 2**20
 
 
-class LiveStorageBytes(TorchDispatchMode):
-    """Bytes of tensor storage alive, counted at each op's outputs and released when the
-    storage dies; ``peak`` is the most seen at once."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live = self.peak = 0
-        self._sizes: dict[int, int] = {}
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        for leaf in pytree.tree_leaves(out):
-            if isinstance(leaf, torch.Tensor):
-                self._track(leaf.untyped_storage())
-        return out
-
-    def _track(self, storage: torch.UntypedStorage) -> None:
-        key = storage._cdata
-        if key not in self._sizes:
-            self._sizes[key] = storage.nbytes()
-            self.live += self._sizes[key]
-            self.peak = max(self.peak, self.live)
-            weakref.finalize(storage, self._free, key)
-
-    def _free(self, key: int) -> None:
-        self.live -= self._sizes.pop(key)
-
-
-class Meter:
-    """``current()`` and ``peak()`` bytes since ``reset_peak()``, on CPU or CUDA."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.mode = LiveStorageBytes() if device.type == "cpu" else None
-
-    @contextmanager
-    def active(self) -> Iterator[None]:
-        if self.mode is None:
-            yield
-        else:
-            with self.mode:
-                yield
-
-    def current(self) -> int:
-        if self.mode is not None:
-            return self.mode.live
-        return torch.cuda.memory_allocated(self.device)
-
-    def reset_peak(self) -> None:
-        if self.mode is not None:
-            self.mode.peak = self.mode.live
-        else:
-            torch.cuda.reset_peak_memory_stats(self.device)
-
-    def peak(self) -> int:
-        if self.mode is not None:
-            return self.mode.peak
-        return torch.cuda.max_memory_allocated(self.device)
-
-
-def job(args: argparse.Namespace, layers: int, device: torch.device) -> Callable[[], None]:
-    """A training step of a fresh model (the same weights and batch for every variant)."""
+def job(
+    args: argparse.Namespace, layers: int, device: torch.device
+) -> tuple[Callable[[], None], Callable[[], list[torch.Tensor]]]:
+    """A training step of a fresh model (the same weights and batch for every variant), and
+    the tensors it keeps between steps (weights, gradients, optimizer state, batch)."""
     torch.manual_seed(0)
     sizes = {"d_model": 16, "n_heads": 2} if args.dry_run else {}
     model = EmailSequenceModel(n_layers=layers, **sizes).to(device)
@@ -119,20 +59,23 @@ def job(args: argparse.Namespace, layers: int, device: torch.device) -> Callable
         F.cross_entropy(model(inputs), targets).backward()
         optimizer.step()
 
-    return step
+    def kept() -> list[torch.Tensor]:
+        params = list(model.parameters())
+        state = [v for s in optimizer.state.values() for v in s.values()]
+        grads = [p.grad for p in params if p.grad is not None]
+        return [*params, *grads, *state, inputs, targets]
+
+    return step, kept
 
 
 def memory(args: argparse.Namespace, layers: int, device: torch.device) -> tuple[int, int]:
     """(peak bytes, bytes kept after the step) of one training step."""
-    meter = Meter(device)
-    with meter.active():
-        step = job(args, layers, device)
-        step()  # warm-up: optimizer state, allocator
-        meter.reset_peak()
-        step()
-        kept = meter.current()  # parameters, gradients, optimizer state, batch
-        peak = meter.peak()
-    return peak, kept
+    step, kept = job(args, layers, device)
+    step()  # warm-up: optimizer state, allocator
+    tensors = [t for t in kept() if isinstance(t, torch.Tensor)]
+    kept_bytes = sum(t.untyped_storage().nbytes() for t in {id(t): t for t in tensors}.values())
+    reading = meter_for(device).measure(step, resident=tensors)
+    return reading.peak_bytes, kept_bytes
 
 
 def seconds_per_step(step: Callable[[], None], steps: int, device: torch.device) -> float:
@@ -153,7 +96,7 @@ def measure(args: argparse.Namespace, layers: int, device: torch.device) -> dict
         args.checkpointing = checkpointing
         peak, kept = memory(args, layers, device)
         row[checkpointing] = {"peak": peak, "kept": kept, "activation": peak - kept}
-        steps[checkpointing] = job(args, layers, device)
+        steps[checkpointing] = job(args, layers, device)[0]
         steps[checkpointing]()  # warm-up
     times: dict[bool, list[float]] = {False: [], True: []}
     for round_ in range(args.rounds):

@@ -4,16 +4,13 @@ state_dict keys unchanged, idempotent and reversible, clear errors, and less pea
 from __future__ import annotations
 
 import copy
-import weakref
-from typing import Any
 
 import pytest
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from core.errors import ConfigError
+from core.memory import meter_for
 from core.transforms import (
     ModelTransformsConfig,
     apply_activation_checkpointing,
@@ -46,34 +43,6 @@ class Net(nn.Module):
         for block in self.blocks:
             h = block(h, scale=0.5)  # a keyword argument must pass through the checkpoint
         return self.head(h)
-
-
-class LiveStorageBytes(TorchDispatchMode):
-    """Bytes of tensor storage alive, counted at each op's outputs, freed when the storage
-    dies; ``peak`` is the most seen at once."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live = self.peak = 0
-        self._sizes: dict[int, int] = {}
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        for leaf in pytree.tree_leaves(out):
-            if isinstance(leaf, torch.Tensor):
-                self._track(leaf.untyped_storage())
-        return out
-
-    def _track(self, storage: torch.UntypedStorage) -> None:
-        key = storage._cdata
-        if key not in self._sizes:
-            self._sizes[key] = storage.nbytes()
-            self.live += self._sizes[key]
-            self.peak = max(self.peak, self.live)
-            weakref.finalize(storage, self._free, key)
-
-    def _free(self, key: int) -> None:
-        self.live -= self._sizes.pop(key)
 
 
 def grads_after_backward(model: nn.Module, x: torch.Tensor, seed: int = 0) -> list[torch.Tensor]:
@@ -159,10 +128,12 @@ def test_the_config_field_accepts_flags_and_class_names() -> None:
 
 def peak_activation_bytes(model: nn.Module, x: torch.Tensor) -> int:
     """Peak bytes allocated during forward and backward above what was alive before."""
-    with LiveStorageBytes() as meter:
-        start = meter.live
+
+    def step() -> None:
         model(x).square().mean().backward()
-    return meter.peak - start
+
+    reading = meter_for(torch.device("cpu")).measure(step, resident=[*model.parameters(), x])
+    return reading.peak_bytes - reading.start_bytes
 
 
 def test_checkpointing_lowers_peak_memory() -> None:
