@@ -2,9 +2,9 @@
 (``core.transforms.apply_activation_checkpointing``), for the email-sequence transformer.
 
 Memory is measured over one training step (zero_grad, forward, cross-entropy, backward, AdamW
-step) after a warm-up step has created the optimizer state. On CPU a ``TorchDispatchMode``
-counts the bytes of live tensor storage (the model, batch and optimizer are built under it,
-so everything is counted); on CUDA ``torch.cuda.max_memory_allocated``. Activation memory is
+step) after a warm-up step has created the optimizer state, by ``core.memory``'s meter: live
+tensor storages on CPU (what the step keeps is named as resident), the allocator's peak on
+CUDA. Activation memory is
 the peak minus what stays after the step: parameters, gradients, optimizer state, the
 batch. Step time is the median over alternating rounds, without the meter.
 
