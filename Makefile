@@ -20,7 +20,7 @@ else
 	@echo "no nvidia-smi: installing the pinned CPU torch first"
 	$(PY) -m pip install -q -r requirements-cpu.txt
 endif
-	$(PY) -m pip install -q -e '.[dev,examples,plots]'
+	$(PY) -m pip install -q -e '.[dev,examples,plots,trackers]'
 	@touch $(STAMP)
 
 demo: $(STAMP)

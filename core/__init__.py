@@ -18,8 +18,10 @@ program. Settings form one config tree; the seed factory maps flat keywords onto
 from __future__ import annotations
 
 from core.callbacks import Callback, RunInfo
-from core.checkpointing.checkpointer import CheckpointConfig
+from core.checkpointing.config import CheckpointConfig
+from core.checkpointing.weights import LoadedWeights, load_weights
 from core.config import DataConfig, EarlyStoppingConfig, OptimConfig, RunConfig, TrainingConfig
+from core.console import ProgressBar, summarize_model
 from core.data import CachedDataset, DevicePrefetcher, LoaderConfig, create_dataloader
 from core.errors import (
     BatchFormatError,
@@ -47,6 +49,7 @@ from core.memory import (
     optimize_model_memory,
     profile_memory_usage,
 )
+from core.metrics import Accuracy, F1Score, MeanAbsoluteError, MeanOf, Metric, Perplexity
 from core.mixed_precision_training import (
     LossScalerConfig,
     MixedPrecisionConfig,
@@ -58,15 +61,26 @@ from core.optimized_training_optimizer import (
     OptimizedTrainingOptimizer,
     create_optimized_training_optimizer,
 )
+from core.reports import write_reports
+from core.rng import seed_everything
 from core.telemetry.config import LoggingConfig
 from core.telemetry.events import EventStream
+from core.trackers import (
+    CSVLogger,
+    MLflowLogger,
+    TensorBoardLogger,
+    Tracker,
+    TrackerUnavailableError,
+)
 from core.trainer.results import TrainingResults
 from core.transforms import ModelTransformsConfig
 
 __version__ = "0.1.0"
 
 __all__ = (
+    "Accuracy",
     "BatchFormatError",
+    "CSVLogger",
     "CachedDataset",
     "Callback",
     "CheckpointConfig",
@@ -81,17 +95,23 @@ __all__ = (
     "ErrorHandler",
     "ErrorHandlerConfig",
     "EventStream",
+    "F1Score",
     "GPUManagerConfig",
     "GPUMemoryOptimizer",
     "GPUMonitorConfig",
     "GradientAccumulation",
     "GradientAccumulationConfig",
     "IncompatibleCheckpointError",
+    "LoadedWeights",
     "LoaderConfig",
     "LoggingConfig",
     "LossFormatError",
     "LossScalerConfig",
+    "MLflowLogger",
+    "MeanAbsoluteError",
+    "MeanOf",
     "MemoryConfig",
+    "Metric",
     "MixedPrecisionConfig",
     "MixedPrecisionTrainer",
     "ModelTransformsConfig",
@@ -101,9 +121,14 @@ __all__ = (
     "OptimConfig",
     "OptimizedTrainingOptimizer",
     "OutOfMemoryError",
+    "Perplexity",
+    "ProgressBar",
     "RunConfig",
     "RunInfo",
     "SignalReceived",
+    "TensorBoardLogger",
+    "Tracker",
+    "TrackerUnavailableError",
     "TrainingConfig",
     "TrainingResults",
     "TrainingStepError",
@@ -111,7 +136,11 @@ __all__ = (
     "UnsafeCheckpointError",
     "create_dataloader",
     "create_optimized_training_optimizer",
+    "load_weights",
     "optimize_batch_size",
     "optimize_model_memory",
     "profile_memory_usage",
+    "seed_everything",
+    "summarize_model",
+    "write_reports",
 )

@@ -5,7 +5,7 @@ loop (never on the step thread). It is isolated: a hook that raises is reported 
 ``error`` record, ``kind="callback_failed"``) and that callback is not called again in the
 run; a callback that falls more than ``event_buffer_size`` records behind loses the oldest
 (reported once, ``callback_lagging``). Training never waits for a callback; after the run
-ends, callbacks get up to ``callback_grace_s`` (5 s) to finish the last records.
+ends, callbacks get up to ``logging.callback_grace_s`` (10 s) to finish the last records.
 
 Progress bars, trackers and report writers are callbacks; what the step loop must do at a
 step (a checkpoint due, a profiler step) is not: it is a step hook of the loop.
@@ -59,7 +59,8 @@ class RunInfo(Protocol):
 class Callback:
     """Base class of run observers: override the hooks you need (all async, all no-ops).
 
-    ``on_record`` receives every record; the others receive theirs after ``on_record``.
+    ``on_record`` receives every record; the others receive theirs after ``on_record``;
+    ``on_run_closed`` comes last, once the run's files are complete.
     """
 
     async def on_run_start(self, run: RunInfo, record: Record) -> None:
@@ -76,3 +77,9 @@ class Callback:
 
     async def on_run_end(self, run: RunInfo, record: Record) -> None:
         """The ``run_end`` record: status, steps, the last good checkpoint."""
+
+    async def on_run_closed(self, run: RunInfo) -> None:
+        """Once, after this callback handled the run's last record: the run's files are
+        complete (``events.jsonl`` closed; ``training_metrics.png`` and
+        ``performance_summary.txt`` written into ``run.run_dir`` when reports are on).
+        Trackers upload their artifacts here."""

@@ -46,6 +46,14 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 class RunConfig:
     """What the run is called, how long it trains, where it writes, how it stops.
 
+    Training ends after ``max_epochs`` or ``max_steps`` optimizer steps, whichever comes
+    first (the epoch ``max_steps`` ends in counts as completed). With a ``val_loader``,
+    validation runs after every ``val_every_n_epochs``-th epoch and every
+    ``val_every_n_steps`` optimizer steps (either None: not on that schedule). ``seed``
+    seeds every generator when the run opens; ``deterministic=True`` also turns on torch's
+    deterministic algorithms (seed the model's construction yourself with
+    :func:`core.seed_everything` before building it).
+
     ``handle_signals=True`` turns SIGTERM/SIGINT into a graceful stop (scripts that own
     their process want it). A stop waits at most ``stop_grace_s`` for the step thread to
     reach a step boundary; past that the run is abandoned (``run_end`` status
@@ -55,7 +63,11 @@ class RunConfig:
 
     experiment_name: str = "experiment"
     max_epochs: int = 10
+    max_steps: int | None = None
+    val_every_n_epochs: int | None = 1
+    val_every_n_steps: int | None = None
     seed: int | None = None
+    deterministic: bool = False
     log_dir: str | Path = "logs"
     handle_signals: bool = False
     stop_grace_s: float = 30.0
@@ -69,6 +81,10 @@ class RunConfig:
             )  # fmt: skip
         if not (is_int(self.max_epochs) and self.max_epochs >= 1):
             raise config_error("max_epochs", self.max_epochs, "an integer >= 1")
+        for name in ("max_steps", "val_every_n_epochs", "val_every_n_steps"):
+            value = getattr(self, name)
+            if value is not None and not (is_int(value) and value >= 1):
+                raise config_error(name, value, "None or an integer >= 1")
         if self.seed is not None and not (is_int(self.seed) and self.seed >= 0):
             raise config_error("seed", self.seed, "None or an integer >= 0")
         if not is_path(self.log_dir):

@@ -34,7 +34,11 @@ __all__ = ("FLAT_KEYWORDS", "FlatSettings", "SECTION_KEYWORDS", "config_from_fla
 FLAT_KEYWORDS: dict[str, str] = {
     "experiment_name": "run.experiment_name",
     "max_epochs": "run.max_epochs",
+    "max_steps": "run.max_steps",
+    "val_every_n_epochs": "run.val_every_n_epochs",
+    "val_every_n_steps": "run.val_every_n_steps",
     "seed": "run.seed",
+    "deterministic": "run.deterministic",
     "log_dir": "run.log_dir",
     "handle_signals": "run.handle_signals",
     "stop_grace_s": "run.stop_grace_s",
@@ -79,6 +83,9 @@ FLAT_KEYWORDS: dict[str, str] = {
     "resume": "checkpoint.resume",
     "save_on_cancel": "checkpoint.save_on_cancel",
     "checkpoint_safe_globals": "checkpoint.safe_globals",
+    "save_best": "checkpoint.save_best",
+    "monitor": "checkpoint.monitor",
+    "mode": "checkpoint.mode",
     "max_consecutive_nonfinite": "errors.max_consecutive_nonfinite",
     "oom_recovery": "errors.oom_recovery",
     "early_stopping_patience": "early_stopping.patience",
@@ -87,6 +94,10 @@ FLAT_KEYWORDS: dict[str, str] = {
     "monitor_history_size": "monitor.history_size",
     "event_buffer_size": "logging.event_buffer_size",
     "log_flush_interval_s": "logging.flush_interval_s",
+    "callback_grace_s": "logging.callback_grace_s",
+    "progress": "logging.progress",
+    "reports": "logging.reports",
+    "profile_steps": "logging.profile_steps",
 }
 """Flat keyword -> dotted path of its leaf in :class:`~core.config.TrainingConfig`."""
 
@@ -107,7 +118,11 @@ class FlatSettings(TypedDict, total=False):
 
     experiment_name: str
     max_epochs: int
+    max_steps: int | None
+    val_every_n_epochs: int | None
+    val_every_n_steps: int | None
     seed: int | None
+    deterministic: bool
     log_dir: str | Path
     handle_signals: bool
     stop_grace_s: float
@@ -152,6 +167,9 @@ class FlatSettings(TypedDict, total=False):
     resume: str | Path | None
     save_on_cancel: bool
     checkpoint_safe_globals: Sequence[Any]
+    save_best: bool
+    monitor: str
+    mode: Literal["min", "max"]
     max_consecutive_nonfinite: int
     oom_recovery: Literal["auto", "on", "off"]
     early_stopping_patience: int | None
@@ -160,6 +178,10 @@ class FlatSettings(TypedDict, total=False):
     monitor_history_size: int
     event_buffer_size: int
     log_flush_interval_s: float
+    callback_grace_s: float
+    progress: bool
+    reports: bool
+    profile_steps: tuple[int, int, int] | None
     mixed_precision_config: MixedPrecisionConfig | None
     gradient_accumulation_config: GradientAccumulationConfig | None
     multi_gpu_config: MultiGPUConfig | None

@@ -15,7 +15,7 @@ raises :class:`~core.errors.ConfigError` naming both.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from torch import nn
@@ -25,6 +25,7 @@ from core.callbacks import Callback
 from core.config import TrainingConfig
 from core.flat import FlatSettings, config_from_flat
 from core.loop.objective import LossFn
+from core.metrics import Metric, MetricFn
 from core.trainer.arguments import check_parts
 from core.trainer.build import OptimizerArgument, SchedulerArgument
 from core.trainer.orchestrator import OptimizedTrainingOptimizer
@@ -41,6 +42,7 @@ def create_optimized_training_optimizer(
     optimizer: OptimizerArgument | None = None,
     scheduler: SchedulerArgument | None = None,
     callbacks: Sequence[Callback] = (),
+    metrics: Mapping[str, Metric | MetricFn] | None = None,
     config: TrainingConfig | None = None,
     **settings: Unpack[FlatSettings],
 ) -> OptimizedTrainingOptimizer:
@@ -57,7 +59,8 @@ def create_optimized_training_optimizer(
     supported); ``scheduler`` a scheduler of that optimizer or a factory taking it, stepped
     once per applied optimizer step. ``loss_fn`` defaults to ``CrossEntropyLoss()``; dict
     batches use the model's own loss. ``resume="auto"`` continues from the newest valid
-    checkpoint of the experiment.
+    checkpoint of the experiment. ``metrics`` maps names to :class:`~core.metrics.Metric`
+    objects or ``(outputs, targets) -> tensor`` callables, computed at every validation.
 
     A bad argument raises :class:`~core.errors.ConfigError` here, naming it: wrong types
     (``True`` is not a number, ``'no'`` not a flag), a ``log_dir`` that cannot be created or
@@ -74,7 +77,7 @@ def create_optimized_training_optimizer(
     job = OptimizedTrainingOptimizer(
         config_from_flat(settings, config), model=model, train_loader=train_loader,
         val_loader=val_loader, loss_fn=loss_fn, optimizer=optimizer, scheduler=scheduler,
-        callbacks=callbacks,
+        callbacks=callbacks, metrics=metrics,
     )  # fmt: skip
     job.build()
     return job

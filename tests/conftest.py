@@ -22,3 +22,16 @@ def _small_torch() -> None:
 @pytest.fixture
 def log_dir(tmp_path: Path) -> Path:
     return tmp_path / "logs"
+
+
+@pytest.fixture(autouse=True)
+def _training_plot_only_where_asked(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every run of the suite writes its ``performance_summary.txt``, but rendering
+    ``training_metrics.png`` (about a second of matplotlib per run on a 2-core machine) is
+    kept for the tests marked ``plots`` and for those calling ``core.reports`` directly."""
+    if request.node.get_closest_marker("plots") is None:
+        import core.reports
+
+        monkeypatch.setattr(core.reports, "write_training_plot", lambda records, path: None)

@@ -111,7 +111,7 @@ async def test_a_slow_callback_loses_its_oldest_records_and_training_does_not_wa
     train, _ = loaders(n=1024, batch_size=8)
     config = TrainingConfig(
         run=RunConfig(log_dir=log_dir, max_epochs=1),
-        logging=LoggingConfig(event_buffer_size=8, flush_interval_s=0.05),
+        logging=LoggingConfig(event_buffer_size=8, flush_interval_s=0.05, progress=False),
     )
     results = await OptimizedTrainingOptimizer(
         config, model=make_model(), train_loader=train, callbacks=[slow]

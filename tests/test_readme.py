@@ -12,10 +12,23 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def quick_start_blocks() -> list[str]:
+def blocks(start: str | None = None, end: str | None = None) -> list[str]:
+    """The README's python blocks (between the headings ``start`` and ``end``)."""
     text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Quick start") : text.index("## What a run does")]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    if start is not None:
+        text = text[text.index(start) : text.index(end) if end else None]
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+def quick_start_blocks() -> list[str]:
+    return blocks("## Quick start", "## Train, reload, predict")
+
+
+def run_program(program: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", program], check=False, cwd=cwd, capture_output=True, text=True,
+        timeout=180, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(cwd)},
+    )  # fmt: skip
 
 
 def test_the_quick_start_has_both_faces() -> None:
@@ -23,28 +36,59 @@ def test_the_quick_start_has_both_faces() -> None:
     assert len(blocks) == 2
     assert "async with OptimizedTrainingOptimizer(" in blocks[0]
     assert "create_optimized_training_optimizer(" in blocks[1]
+    assert blocks[1].index("optimizer.events()") < blocks[1].index("optimizer.train()")
 
 
 @pytest.mark.parametrize("index", [0, 1])
 def test_a_quick_start_program_runs_as_written(index: int, tmp_path: Path) -> None:
-    program = quick_start_blocks()[index]
-    done = subprocess.run(
-        [sys.executable, "-c", program], check=False, cwd=tmp_path, capture_output=True,
-        text=True,
-        timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    done = run_program(quick_start_blocks()[index], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert list((tmp_path / "logs").glob("*/*/events.jsonl"))  # the run wrote its log
+    (run_dir,) = {p.parent for p in (tmp_path / "logs").glob("*/*/events.jsonl")}
+    assert (run_dir / "performance_summary.txt").exists()  # the reports of the run
+    if index == 0:
+        assert "logs" in done.stdout and "step-" in done.stdout  # the best checkpoint
+        assert "completed" in done.stderr  # the end summary
 
 
 def test_the_memory_and_speed_example_runs_as_written(tmp_path: Path) -> None:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Memory and speed") : text.index("## Several GPUs")]
-    (program,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    done = subprocess.run(
-        [sys.executable, "-c", program], check=False, cwd=tmp_path, capture_output=True,
-        text=True, timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    (program,) = blocks("## Memory and speed", "## Several GPUs")
+    done = run_program(program, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     batch_size = int(done.stdout.split()[0])
     assert 32 <= batch_size < 4096  # the budget binds
+
+
+def test_train_reload_predict_runs_as_written(tmp_path: Path) -> None:
+    (program,) = blocks("## Train, reload, predict", "## What a run does")
+    done = run_program(program, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    best = re.search(r"best val_top1 ([0-9.]+)", done.stdout)
+    reloaded = re.search(r"test accuracy ([0-9.]+)", done.stdout)
+    assert best and reloaded and float(reloaded[1]) > 0.7, done.stdout
+
+
+@pytest.mark.slow
+def test_the_trackers_example_runs_as_written(tmp_path: Path) -> None:
+    (program,) = blocks("## Logging and trackers", "## The example")
+    done = run_program(program, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in ("metrics.csv", "training_metrics.png", "profile"):
+        assert name in done.stdout
+    assert (tmp_path / "logs" / "mlflow.db").exists() and list((tmp_path / "runs").rglob("*"))
+
+
+def test_every_python_block_of_the_readme_is_run_by_a_test() -> None:
+    tested = [
+        *quick_start_blocks(),
+        *blocks("## Memory and speed", "## Several GPUs"),
+        *blocks("## Train, reload, predict", "## What a run does"),
+        *blocks("## Logging and trackers", "## The example"),
+        *blocks("## Several GPUs", "## Device monitoring"),
+    ]
+    assert sorted(tested) == sorted(blocks())
+
+
+def test_the_several_gpus_example_runs_as_written(tmp_path: Path) -> None:
+    (program,) = blocks("## Several GPUs", "## Device monitoring")
+    done = run_program(program, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]

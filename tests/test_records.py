@@ -110,8 +110,10 @@ def run_jobs(log_dir: Path) -> None:
     train_loader, val_loader = loaders(n=256, batch_size=32)
     job = dict(val_loader=val_loader, max_epochs=2, checkpoint_every_n_steps=4, keep_last_n=2)
     # Checkpoints, validation, a data stall, psutil samples, a slow and a failing callback.
+    # Best checkpoints and a profiled window too.
     train(log_dir, "plain", train_loader=Pausing(train_loader, 2, 0.3), data_stall_warn_s=0.1,
-          callbacks=[Slow(), Broken()], event_buffer_size=8, **job)  # fmt: skip
+          callbacks=[Slow(), Broken()], event_buffer_size=8, save_best=True,
+          profile_steps=(1, 1, 2), **job)  # fmt: skip
     # Resume past a damaged newest checkpoint (an error record, then resumed).
     newest = max((log_dir / "plain" / "checkpoints").glob("step-*"))
     state = newest / "state.pt"
@@ -185,7 +187,8 @@ def test_the_runs_wrote_every_record_a_single_process_can(records: list[dict[str
     kinds = {"checkpoint_invalid", "nonfinite_validation_loss", "callback_failed"}
     assert values("error", "kind") == kinds
     assert values("run_end", "status") == {"completed", "failed", "abandoned"}
-    assert {"step", "epoch", "error"} <= values("checkpoint", "reason")
+    assert {"step", "epoch", "best", "error"} <= values("checkpoint", "reason")
+    assert values("checkpoint", "best") == {True, False}
     assert values("gpu_sample", "source") >= {"nvml"}
     assert None in values("validation", "val_loss")  # a NaN loss is null in the file
     assert values("train_step", "overflow") == {True, False}
@@ -195,7 +198,7 @@ def valid_checkpoint() -> dict[str, Any]:
     return {
         "event": "checkpoint", "ts": "2026-11-22T03:15:00.123456Z", "level": "info",
         "run_id": "20261122-031500.123-a1b2c3", "rank": 0, "path": "ckpt/step-000000004",
-        "step": 4, "epoch": 0, "reason": "step", "save_time_s": 0.01,
+        "step": 4, "epoch": 0, "reason": "step", "best": False, "save_time_s": 0.01,
     }  # fmt: skip
 
 
@@ -214,7 +217,7 @@ def test_check_record_finds_missing_unexpected_and_mistyped_fields() -> None:
     assert check_record(valid_checkpoint() | {"save_time_s": 1}) == []  # an int is a number
     # Optional fields may be absent; null only where the type allows it.
     error = valid_checkpoint() | {"event": "error", "level": "error", "kind": "checkpoint_failed"}
-    for field in ("path", "step", "epoch", "save_time_s"):
+    for field in ("path", "step", "epoch", "best", "save_time_s"):
         del error[field]
     assert check_record(error | {"last_checkpoint": None}) == []
     assert check_record(error | {"reason": None}) == ["error: field 'reason' is None, declared str"]

@@ -16,73 +16,24 @@ the commit protocol).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Protocol
 
 from torch import nn
 from torch.optim import Optimizer
 
+from core.checkpointing.config import CheckpointConfig
 from core.checkpointing.store import CheckpointStore, disk_error
-from core.checks import check_bool_fields, is_int, is_path
 from core.distributed import Strategy
-from core.errors import CheckpointError, IncompatibleCheckpointError, config_error
+from core.errors import CheckpointError, IncompatibleCheckpointError
 from core.rng import capture_rng
 
-__all__ = ("CheckpointConfig", "Checkpointer", "TrainerState")
+__all__ = ("CheckpointConfig", "Checkpointer", "TrainerState")  # (the config re-exported)
 
 FORMAT = 1
 Emit = Callable[..., None]
-
-
-def _optional_positive(value: object) -> bool:
-    return value is None or (is_int(value) and value >= 1)
-
-
-@dataclass(frozen=True, kw_only=True)
-class CheckpointConfig:
-    """Where and when checkpoints are written, and whether a run resumes from one.
-
-    ``checkpoint_dir=None`` means ``<log_dir>/<experiment_name>/checkpoints``, shared by the
-    experiment's runs so that ``resume="auto"`` (the newest valid checkpoint) finds them.
-    ``resume`` may also be a checkpoint directory, or None to start fresh.
-    """
-
-    checkpoint_dir: str | Path | None = None
-    checkpoint_every_n_steps: int | None = None
-    checkpoint_every_n_epochs: int | None = 1
-    keep_last_n: int = 2
-    resume: str | Path | None = None
-    save_on_cancel: bool = True
-    safe_globals: Sequence[Any] = ()
-
-    def __post_init__(self) -> None:
-        for name in ("checkpoint_every_n_steps", "checkpoint_every_n_epochs"):
-            if not _optional_positive(getattr(self, name)):
-                raise config_error(name, getattr(self, name), "None (never) or an integer >= 1")
-        if not (is_int(self.keep_last_n) and self.keep_last_n >= 1):
-            raise config_error("keep_last_n", self.keep_last_n, "an integer >= 1")
-        check_bool_fields(self)
-        if self.checkpoint_dir is not None and not is_path(self.checkpoint_dir):
-            raise config_error(
-                "checkpoint_dir", self.checkpoint_dir, "None (next to the logs) or a directory path"
-            )
-        self._check_resume()
-
-    def _check_resume(self) -> None:
-        resume, allowed = self.resume, "None, 'auto' or the path of a checkpoint directory"
-        if resume is None or resume == "auto":
-            return
-        if not is_path(resume):
-            raise config_error("resume", resume, allowed)
-        if str(resume).lower() == "auto":
-            raise config_error("resume", resume, allowed, "write resume='auto' in lower case.")
-        if not Path(resume).is_dir():
-            raise config_error(
-                "resume", resume, allowed, "no such directory; pass an existing checkpoint "
-                "(a step-... directory) or resume='auto' for the newest one.",
-            )  # fmt: skip
 
 
 class TrainerState(Protocol):
@@ -147,14 +98,27 @@ class Checkpointer:
         """Name the checkpoints this run writes (and owns) after ``run_id``."""
         self.store.run_id = run_id
         self.store.parent = None
+        self.store.kept = set()
 
-    def save(self, *, step: int, epoch: int, reason: str) -> Path | None:
-        """Write a checkpoint of the current state (a collective under DDP/FSDP2).
+    def keep_best(self, path: str) -> None:
+        """Keep ``path`` apart from ``keep_last_n`` as the run's best checkpoint; the previous
+        best becomes an ordinary checkpoint again (pruned if older than the newest ones)."""
+        self.store.kept = {Path(path).name}
+        if self.strategy.is_global_zero:
+            self.store.prune()
+
+    def save(self, *, step: int, epoch: int, reason: str, best: bool = False) -> Path | None:
+        """Write a checkpoint of the current state (a collective under DDP/FSDP2); one of
+        this step exists already: return it (``best``: a ``checkpoint`` record says it is
+        the new best).
 
         A write that fails (a full, read-only or forbidden disk) leaves no partial files
         and raises :class:`~core.errors.CheckpointError` naming the path, the reason, the
         free space and the last good checkpoint."""
         if self.last_saved_step == step and self.last_path is not None:
+            if best:  # the checkpoint of this step is also the new best: say so
+                self.emit("checkpoint", path=self.last_path, step=step, epoch=epoch,
+                          reason=reason, best=True, save_time_s=0.0)  # fmt: skip
             return Path(self.last_path)
         started = time.perf_counter()
         strategy = self.strategy
@@ -194,6 +158,7 @@ class Checkpointer:
             step=step,
             epoch=epoch,
             reason=reason,
+            best=best,
             save_time_s=time.perf_counter() - started,
         )
         return final

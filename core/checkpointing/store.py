@@ -112,6 +112,8 @@ class CheckpointStore:
         self.safe_globals = list(safe_globals)
         self.run_id = run_id or secrets.token_hex(3)
         self.parent: str | None = None
+        self.kept: set[str] = set()
+        """Names of this run's checkpoints kept apart from ``keep_last_n`` (the best one)."""
         self.before_commit: Callable[[Path], None] | None = None
         """Test hook: called with the staging directory after every file is written and
         synced, right before the commit rename (fault-injection tests stall here)."""
@@ -166,9 +168,10 @@ class CheckpointStore:
         shutil.rmtree(staging, ignore_errors=True)
 
     def prune(self) -> list[Path]:
-        """Delete this run's committed checkpoints beyond its newest ``keep_last_n``."""
+        """Delete this run's committed checkpoints beyond its newest ``keep_last_n``, except
+        those named in ``kept`` (the best one)."""
         mine = [p for p in self.committed() if self._owner(p) == self.run_id]
-        removed = mine[self.keep_last_n :]
+        removed = [p for p in mine[self.keep_last_n :] if p.name not in self.kept]
         for path in removed:
             shutil.rmtree(path, ignore_errors=True)
         return removed

@@ -50,7 +50,8 @@ class StepLoop:
     """Runs optimizer steps for the orchestrator; owns no thread and no file.
 
     ``step_hooks`` run on the step thread after every optimizer step, with the global step
-    (a checkpoint due, a profiler step). ``device_fields`` gives the latest device
+    (a checkpoint due, a profiler step); the epoch ends early once ``max_steps`` optimizer
+    steps were taken. ``device_fields`` gives the latest device
     utilisation and memory for every ``train_step`` record (None: both fields null).
     ``prepare_batch`` moves a batch to the device (default ``to_device``; channels_last
     models convert 4-D inputs too).
@@ -72,6 +73,7 @@ class StepLoop:
         step_hooks: Sequence[StepHook] = (),
         device_fields: DeviceFields | None = None,
         prepare_batch: Callable[[Any], Any] | None = None,
+        max_steps: int | None = None,
     ) -> None:
         self.model = model
         self.accumulation = accumulation
@@ -88,6 +90,7 @@ class StepLoop:
             strategy=strategy, objective=objective, errors=errors, max_grad_norm=max_grad_norm,
             recorder=self.recorder, emit=emit, prepare_batch=prepare_batch,
         )  # fmt: skip
+        self.max_steps = max_steps
         self.global_step = 0
         self.epoch = 0
         self.batches_done = 0
@@ -137,6 +140,8 @@ class StepLoop:
             self.batches_done = window.first_batch_index + len(window.batches)
             for hook in self.step_hooks:
                 hook(self.global_step)
+            if self.max_steps is not None and self.global_step >= self.max_steps:
+                break  # every rank steps in lockstep: all end here together
             tick = perf_counter()
             if self.strategy.should_stop(stop.is_set()):  # agreed by all ranks
                 stats.interrupted = True

@@ -1,15 +1,17 @@
-"""One pass of evaluation: sample-weighted mean loss, and accuracy where it applies.
+"""One pass of evaluation: sample-weighted mean loss, accuracy where it applies, and the
+user's metrics (a :class:`~core.metrics.MetricSet`).
 
 Under a distributed strategy each rank evaluates its shard; samples that only pad a shard
 still run forward (FSDP2 needs every rank in every all-gather) but are not counted, and the
-sums are all-reduced, so the metrics equal one process's.
+sums (loss, accuracy and every metric's state) are all-reduced together, once, so the
+metrics equal one process's. Nothing waits for the device before that all-reduce.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -21,6 +23,7 @@ from core.errors import EmptyLoaderError
 from core.loop.batches import count_samples, take_samples, to_device
 from core.loop.objective import Objective
 from core.loop.recovery import ErrorHandler
+from core.metrics import MetricSet
 from core.precision.plugins import Precision
 
 __all__ = ("EvalStats", "evaluate")
@@ -28,10 +31,14 @@ __all__ = ("EvalStats", "evaluate")
 
 @dataclass(frozen=True)
 class EvalStats:
+    """What one evaluation measured; ``metrics`` are the user's, by name (None where
+    undefined or not applicable)."""
+
     loss: float
     accuracy: float | None
     samples: int
     interrupted: bool = False
+    metrics: dict[str, float | None] = field(default_factory=dict)
 
 
 @torch.no_grad()
@@ -46,11 +53,23 @@ def evaluate(
     objective: Objective,
     errors: ErrorHandler,
     prepare_batch: Callable[[Any], Any] | None = None,
+    metrics: MetricSet | None = None,
 ) -> EvalStats:
-    """Mean loss (and accuracy) of ``model`` over ``loader``; ``prepare_batch`` moves a batch
-    to the device (and into channels_last where the model is)."""
+    """Mean loss (accuracy, ``metrics``) of ``model`` over ``loader``; ``prepare_batch``
+    moves a batch to the device (and into channels_last where the model is).
+
+    Example::
+
+        stats = evaluate(model, val_loader, epoch=0, stop=threading.Event(),
+                         precision=FP32(), strategy=Strategy(torch.device("cpu")),
+                         objective=DefaultObjective(), errors=ErrorHandler(),
+                         metrics=MetricSet({"f1": F1Score(num_classes=3)}))
+        stats.loss, stats.accuracy, stats.metrics["f1"]
+    """
     model.eval()
     device = strategy.device
+    if metrics is not None:
+        metrics.reset(device)
     prepare = prepare_batch or partial(to_device, device=device)
     limit = strategy.eval_sample_limit(loader)
     zero = torch.zeros((), dtype=torch.float64, device=device)
@@ -76,17 +95,24 @@ def evaluate(
             else:
                 correct += hits[0]
                 counted += hits[1]
+            if metrics is not None:
+                metrics.update(outputs, batch)
         if strategy.should_stop(stop.is_set()):
             interrupted = True
             break
     interrupted |= strategy.settle_stop_votes()
     local = torch.stack([loss_sum, correct, counted, zero + samples, zero + accuracy_applies])
+    if metrics is not None:
+        local = torch.cat([local, metrics.state()])
     # Host sync, once per validation: early stopping needs the value now.
-    loss_total, correct_total, counted_total, sample_total, applies = strategy.all_reduce_sum(
-        local
-    ).tolist()
+    summed = strategy.all_reduce_sum(local).cpu()
+    loss_total, correct_total, counted_total, sample_total, applies = summed[:5].tolist()
+    values = metrics.compute(summed[5:]) if metrics is not None else {}
     if sample_total == 0 and interrupted:
-        return EvalStats(loss=float("nan"), accuracy=None, samples=0, interrupted=True)
+        return EvalStats(
+            loss=float("nan"), accuracy=None, samples=0, interrupted=True,
+            metrics=dict.fromkeys(values),
+        )  # fmt: skip
     if sample_total == 0:
         raise EmptyLoaderError(
             "val_loader yielded no batch; allowed: a loader with at least one batch, or "
@@ -100,4 +126,5 @@ def evaluate(
         accuracy=accuracy,
         samples=int(sample_total),
         interrupted=interrupted,
+        metrics=values,
     )

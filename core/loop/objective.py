@@ -12,7 +12,12 @@ mean something else (a float target of the outputs' shape is read as class proba
 
 Accuracy is counted when targets are integer class indices and the outputs carry one more
 dimension (the class dimension, dimension 1 as in ``CrossEntropyLoss``); targets equal to the
-loss function's ``ignore_index`` are not counted.
+loss function's ``ignore_index`` are not counted. For dict batches it is counted when the
+model returns logits (``outputs["logits"]`` or ``outputs.logits``) and the batch has integer
+``labels``, as Hugging Face models do: the class dimension is the last, labels equal to -100
+are not counted. A causal LM's output (its type named ``...CausalLM...``) is left out: its
+model shifts the labels inside, so position t's logits predict label t + 1 (use
+``core.metrics.Perplexity(shift=True)`` for it).
 """
 
 from __future__ import annotations
@@ -25,10 +30,13 @@ from torch import nn
 
 from core.errors import LossFormatError
 from core.loop.batches import describe
+from core.metrics import logits_of
 
 __all__ = ("DefaultObjective", "LossFn", "Objective")
 
 LossFn = Callable[[Any, Any], torch.Tensor]
+
+_HF_IGNORE_INDEX = -100  # Hugging Face's label for positions without a target
 
 
 def _own_loss(outputs: Any) -> Any:
@@ -61,22 +69,34 @@ class Objective:
 
     def correct(self, outputs: Any, batch: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(correct, counted)`` device tensors, or None when accuracy does not apply."""
-        if isinstance(batch, Mapping) or not isinstance(outputs, torch.Tensor):
-            return None
-        targets = batch[1]
-        if (
-            not isinstance(targets, torch.Tensor)
-            or targets.is_floating_point()
-            or targets.dtype == torch.bool
-            or outputs.ndim != targets.ndim + 1
-        ):
-            return None
-        predictions = outputs.argmax(dim=1)
-        valid = targets != self.ignore_index if self.ignore_index is not None else None
-        hits = predictions == targets
-        if valid is not None:
-            return (hits & valid).sum(), valid.sum()
-        return hits.sum(), torch.tensor(targets.numel(), device=targets.device)
+        if isinstance(batch, Mapping):
+            if "CausalLM" in type(outputs).__name__:
+                return None
+            return _hits(logits_of(outputs), batch.get("labels"), -1, _HF_IGNORE_INDEX)
+        return _hits(outputs, batch[1], 1, self.ignore_index)
+
+
+def _hits(
+    scores: Any, targets: Any, dim: int, ignore_index: int | None
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Correct and counted predictions of class ``scores`` (class dimension ``dim``); tensor
+    metadata decides whether they apply, so no device sync."""
+    if (
+        not isinstance(scores, torch.Tensor)
+        or not isinstance(targets, torch.Tensor)
+        or targets.is_floating_point()
+        or targets.dtype == torch.bool
+        or scores.ndim != targets.ndim + 1
+    ):
+        return None
+    if dim == -1 and scores.shape[:-1] != targets.shape:
+        return None
+    hits = scores.argmax(dim=dim) == targets
+    if ignore_index is not None:
+        valid = targets != ignore_index
+        return (hits & valid).sum(), valid.sum()
+    # torch.full, not torch.tensor: a copy from the host would wait for the device.
+    return hits.sum(), torch.full((), targets.numel(), device=targets.device)
 
 
 class DefaultObjective(Objective):

@@ -1,20 +1,14 @@
-"""Seeding every random number generator a training run touches."""
+"""Seeding every random number generator a training run touches: a re-export of
+:func:`core.rng.seed_everything`, kept so that existing imports keep working.
+
+Example::
+
+    from core.loop.seeding import seed_everything
+    seed_everything(0)
+"""
 
 from __future__ import annotations
 
-import random
-
-import torch
+from core.rng import seed_everything
 
 __all__ = ("seed_everything",)
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python's, NumPy's (when installed) and torch's generators (CPU and CUDA)."""
-    random.seed(seed)
-    torch.manual_seed(seed)  # also seeds every CUDA device
-    try:
-        import numpy as np
-    except ImportError:  # NumPy is optional
-        return
-    np.random.seed(seed % 2**32)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.checks import is_int, is_number
+from core.checks import check_bool_fields, is_int, is_number
 from core.errors import config_error
 
 __all__ = ("LoggingConfig",)
@@ -14,14 +14,42 @@ __all__ = ("LoggingConfig",)
 class LoggingConfig:
     """Records reach ``events.jsonl`` and ``events()`` every ``flush_interval_s`` seconds, at
     every epoch end and at the end of the run. A consumer of ``events()`` more than
-    ``event_buffer_size`` records behind loses the oldest ones; training never waits."""
+    ``event_buffer_size`` records behind loses the oldest ones; training never waits.
+
+    After the run, callbacks get ``callback_grace_s`` to finish (trackers upload there).
+    ``progress``: on rank 0, a start banner, a progress bar per epoch (a plain line per epoch
+    when stderr is not a terminal) and an end summary. ``reports``: at the end of a run,
+    ``training_metrics.png`` (with matplotlib, ``core[plots]``) and
+    ``performance_summary.txt`` in the run directory, built from ``events.jsonl``.
+    ``profile_steps=(wait, warmup, active)``: a torch.profiler trace of ``active`` steps after
+    ``wait + warmup`` steps, written to ``<run_dir>/profile/``."""
 
     event_buffer_size: int = 1024
     flush_interval_s: float = 0.25
+    callback_grace_s: float = 10.0
+    progress: bool = True
+    reports: bool = True
+    profile_steps: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
+        check_bool_fields(self)
+        steps = self.profile_steps
+        if steps is not None and not (
+            isinstance(steps, (tuple, list)) and len(steps) == 3 and all(is_int(n) for n in steps)
+            and steps[0] >= 0 and steps[1] >= 0 and steps[2] >= 1
+        ):  # fmt: skip
+            raise config_error(
+                "profile_steps", steps,
+                "None or three integers (wait >= 0, warmup >= 0, active >= 1)",
+                "e.g. profile_steps=(1, 1, 3) traces steps 3 to 5.",
+            )  # fmt: skip
+        if steps is not None:
+            object.__setattr__(self, "profile_steps", tuple(steps))
         if not (is_int(self.event_buffer_size) and self.event_buffer_size >= 1):
             raise config_error("event_buffer_size", self.event_buffer_size, "an integer >= 1")
         interval = self.flush_interval_s
         if not (is_number(interval) and 0 < interval <= 60):
             raise config_error("flush_interval_s", interval, "a number of seconds in (0, 60]")
+        grace = self.callback_grace_s
+        if not (is_number(grace) and 0 <= grace <= 3600):
+            raise config_error("callback_grace_s", grace, "a number of seconds in [0, 3600]")

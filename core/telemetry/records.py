@@ -4,37 +4,24 @@ Each record holds :class:`Common`'s fields, then its own; ``float | None`` is ``
 unknown or not finite. No ``from __future__ import annotations``: checks read annotations.
 """
 
-import sys
 from typing import Annotated, Literal
 
-if sys.version_info >= (3, 11):
-    from typing import NotRequired, TypedDict
-else:  # Python 3.10: the backport (typing_extensions comes with torch)
-    from typing_extensions import NotRequired, TypedDict
+from core.telemetry.device_records import GpuSample, MonitorDegraded, MonitorFieldUnsupported
+from core.telemetry.record_common import Common, Level, NotRequired
 
 __all__ = (
     "CallbackLagging", "Checkpoint", "Common", "Compile", "DataStall", "EpochEnd", "Error",
     "ForcedExit", "GpuSample", "Level", "LogDegraded", "MonitorDegraded", "MonitorFieldUnsupported",
-    "NonfiniteSkipped", "OomRecovered", "PrecisionFallback", "RECORDS", "Resumed", "RunEnd",
-    "RunStart", "SignalReceived", "StepThreadAbandoned", "TrainStep", "UnevenInputs", "Validation",
+    "NonfiniteSkipped", "OomRecovered", "PrecisionFallback", "Profile", "RECORDS", "Resumed",
+    "RunEnd", "RunStart", "SignalReceived", "StepThreadAbandoned", "TrainStep", "UnevenInputs",
+    "Validation", "ValidationStart",
 )  # fmt: skip
 
-Level = Literal["info", "warning", "error"]
-_Reason = Literal["step", "epoch", "signal", "cancel", "stopped_by_peer", "error"]
+_Reason = Literal["step", "epoch", "best", "signal", "cancel", "stopped_by_peer", "error"]
 _Verdict = Literal["input_bound", "underutilised", "compute_bound"]
 _Status = Literal["completed", "stopped", "cancelled", "failed", "abandoned"]
 _ErrorKind = Literal["checkpoint_invalid", "checkpoint_failed", "nonfinite_validation_loss",
                     "callback_failed", "compile_failed"]  # fmt: skip
-
-
-class Common(TypedDict):
-    """The fields every record starts with."""
-
-    event: Annotated[str, "the record type: one of the names below"]
-    ts: Annotated[str, "when the record was emitted: ISO 8601, UTC, microseconds"]
-    level: Annotated[Level, "severity: error for failures, warning for trouble, else info"]
-    run_id: Annotated[str, "the run, e.g. 20261122-031500.123-a1b2c3 (sorts by start time)"]
-    rank: Annotated[int, "the process's rank (0 when training alone)"]
 
 
 class RunStart(Common):
@@ -47,6 +34,11 @@ class RunStart(Common):
     device: Annotated[str, "this rank's torch device, e.g. cuda:0 or cpu"]
     precision: Annotated[str, "the precision steps start in: fp32, bf16 or fp16"]
     run_dir: Annotated[str, "the run's directory (log_dir, experiment, run_id)"]
+    model_summary: Annotated[dict[str, object], "per top-level module: class, parameters..."]
+    plan: Annotated[dict[str, object], "steps per epoch, effective batch, validation, best"]
+    seed: Annotated[int | None, "run.seed (null: not seeded)"]
+    model_init_hash: Annotated[str, "sha256 of the model's weights before training"]
+    model_init_matches_previous: Annotated[bool | None, "same as the experiment's last run"]
 
 
 class Resumed(Common):
@@ -136,13 +128,22 @@ class DataStall(Common):
     advice: Annotated[str, "what to check, in words"]
 
 
+class ValidationStart(Common):
+    """Before each validation pass (val_every_n_epochs, val_every_n_steps)."""
+
+    epoch: Annotated[int, "the epoch, counted from 0"]
+    step: Annotated[int, "optimizer steps so far"]
+    batches: Annotated[int | None, "batches in this rank's val_loader; null: unknown"]
+
+
 class Validation(Common):
-    """After each validation pass (every completed epoch, when there is a val_loader)."""
+    """After each validation pass."""
 
     epoch: Annotated[int, "the epoch, counted from 0"]
     step: Annotated[int, "optimizer steps so far"]
     val_loss: Annotated[float | None, "sample-weighted mean loss over every rank's samples"]
     val_accuracy: Annotated[float | None, "fraction correct, 0 to 1; null unless class targets"]
+    metrics: Annotated[dict[str, float | None], "the metrics= values, by name"]
     samples: Annotated[int, "validation samples counted"]
 
 
@@ -154,6 +155,7 @@ class EpochEnd(Common):
     train_loss: Annotated[float | None, "the epoch's mean training loss over all ranks"]
     val_loss: Annotated[float | None, "the latest validation loss; null without val_loader"]
     val_accuracy: Annotated[float | None, "the latest validation accuracy, 0 to 1"]
+    val_metrics: Annotated[dict[str, float | None], "the latest metrics= values"]
     steps: Annotated[int, "optimizer steps in the epoch"]
     skipped_steps: Annotated[int, "of those, steps not applied (overflow or NaN/inf)"]
     samples: Annotated[int, "training samples of this rank in the epoch"]
@@ -174,44 +176,9 @@ class Checkpoint(Common):
     path: Annotated[str, "the checkpoint directory"]
     step: Annotated[int, "optimizer steps it holds"]
     epoch: Annotated[int, "epochs completed when it was written"]
-    reason: Annotated[_Reason, "a schedule (step, epoch) or a stop (the others)"]
+    reason: Annotated[_Reason, "a schedule (step, epoch), a new best, or a stop (the others)"]
+    best: Annotated[bool, "it holds the best monitored value so far (save_best)"]
     save_time_s: Annotated[float, "seconds the save took"]
-
-
-class GpuSample(Common):
-    """Every monitor_interval_s, one per monitored device (NVML, else the host via psutil)."""
-
-    device: Annotated[int | str, "torch CUDA index, or cpu for a host sample"]
-    source: Annotated[Literal["nvml", "psutil"], "where the numbers come from"]
-    t_s: Annotated[float, "the monitor's monotonic clock, seconds"]
-    util_pct: Annotated[float | None, "GPU busy percent; psutil: process CPU (100 per core)"]
-    mem_util_pct: Annotated[float | None, "memory-controller busy percent; psutil: RAM used"]
-    mem_used_bytes: Annotated[int | None, "device memory used; psutil: process RSS"]
-    mem_total_bytes: Annotated[int | None, "device memory; psutil: host RAM"]
-    temperature_c: Annotated[float | None, "GPU temperature, degrees Celsius"]
-    power_w: Annotated[float | None, "power draw, watts"]
-    power_limit_w: Annotated[float | None, "enforced power limit, watts"]
-    sm_clock_mhz: Annotated[int | None, "SM clock, MHz"]
-    mem_clock_mhz: Annotated[int | None, "memory clock, MHz"]
-    throttle_reasons: Annotated[list[str] | None, "active clock throttle reasons"]
-    torch_mem_allocated_bytes: Annotated[int | None, "torch allocator in use; null off CUDA"]
-    torch_mem_reserved_bytes: Annotated[int | None, "torch allocator reserved; null off CUDA"]
-    torch_max_mem_allocated_bytes: Annotated[int | None, "torch allocator peak; null off CUDA"]
-
-
-class MonitorDegraded(Common):
-    """Once, when the monitor samples the host instead (no NVML, driver or GPU; NVML failed)."""
-
-    reason: Annotated[str, "why NVML cannot be used"]
-    source: Annotated[Literal["psutil"], "where samples come from now"]
-
-
-class MonitorFieldUnsupported(Common):
-    """Once per device and counter the board does not support (the field stays null)."""
-
-    device: Annotated[int, "torch CUDA index"]
-    field: Annotated[str, "the gpu_sample field"]
-    reason: Annotated[str, "NVML's message"]
 
 
 class Error(Common):
@@ -282,13 +249,30 @@ class RunEnd(Common):
     error_type: NotRequired[Annotated[str, "on failure: the exception's class name"]]
     error: NotRequired[Annotated[str, "on failure: the exception's message"]]
     last_checkpoint: Annotated[str | None, "the last good checkpoint of the run"]
+    elapsed_s: Annotated[float, "seconds from run_start to run_end"]
+    samples_per_s: Annotated[float | None, "this rank's training samples / training time"]
+    monitor: Annotated[str | None, "what save_best watched; null without save_best"]
+    best_value: Annotated[float | None, "its best value"]
+    best_checkpoint: Annotated[str | None, "the checkpoint holding it"]
+    run_dir: Annotated[str, "the run's directory"]
+
+
+class Profile(Common):
+    """Once, when the profile_steps window completes: a torch.profiler trace was written."""
+
+    trace: Annotated[str, "the Chrome trace (chrome://tracing, Perfetto)"]
+    table_file: Annotated[str, "the top operators table, as text"]
+    first_step: Annotated[int, "the first profiled optimizer step"]
+    last_step: Annotated[int, "the last profiled optimizer step"]
+    table: Annotated[str, "the top operators by self time"]
 
 
 RECORDS: dict[str, type] = {
     "run_start": RunStart, "resumed": Resumed, "compile": Compile, "train_step": TrainStep,
     "nonfinite_skipped": NonfiniteSkipped, "oom_recovered": OomRecovered,
     "precision_fallback": PrecisionFallback, "uneven_inputs": UnevenInputs,
-    "data_stall": DataStall, "validation": Validation, "epoch_end": EpochEnd,
+    "data_stall": DataStall, "validation_start": ValidationStart, "validation": Validation,
+    "epoch_end": EpochEnd, "profile": Profile,
     "checkpoint": Checkpoint, "gpu_sample": GpuSample, "monitor_degraded": MonitorDegraded,
     "monitor_field_unsupported": MonitorFieldUnsupported, "error": Error,
     "callback_lagging": CallbackLagging, "log_degraded": LogDegraded,

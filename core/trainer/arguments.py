@@ -18,6 +18,7 @@ from core.distributed.config import MultiGPUConfig
 from core.errors import EmptyLoaderError, config_error
 from core.loop.accumulation import GradientAccumulationConfig
 from core.loop.recovery import ErrorHandlerConfig
+from core.metrics import check_metrics
 
 __all__ = (
     "built_by",
@@ -25,6 +26,7 @@ __all__ = (
     "check_loader",
     "check_loss_fn",
     "check_model",
+    "check_monitor",
     "check_optimizer",
     "check_optimizer_argument",
     "check_parts",
@@ -217,6 +219,23 @@ def check_scheduler(scheduler: object, optimizer: torch.optim.Optimizer) -> None
         raise config_error("scheduler", scheduler, "a callable returning an LR scheduler")
 
 
+def check_monitor(config: Any, has_validation: bool, metrics: Mapping[str, Any]) -> None:
+    """With ``save_best``, ``monitor`` must name a value the run will produce."""
+    checkpoint = config.checkpoint
+    if not checkpoint.save_best:
+        return
+    names = ["train_loss"]
+    if has_validation and (config.run.val_every_n_epochs or config.run.val_every_n_steps):
+        names += ["val_loss", "val_accuracy", *(f"val_{name}" for name in metrics)]
+    if checkpoint.monitor not in names:
+        why = "" if has_validation else " (without a val_loader only the training loss exists)"
+        raise config_error(
+            "monitor", checkpoint.monitor, f"one of {', '.join(map(repr, names))}{why}",
+            "name a metric given in metrics= as 'val_<name>', pass a val_loader, or "
+            "monitor='train_loss'.",
+        )  # fmt: skip
+
+
 def check_runtime(runtime: Any, config: Any, callbacks: object) -> None:
     """Every runtime object of a run, and the directories it will write, before building.
 
@@ -252,6 +271,9 @@ def check_runtime(runtime: Any, config: Any, callbacks: object) -> None:
                 "callbacks", callback, "instances of core.callbacks.Callback",
                 "subclass Callback and override the hooks you need.",
             )  # fmt: skip
+    if runtime.metrics is not None:
+        check_metrics(runtime.metrics)
+    check_monitor(config, runtime.val_loader is not None, runtime.metrics or {})
     check_writable_dir("log_dir", config.run.log_dir)
     if config.checkpoint.checkpoint_dir is not None:
         check_writable_dir("checkpoint_dir", config.checkpoint.checkpoint_dir)

@@ -5,7 +5,8 @@ One function, one fixed order, each part told what it needs in its constructor::
     strategy (process group) -> device settings -> precision -> model transforms
       (activation checkpointing -> channels_last -> [batch-size search] -> compile)
       -> model wrap -> optimizer and scheduler (on the wrapped parameters) -> loaders
-      -> step loop -> run state -> checkpointer -> monitor
+      -> step loop (step hooks: the profiler, the run's after-step work) -> run state
+      -> checkpointer -> monitor
 
 It runs off the event loop (``async with`` enter runs it in a worker thread): joining a
 process group and placing a model block. On failure, what was set up is torn down.
@@ -13,7 +14,7 @@ process group and placing a model block. On failure, what was set up is torn dow
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from torch import nn
 
 from core.checkpointing.checkpointer import Checkpointer
 from core.config import TrainingConfig
+from core.console.model_summary import summarize_model
 from core.data.prefetch import prefetch_to_device
 from core.distributed.base import Strategy
 from core.distributed.lockstep import batches_in
@@ -34,10 +36,13 @@ from core.loop.objective import DefaultObjective, LossFn, Objective
 from core.loop.recovery import ErrorHandler
 from core.loop.stepper import default_optimizer
 from core.memory.trial import OptimizerFactory
+from core.metrics import MetricSet
 from core.monitoring.gpu_monitor import GPUMonitor
 from core.multi_gpu_training import MultiGPUTrainer
 from core.precision.policy import MixedPrecisionTrainer
 from core.telemetry.describe import fingerprint
+from core.telemetry.init_hash import weights_hash
+from core.telemetry.profiler import StepProfiler
 from core.trainer.arguments import (
     built_by,
     check_optimizer,
@@ -69,6 +74,7 @@ class Runtime:
     loss_fn: LossFn | None = None
     optimizer: OptimizerArgument | None = None
     scheduler: SchedulerArgument | None = None
+    metrics: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,10 @@ class Parts:
     state: RunState
     checkpointer: Checkpointer
     monitor: GPUMonitor | None
+    metrics: MetricSet | None
+    model_summary: dict[str, Any]
+    init_hash: str
+    profiler: StepProfiler | None
 
 
 def build(
@@ -130,6 +140,7 @@ def _build(
     device_settings = GPUManager(config.hardware, strategy.device).apply()
     precision = MixedPrecisionTrainer(config.precision, strategy.device)
     objective = DefaultObjective() if runtime.loss_fn is None else Objective(runtime.loss_fn)
+    model_summary, init_hash = summarize_model(runtime.model), weights_hash(runtime.model)
     prepared = prepare_model(
         runtime.model, config, strategy=strategy, precision=precision, objective=objective,
         train_loader=runtime.train_loader, optimizer_factory=_trial_optimizer(runtime.optimizer),
@@ -154,12 +165,17 @@ def _build(
         if config.monitoring_enabled
         else None
     )
+    steps = config.logging.profile_steps
+    profiler = (  # rank 0 traces: the ranks share the run directory
+        StepProfiler(*steps, emit=emit) if steps is not None and strategy.is_global_zero else None
+    )
     loop = StepLoop(
         model=model, optimizer=optimizer, scheduler=scheduler, precision=precision,
         accumulation=accumulation, strategy=strategy, objective=objective, errors=errors,
-        max_grad_norm=config.optim.max_grad_norm, emit=emit, step_hooks=(on_step_end,),
+        max_grad_norm=config.optim.max_grad_norm, emit=emit,
+        step_hooks=(on_step_end,) if profiler is None else (profiler, on_step_end),
         device_fields=None if monitor is None else monitor.step_record_fields,
-        prepare_batch=prepared.prepare_batch,
+        prepare_batch=prepared.prepare_batch, max_steps=config.run.max_steps,
     )  # fmt: skip
     early_stopping = EarlyStopping(config.early_stopping.patience, config.early_stopping.min_delta)
     state = RunState(
@@ -187,6 +203,8 @@ def _build(
         train_loader=train_loader,
         val_loader=val_loader, early_stopping=early_stopping, loop=loop, state=state,
         checkpointer=checkpointer, monitor=monitor,
+        metrics=None if runtime.metrics is None else MetricSet(runtime.metrics),
+        model_summary=model_summary, init_hash=init_hash, profiler=profiler,
     )  # fmt: skip
 
 

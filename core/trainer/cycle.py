@@ -6,27 +6,31 @@ and device syncs happen here, never on the event loop's thread.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import structlog
 import torch
 
 from core.config import TrainingConfig
 from core.loop.epoch import EpochStats, ResumePoint
-from core.loop.evaluation import EvalStats, evaluate
-from core.loop.seeding import seed_everything
 from core.monitoring.bottleneck import epoch_verdict
+from core.reports import write_reports
+from core.rng import seed_everything
 from core.telemetry.describe import run_end_fields, run_start_fields
 from core.telemetry.events import EventHub
 from core.telemetry.run_log import CurrentLog, RunLog, new_run_id
 from core.trainer.build import Parts
+from core.trainer.plan import lineage, plan
 from core.trainer.stopping import RunEnding
+from core.trainer.validation import Validation
 
 __all__ = ("EpochEnd", "RunCycle")
+
+_process_log = structlog.get_logger("core")
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,15 @@ class RunCycle:
         self.hub = hub
         self.current = current
         """Where the parts write records: pointed at each run's log when it opens."""
+        self.validation = Validation(config, parts, current, self.save)
+        self.stop = threading.Event()
+        """The stop flag of the run in progress (step hooks pass it to validation)."""
+        self._opened_at = 0.0
+
+    def new_stop(self) -> threading.Event:
+        """A fresh stop flag for the next run (its step thread sets it)."""
+        self.stop = threading.Event()
+        return self.stop
 
     @property
     def log(self) -> RunLog | None:
@@ -64,15 +77,20 @@ class RunCycle:
             Path(run.log_dir), run.experiment_name, run_id, rank=parts.strategy.rank, hub=self.hub
         )
         self.current.log = log
+        self._opened_at = time.monotonic()
+        self.validation.last_step = None
         parts.checkpointer.begin_run(run_id)
         if run.seed is not None:
-            seed_everything(run.seed)
+            seed_everything(run.seed, deterministic=run.deterministic)
         log.write_json("config.json", {**self.config.to_dict(), "resolved": description})
         log.emit("run_start", **run_start_fields(
             self.config.to_dict(), description, device=str(parts.strategy.device),
             precision=parts.precision.precision.name, run_dir=str(log.run_dir),
-        ))  # fmt: skip
+        ), model_summary=parts.model_summary, plan=plan(self.config, parts), seed=run.seed,
+           **lineage(parts, log.run_dir, run_id))  # fmt: skip
         log.drain()
+        if parts.profiler is not None:
+            parts.profiler.start(log.run_dir)
         return log
 
     def close(self, end: RunEnding, *, abandoned: bool) -> None:
@@ -88,20 +106,44 @@ class RunCycle:
                     parts.loop.flush()
                 except Exception as exc:  # the run already failed; keep the first error
                     error = error or exc
+            if parts.profiler is not None and not abandoned:
+                parts.profiler.close()
             log.write_json("amp_stats.json", parts.precision.get_amp_stats())
             fields = run_end_fields(
                 status=end.status, error=error, events_dropped=self.hub.dropped,
                 epochs_completed=parts.state.epochs_completed,
                 global_step=parts.loop.global_step, best_metric=parts.early_stopping.best,
             )  # fmt: skip
-            fields["last_checkpoint"] = parts.checkpointer.last_path
+            progress, checkpoint = parts.state.progress, self.config.checkpoint
+            fields |= {
+                "last_checkpoint": parts.checkpointer.last_path,
+                "elapsed_s": time.monotonic() - self._opened_at,
+                "samples_per_s": progress.samples_per_s or None,
+                "monitor": checkpoint.monitor if checkpoint.save_best else None,
+                "best_value": progress.best_value,
+                "best_checkpoint": progress.best_checkpoint,
+                "run_dir": str(log.run_dir),
+            }
             (log.error if end.status in ("failed", "abandoned") else log.emit)("run_end", **fields)
         finally:
             try:
                 if log is not None:
                     log.close()
+                    self._write_reports(log)
             finally:
                 self.hub.close()
+
+    def _write_reports(self, log: RunLog) -> None:
+        """``training_metrics.png`` and ``performance_summary.txt`` from the closed log (rank
+        0); a report that fails is said in the process's log and never fails the run."""
+        if not (self.config.logging.reports and self.parts.strategy.is_global_zero):
+            return
+        try:
+            write_reports(log.run_dir)
+        except Exception as exc:
+            _process_log.warning(
+                "reports_failed", run_dir=str(log.run_dir), error=f"{type(exc).__name__}: {exc}"
+            )
 
     # -- checkpoints ----------------------------------------------------------------------
     def resume(self) -> ResumePoint | None:
@@ -109,18 +151,21 @@ class RunCycle:
         path = checkpointer.find()
         return None if path is None else self.parts.state.resume_point(checkpointer.load(path))
 
-    def save(self, reason: str) -> str | None:
+    def save(self, reason: str, *, best: bool = False) -> str | None:
         parts = self.parts
         parts.loop.flush()  # the last step's readback: scheduler and statistics up to date
         if self.log is not None:
             self.log.drain()  # every record up to the checkpoint is on disk first
         path = parts.checkpointer.save(
-            step=parts.loop.global_step, epoch=parts.state.epochs_completed, reason=reason
-        )
+            step=parts.loop.global_step, epoch=parts.state.epochs_completed, reason=reason,
+            best=best,
+        )  # fmt: skip
         return None if path is None else str(path)
 
-    def save_if_due(self, step: int) -> None:
-        """After every optimizer step (a step hook of the loop)."""
+    def after_step(self, step: int) -> None:
+        """After every optimizer step (a step hook of the loop): validation, then the
+        checkpoint, when due (a best checkpoint of this step serves as both)."""
+        self.validation.validate_if_due(step, self.stop)
         if self.parts.checkpointer.due_after_step(step):
             self.save("step")
 
@@ -128,51 +173,34 @@ class RunCycle:
     def end_epoch(
         self, epoch: int, stats: EpochStats, started: float, stop: threading.Event
     ) -> EpochEnd:
-        """Validation, the means over ranks, early stopping, records, the epoch checkpoint."""
-        parts, log = self.parts, self.log
+        """Validation, the means over ranks, early stopping, the best checkpoint, records,
+        the epoch checkpoint."""
+        parts, log, validation = self.parts, self.log, self.validation
         assert log is not None  # opened by open()
         progress = parts.state.progress
-        progress.train_loss = monitored = self._mean_over_ranks(stats.loss_sum, stats.samples)
-        if parts.val_loader is not None:
-            evaluation = self._evaluate(epoch, stop)
-            if evaluation.interrupted:
-                return EpochEnd(interrupted=True)
-            self._record_validation(log, epoch, evaluation)
-            monitored = evaluation.loss
+        progress.train_loss = train_loss = self._mean_over_ranks(stats.loss_sum, stats.samples)
+        due = validation.due_after_epoch(epoch + 1)
+        if due and validation.validate(epoch, stop).interrupted:
+            return EpochEnd(interrupted=True)
+        latest, validation.since_epoch_end = validation.since_epoch_end, None
         parts.state.epochs_completed = epoch + 1
-        # Rank 0 decides, every rank follows: no rank is left waiting in a collective.
-        progress.stopped_early = parts.strategy.broadcast_object(
-            parts.early_stopping.update(monitored)
-        )
+        watched = train_loss if parts.val_loader is None else None
+        if latest is not None:
+            watched = latest.loss
+        if watched is not None:
+            # Rank 0 decides, every rank follows: no rank is left waiting in a collective.
+            progress.stopped_early = parts.strategy.broadcast_object(
+                parts.early_stopping.update(watched)
+            )
+        if latest is not None and validation.last_step == parts.loop.global_step:
+            validation.keep_if_best(validation.values(latest, train_loss))  # saved now
+        elif self.config.checkpoint.monitor == "train_loss":
+            validation.keep_if_best(validation.values(None, train_loss))
         parts.trainer.record_epoch(stats.samples, stats.time_s)
         self._epoch_record(log, epoch, stats, started)
         if parts.checkpointer.due_after_epoch(parts.state.epochs_completed):
             self.save("epoch")
         return EpochEnd(stop=progress.stopped_early)
-
-    def _evaluate(self, epoch: int, stop: threading.Event) -> EvalStats:
-        parts = self.parts
-        assert parts.val_loader is not None
-        return evaluate(
-            parts.model, parts.val_loader, epoch=epoch, stop=stop,
-            precision=parts.precision.precision, strategy=parts.strategy,
-            objective=parts.objective, errors=parts.errors,
-            prepare_batch=parts.prepared.prepare_batch,
-        )  # fmt: skip
-
-    def _record_validation(self, log: RunLog, epoch: int, evaluation: EvalStats) -> None:
-        step = self.parts.loop.global_step
-        if not math.isfinite(evaluation.loss):
-            log.error(
-                "error", kind="nonfinite_validation_loss", epoch=epoch, step=step,
-                val_loss=evaluation.loss,
-                effect="not counted as an improvement by early stopping or best_val_loss",
-            )  # fmt: skip
-        self.parts.state.progress.add_validation(evaluation.loss, evaluation.accuracy)
-        log.emit(
-            "validation", epoch=epoch, step=step, val_loss=evaluation.loss,
-            val_accuracy=evaluation.accuracy, samples=evaluation.samples,
-        )  # fmt: skip
 
     def _mean_over_ranks(self, total: float, count: int) -> float:
         sums = self.parts.strategy.all_reduce_sum(torch.tensor([total, count], dtype=torch.float64))
@@ -185,7 +213,8 @@ class RunCycle:
         log.emit(
             "epoch_end", epoch=epoch, step=parts.loop.global_step,
             train_loss=progress.train_loss, val_loss=progress.val_loss,
-            val_accuracy=progress.val_accuracy, steps=stats.steps,
+            val_accuracy=progress.val_accuracy, val_metrics=dict(progress.val_metrics),
+            steps=stats.steps,
             skipped_steps=stats.skipped_steps, samples=stats.samples, epoch_time_s=stats.time_s,
             data_time_s=stats.data_time_s,
             samples_per_s=stats.samples / stats.time_s if stats.time_s else None,

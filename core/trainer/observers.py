@@ -15,9 +15,11 @@ import anyio
 import anyio.abc
 
 from core.callbacks import Callback, Record, RunInfo
+from core.config import TrainingConfig
+from core.console import ProgressBar
 from core.telemetry.events import EventHub, EventStream
 
-__all__ = ("Observers",)
+__all__ = ("Observers", "with_default_callbacks")
 
 Emit = Callable[..., None]
 _HOOKS: dict[str, str] = {
@@ -26,6 +28,17 @@ _HOOKS: dict[str, str] = {
     "checkpoint": "on_checkpoint",
     "run_end": "on_run_end",
 }
+
+
+def with_default_callbacks(
+    callbacks: Sequence[Callback], config: TrainingConfig
+) -> tuple[Callback, ...]:
+    """``callbacks`` and, first, a :class:`ProgressBar` when ``logging.progress`` is on and
+    none is given (it prints on rank 0 only)."""
+    given = tuple(callbacks)
+    if not config.logging.progress or any(isinstance(c, ProgressBar) for c in given):
+        return given
+    return (ProgressBar(), *given)
 
 
 class Observers:
@@ -50,7 +63,6 @@ class Observers:
         self._scopes: list[anyio.CancelScope] = []
         self._streams: list[EventStream] = []
         self._busy = 0  # feeds inside a hook right now
-        self._deadline: float | None = None  # of the grace, shared by catch_up and finish
         self._pending = 0
         self._done = anyio.Event()
 
@@ -80,24 +92,18 @@ class Observers:
     async def catch_up(self) -> None:
         """Before ``run_end`` is written: wait until every callback has handled the records
         published so far, so that a hook failing on the last epoch's records is reported in
-        the run's own log. Shielded; this and :meth:`finish` share one ``grace_s``, of which
-        this takes at most half (a slow callback must still get ``run_end``)."""
-        bound = min(self._remaining(), self.grace_s / 2)
-        with anyio.CancelScope(shield=True), anyio.move_on_after(bound):
+        the run's own log. Shielded; at most half of ``grace_s``."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.grace_s / 2):
             while not self._done.is_set() and (self._busy or any(s.backlog for s in self._streams)):
                 await anyio.sleep(0.005)
 
     async def finish(self) -> None:
-        """After the hub closed: let callbacks finish their streams, then stop them."""
-        with anyio.CancelScope(shield=True), anyio.move_on_after(self._remaining()):
+        """After the hub closed (the run's files complete): let callbacks finish their
+        streams and ``on_run_closed``, for at most ``grace_s``, then stop them."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.grace_s):
             await self._done.wait()
         for scope in self._scopes:
             scope.cancel()
-
-    def _remaining(self) -> float:
-        if self._deadline is None:
-            self._deadline = anyio.current_time() + self.grace_s
-        return max(0.0, self._deadline - anyio.current_time())
 
     async def _feed(
         self, callback: Callback, stream: EventStream, scope: anyio.CancelScope
@@ -108,6 +114,7 @@ class Observers:
                 async for record in stream:  # (the stream is closed when the run ends)
                     if not await self._deliver(callback, name, record):
                         return
+                await self._call(callback, name, "on_run_closed", None)
         finally:
             self._streams.remove(stream)  # a feed that ended owes nothing to catch_up
             await stream.aclose()
@@ -122,16 +129,26 @@ class Observers:
         if special is not None:
             hooks.append(getattr(callback, special))
         for hook in hooks:
-            self._busy += 1
-            try:
-                await hook(self._run, record)
-            except Exception as exc:
-                self._report(
-                    "error", kind="callback_failed", callback=name, hook=hook.__name__,
-                    event_type=record.get("event"), error=f"{type(exc).__name__}: {exc}",
-                    effect="this callback is not called again in this run; training goes on",
-                )  # fmt: skip
+            if not await self._call(callback, name, hook.__name__, record):
                 return False
-            finally:
-                self._busy -= 1
+        return True
+
+    async def _call(self, callback: Callback, name: str, hook: str, record: Record | None) -> bool:
+        """One hook (``record`` None: ``on_run_closed``); False after it raised (reported)."""
+        self._busy += 1
+        try:
+            if record is None:
+                await callback.on_run_closed(self._run)
+            else:
+                await getattr(callback, hook)(self._run, record)
+        except Exception as exc:
+            self._report(
+                "error", kind="callback_failed", callback=name, hook=hook,
+                event_type=None if record is None else record.get("event"),
+                error=f"{type(exc).__name__}: {exc}",
+                effect="this callback is not called again in this run; training goes on",
+            )  # fmt: skip
+            return False
+        finally:
+            self._busy -= 1
         return True

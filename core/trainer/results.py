@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,9 @@ class TrainingResults:
     class indices; ``best_val_loss`` is None without a ``val_loader``. ``samples_per_s``
     counts this rank's training samples over training time (validation excluded).
     ``interrupted`` is True when another rank stopped the job (this rank was not cancelled).
+    ``val_metrics`` are the last validation's ``metrics=`` values. With ``save_best``,
+    ``best_value`` is the best ``monitor`` value and ``best_checkpoint`` its checkpoint
+    (load it with :func:`core.load_weights`); ``last_checkpoint`` is the newest one.
     """
 
     epochs_completed: int
@@ -31,6 +34,11 @@ class TrainingResults:
     samples_per_s: float
     run_dir: Path
     interrupted: bool = False
+    val_metrics: dict[str, float | None] = field(default_factory=dict)
+    monitor: str | None = None
+    best_value: float | None = None
+    best_checkpoint: str | None = None
+    last_checkpoint: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -50,18 +58,31 @@ class RunProgress:
     interrupted: bool = False
     samples: int = 0
     train_time_s: float = 0.0
+    val_metrics: dict[str, float | None] = field(default_factory=dict)
+    best_value: float | None = None
+    best_checkpoint: str | None = None
 
     def add_epoch(self, samples: int, time_s: float) -> None:
         self.samples += samples
         self.train_time_s += time_s
 
-    def add_validation(self, loss: float, accuracy: float | None) -> None:
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.train_time_s if self.train_time_s else 0.0
+
+    def add_validation(
+        self, loss: float, accuracy: float | None, metrics: dict[str, float | None] | None = None
+    ) -> None:
         self.val_loss, self.val_accuracy = loss, accuracy
+        self.val_metrics = dict(metrics or {})
         if math.isfinite(loss):  # a NaN or inf validation loss is never the best
             best = self.best_val_loss
             self.best_val_loss = loss if best is None else min(best, loss)
 
-    def results(self, *, epochs_completed: int, global_step: int, run_dir: Path) -> TrainingResults:
+    def results(
+        self, *, epochs_completed: int, global_step: int, run_dir: Path,
+        monitor: str | None = None, last_checkpoint: str | None = None,
+    ) -> TrainingResults:  # fmt: skip
         return TrainingResults(
             epochs_completed=epochs_completed,
             global_step=global_step,
@@ -70,7 +91,12 @@ class RunProgress:
             val_loss=self.val_loss,
             val_accuracy=self.val_accuracy,
             stopped_early=self.stopped_early,
-            samples_per_s=self.samples / self.train_time_s if self.train_time_s else 0.0,
+            samples_per_s=self.samples_per_s,
             run_dir=run_dir,
             interrupted=self.interrupted,
+            val_metrics=dict(self.val_metrics),
+            monitor=monitor,
+            best_value=self.best_value,
+            best_checkpoint=self.best_checkpoint,
+            last_checkpoint=last_checkpoint,
         )

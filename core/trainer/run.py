@@ -8,7 +8,6 @@ watchdog, the signal watcher and the monitor; the callbacks outlive them, to see
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,7 @@ class Run:
         self.cycle = cycle
         self.hub = hub
         self.observers = observers
-        self.worker = StepThread(threading.Event(), grace_s=config.run.stop_grace_s)
+        self.worker = StepThread(cycle.new_stop(), grace_s=config.run.stop_grace_s)
         self.end = RunEnding()
         log = cycle.current
         self.stopping = Stopping(
@@ -140,8 +139,10 @@ class Run:
 
     async def _fit(self, resume: ResumePoint | None, run_dir: Path) -> TrainingResults:
         parts, cycle, worker = self.parts, self.cycle, self.worker
-        stop, progress = worker.stop, parts.state.progress
+        stop, progress, max_steps = worker.stop, parts.state.progress, self.config.run.max_steps
         for epoch in range(parts.state.epochs_completed, self.config.run.max_epochs):
+            if max_steps is not None and parts.loop.global_step >= max_steps:
+                break
             started = monotonic()
             stats = await worker.call(parts.loop.run_epoch, parts.train_loader, epoch, stop, resume)
             resume = None
@@ -155,9 +156,11 @@ class Run:
                 break
             if ended.stop:
                 break
+        checkpoint = self.config.checkpoint
         return progress.results(
             epochs_completed=parts.state.epochs_completed, global_step=parts.loop.global_step,
-            run_dir=run_dir,
+            run_dir=run_dir, monitor=checkpoint.monitor if checkpoint.save_best else None,
+            last_checkpoint=parts.checkpointer.last_path,
         )  # fmt: skip
 
 

@@ -7,9 +7,10 @@ The same file runs unchanged under torchrun (DDP over gloo on CPU, NCCL on GPUs)
 
     torchrun --standalone --nproc_per_node=2 examples/email_sequence/train.py
 
-A progress bar is fed by `optimizer.events()`, the async stream of the records that also go
-to `<run_dir>/events.jsonl`; the training itself runs in a worker thread, so the bar, like
-any other coroutine of an application, keeps running while the model trains.
+The banner, the progress bar per epoch and the end summary come from the run's records
+(`<run_dir>/events.jsonl`), on the event loop, while the model trains in a worker thread; at
+the end the run writes `training_metrics.png` and `performance_summary.txt` next to them,
+and keeps the checkpoint with the best validation loss apart from the newest ones.
 """
 
 from __future__ import annotations
@@ -18,18 +19,21 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sized
 from pathlib import Path
 from typing import Any
 
 import anyio
-import torch
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
 
-from core import GradientAccumulationConfig, SignalReceived, create_optimized_training_optimizer
+from core import (
+    F1Score,
+    GradientAccumulationConfig,
+    SignalReceived,
+    create_optimized_training_optimizer,
+    seed_everything,
+)
 from examples.email_sequence import (
     EmailSequenceDataset,
     EmailSequenceModel,
@@ -65,26 +69,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="recompute each transformer block in backward")  # fmt: skip
     parser.add_argument("--auto-batch-size", action="store_true",
                         help="split batches that do not fit the device's free memory")  # fmt: skip
+    parser.add_argument("--profile-steps", type=int, nargs=3, default=None,
+                        metavar=("WAIT", "WARMUP", "ACTIVE"),
+                        help="trace ACTIVE steps into <run_dir>/profile/")  # fmt: skip
     return parser.parse_args(argv)
-
-
-async def show_progress(stream: Any, total_steps: int | None) -> None:
-    with tqdm(total=total_steps, unit="step", dynamic_ncols=True) as bar:
-        async for record in stream:
-            if record["event"] == "train_step":
-                bar.update(1)
-                bar.set_postfix(epoch=record["epoch"], loss=f"{record['loss']:.4f}")
-            elif record["event"] == "validation":
-                bar.write(
-                    f"epoch {record['epoch']}: val_loss={record['val_loss']:.4f} "
-                    f"val_accuracy={record['val_accuracy']:.4f}"
-                )
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     train_set = EmailSequenceDataset(args.train_samples, seed=args.seed)
     val_set = EmailSequenceDataset(args.val_samples, seed=args.seed + 1)
-    torch.manual_seed(args.seed)
+    seed_everything(args.seed)  # the model's initial weights too
     model = EmailSequenceModel(
         vocab_size=train_set.vocab_size,
         max_emails=train_set.max_emails,
@@ -113,23 +107,17 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         channels_last="auto" if args.channels_last is None else args.channels_last,
         activation_checkpointing=args.activation_checkpointing,
         auto_batch_size=args.auto_batch_size,
+        metrics={"f1": F1Score(num_classes=2)},
+        save_best=True,
+        progress=not args.no_progress,
+        profile_steps=tuple(args.profile_steps) if args.profile_steps else None,
     )
     rank = optimizer.rank
-    loader = optimizer.train_loader  # under torchrun: this rank's shard
-    total = (
-        -(-len(loader) // args.accumulation_steps) * args.epochs
-        if isinstance(loader, Sized)
-        else None
-    )
     stopped: SignalReceived | None = None
     try:
-        async with anyio.create_task_group() as tg:
-            if rank == 0 and not args.no_progress:
-                tg.start_soon(show_progress, optimizer.events(), total)
-            try:
-                results = await optimizer.train()
-            except SignalReceived as exc:  # raised after the task group, not wrapped in it
-                stopped = exc
+        results = await optimizer.train()
+    except SignalReceived as exc:
+        stopped = exc
     finally:
         optimizer.close()  # under torchrun: leaves the process group
     if stopped is not None:
@@ -147,12 +135,10 @@ def report(summary: dict[str, Any]) -> None:
     run_dir = Path(summary["run_dir"])
     print(
         f"\nval_accuracy={summary['val_accuracy']:.4f} (majority class "
-        f"{summary['majority_class_rate']:.4f}), val_loss={summary['val_loss']:.4f}, "
-        f"{summary['epochs_completed']} epochs, {summary['global_step']} steps, "
-        f"{summary['samples_per_s']:.0f} samples/s, precision {summary['amp_stats']['precision']}"
+        f"{summary['majority_class_rate']:.4f}), val_f1={summary['val_metrics']['f1']:.4f}"
     )
-    print(f"logs:    {run_dir / 'events.jsonl'}")
     print(f"results: {run_dir / 'results.json'}")
+    print(f"plots:   {run_dir / 'training_metrics.png'}")
 
 
 if __name__ == "__main__":

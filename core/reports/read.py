@@ -1,0 +1,169 @@
+"""Read a run's ``events.jsonl`` back into records, and pick series out of them.
+
+Reports are built from the records alone, so they can be rebuilt for any finished or
+crashed run. Every helper here tolerates odd content: a field that is absent, null, not a
+number or not finite is skipped, never raised on.
+
+Example::
+
+    records = read_events(run_dir / "events.jsonl")
+    steps, losses = series(records, "train_step", "loss")
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+__all__ = (
+    "Record",
+    "Records",
+    "first",
+    "last",
+    "mapping",
+    "number",
+    "numbers",
+    "of",
+    "read_events",
+    "series",
+    "text",
+    "timestamp",
+)
+
+Record = Mapping[str, Any]
+Records = Sequence[Record]
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a run log, one per line, in file order.
+
+    Lines that are not a JSON object are skipped: the truncated last line of a crashed run,
+    blank lines, stray text. Raises ``FileNotFoundError`` when ``path`` does not exist.
+
+    >>> read_events(Path("logs/demo/20261122-031500.123-a1b2c3/events.jsonl"))[0]["event"]
+    'run_start'
+    """
+    records: list[dict[str, Any]] = []
+    for line in Path(path).read_bytes().splitlines():
+        if not line.strip():
+            continue
+        try:
+            value = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            records.append(value)
+    return records
+
+
+def of(records: Iterable[Record], *events: str) -> list[Record]:
+    """The records whose ``event`` is one of ``events``, in order.
+
+    >>> len(of(records, "train_step"))
+    96
+    """
+    return [r for r in records if r.get("event") in events]
+
+
+def first(records: Iterable[Record], event: str) -> Record | None:
+    """The first record named ``event``, or None.
+
+    >>> first(records, "run_start")["device"]
+    'cpu'
+    """
+    return next((r for r in records if r.get("event") == event), None)
+
+
+def last(records: Records, event: str) -> Record | None:
+    """The last record named ``event``, or None.
+
+    >>> last(records, "run_end")["status"]
+    'completed'
+    """
+    return next((r for r in reversed(records) if r.get("event") == event), None)
+
+
+def number(value: object) -> float | None:
+    """``value`` as a finite float; None for null, bools, text and NaN/inf.
+
+    >>> number(3), number(None), number(float("nan")), number(True)
+    (3.0, None, None, None)
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    result = float(value)
+    return result if math.isfinite(result) else None
+
+
+def numbers(records: Iterable[Record], event: str, field: str) -> list[float]:
+    """The finite values of ``field`` over the records named ``event``.
+
+    >>> max(numbers(records, "train_step", "step_time_s"))
+    0.048
+    """
+    values = (number(r.get(field)) for r in records if r.get("event") == event)
+    return [v for v in values if v is not None]
+
+
+def series(
+    records: Iterable[Record], event: str, field: str, x: str = "step"
+) -> tuple[list[float], list[float]]:
+    """``(xs, ys)``: ``field`` against ``x`` over the records named ``event``, keeping only
+    the records where both are finite numbers.
+
+    >>> steps, lrs = series(records, "train_step", "lr")
+    """
+    xs: list[float] = []
+    ys: list[float] = []
+    for r in records:
+        if r.get("event") != event:
+            continue
+        xv, yv = number(r.get(x)), number(r.get(field))
+        if xv is not None and yv is not None:
+            xs.append(xv)
+            ys.append(yv)
+    return xs, ys
+
+
+def mapping(value: object, *keys: str) -> Mapping[str, Any]:
+    """The nested mapping ``value[keys[0]][keys[1]]...``; empty where a level is absent.
+
+    >>> mapping(run_start, "resolved", "strategy").get("world_size")
+    1
+    """
+    current: object = value
+    for key in keys:
+        current = current.get(key) if isinstance(current, Mapping) else None
+    return current if isinstance(current, Mapping) else {}
+
+
+def text(value: object, default: str = "?") -> str:
+    """``value`` as display text: ``default`` for null or empty.
+
+    >>> text(None), text("cpu"), text("", "none")
+    ('?', 'cpu', 'none')
+    """
+    if value is None or value == "":
+        return default
+    return str(value)
+
+
+def timestamp(record: Record) -> float | None:
+    """The record's ``ts`` as POSIX seconds; None when absent or malformed.
+
+    >>> timestamp({"ts": "2026-11-22T12:00:00.500000Z"}) % 60
+    0.5
+    """
+    ts = record.get("ts")
+    if not isinstance(ts, str):
+        return None
+    try:
+        # Python 3.10's fromisoformat does not read "Z"
+        return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

@@ -1,0 +1,183 @@
+"""Profiling a window of optimizer steps with ``torch.profiler``: one Chrome trace, one
+operator table, one ``profile`` record, then nothing.
+
+:class:`StepProfiler` is a step hook. The step loop calls :meth:`~StepProfiler.start`
+before the first step and the hook after every optimizer step, both on the step thread:
+the profiler records the thread that started it (and the autograd threads its backward
+passes use), so it must be started, stepped and closed on the thread that runs the steps.
+Steps ``wait`` are skipped, ``warmup`` are traced and discarded (the first profiled steps
+carry the profiler's own start-up), ``active`` are kept. When the window completes,
+``<run_dir>/profile/trace.json`` (open it in Perfetto or ``chrome://tracing``) and
+``<run_dir>/profile/top_ops.txt`` are written, one ``profile`` record is emitted, and the
+profiler stops: later calls cost one attribute check. Without a ``StepProfiler`` nothing
+is profiled and nothing is paid.
+
+Example::
+
+    profiler = StepProfiler(*check_profile_steps((1, 1, 3)), emit=log.emit)
+    profiler.start(run_dir)
+    for step in range(1, 10):
+        train_one_step()
+        profiler(step)
+    profiler.close()
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from core.checks import is_int
+from core.errors import config_error
+
+__all__ = ("StepProfiler", "check_profile_steps")
+
+_FIELD = "profile_steps"
+_ALLOWED = "None (off) or a tuple of three integers (wait >= 0, warmup >= 0, active >= 1)"
+_FIX = "profile_steps=(1, 1, 3) skips one step, warms up on one and records three."
+_log = structlog.get_logger("core")
+
+
+def check_profile_steps(value: object) -> tuple[int, int, int] | None:
+    """The ``profile_steps`` setting as ``(wait, warmup, active)``, or None when off.
+
+    >>> check_profile_steps((1, 1, 3))
+    (1, 1, 3)
+    >>> check_profile_steps(None) is None
+    True
+    """
+    if value is None:
+        return None
+    if not (isinstance(value, (tuple, list)) and len(value) == 3 and all(map(is_int, value))):
+        raise config_error(_FIELD, value, _ALLOWED, _FIX)
+    wait, warmup, active = value
+    if wait < 0 or warmup < 0 or active < 1:
+        raise config_error(_FIELD, value, _ALLOWED, _FIX)
+    return (wait, warmup, active)
+
+
+class StepProfiler:
+    """After :meth:`start`, skips ``wait`` optimizer steps, warms up on ``warmup`` and
+    records the next ``active`` (reported by their global step numbers); ``row_limit``
+    operators go into the table."""
+
+    def __init__(
+        self,
+        wait: int,
+        warmup: int,
+        active: int,
+        *,
+        emit: Callable[..., None],
+        row_limit: int = 20,
+    ) -> None:
+        check_profile_steps((wait, warmup, active))
+        if not (is_int(row_limit) and row_limit >= 1):
+            raise config_error("row_limit", row_limit, "an integer >= 1")
+        self.wait, self.warmup, self.active = wait, warmup, active
+        self.emit = emit
+        self.row_limit = row_limit
+        self._profiler: profile | None = None
+        self._thread: int | None = None
+        self._dir: Path | None = None
+        self._cuda = False
+        self._calls = 0
+        self._first_step: int | None = None
+        self._last_step: int | None = None
+        self._done = False
+        self._orphaned = False
+
+    @property
+    def running(self) -> bool:
+        """Whether a profiler is started and its window not written (nor closed) yet."""
+        return self._profiler is not None and not self._orphaned
+
+    def start(self, run_dir: Path) -> None:
+        """Start profiling on the calling thread (the step thread, before the first step)."""
+        if self._profiler is not None or self._done:
+            return
+        self._dir = Path(run_dir) / "profile"
+        self._cuda = torch.cuda.is_available()
+        activities = [ProfilerActivity.CPU]
+        if self._cuda:
+            activities.append(ProfilerActivity.CUDA)
+        self._profiler = profile(
+            activities=activities,
+            schedule=schedule(wait=self.wait, warmup=self.warmup, active=self.active, repeat=1),
+            on_trace_ready=self._write,
+            record_shapes=False,
+        )
+        self._thread = threading.get_ident()
+        self._profiler.start()
+
+    def __call__(self, step: int) -> None:
+        """After every optimizer step, with the global step it reached."""
+        profiler = self._profiler
+        if profiler is None:
+            return
+        if self._orphaned:  # close() came from another thread: stop here, write nothing
+            self._stop()
+            return
+        index, self._calls = self._calls, self._calls + 1  # the profiler step that ended
+        if index == self.wait + self.warmup:
+            self._first_step = step
+        if index >= self.wait + self.warmup:
+            self._last_step = step
+        profiler.step()  # writes the files (self._write) when the window completes
+        if self._done:
+            self._stop()
+
+    def close(self) -> None:
+        """Stop a profiler still running (idempotent), on the step thread: a window already
+        begun is written and reported as far as it got. Stopping a profiler from another
+        thread would crash the process, so there it only asks the step thread to stop it,
+        unwritten, at its next call (a step thread that has ended took it along)."""
+        if self._profiler is None:
+            return
+        if threading.get_ident() != self._thread:
+            if not self._orphaned:
+                _log.warning(
+                    "profiler_closed_off_thread",
+                    reason="close() was called on another thread than start(); nothing written",
+                )
+            self._orphaned = True
+            return
+        self._stop()
+
+    def _stop(self) -> None:
+        profiler, self._profiler = self._profiler, None
+        self._done = True
+        if profiler is not None:
+            profiler.stop()  # fires self._write if the window had begun recording
+
+    def _write(self, profiler: profile) -> None:
+        """``on_trace_ready``: the trace, the table and the record (on the step thread)."""
+        self._done = True
+        directory = self._dir
+        if directory is None or self._first_step is None or self._orphaned:
+            return  # closed before a step was recorded, or closed from another thread
+        trace, table_file = directory / "trace.json", directory / "top_ops.txt"
+        sort_by = "self_cuda_time_total" if self._cuda else "self_cpu_time_total"
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            profiler.export_chrome_trace(str(trace))
+            table = profiler.key_averages().table(sort_by=sort_by, row_limit=self.row_limit)
+            table_file.write_text(table + "\n", encoding="utf-8")
+        except (OSError, RuntimeError) as exc:  # a profile is never worth a failed run
+            _log.warning(
+                "profile_write_failed", path=str(directory), error=f"{type(exc).__name__}: {exc}"
+            )
+            return
+        fields: dict[str, Any] = {
+            "trace": str(trace),
+            "table_file": str(table_file),
+            "first_step": self._first_step,
+            "last_step": self._last_step,
+            "table": table,
+        }
+        self.emit("profile", **fields)

@@ -1,0 +1,23 @@
+"""Experiment trackers: callbacks that send a run's params, scalars and reports to a backend.
+
+``CSVLogger`` (stdlib only), ``TensorBoardLogger`` and ``MLflowLogger`` (the ``core[trackers]``
+extra) share :class:`Tracker`, the base a new tracker subclasses.
+
+Example::
+
+    from core.trackers import CSVLogger, TensorBoardLogger
+
+    run = create_optimized_training_optimizer(
+        model=model, train_loader=train, val_loader=val,
+        callbacks=[CSVLogger(), TensorBoardLogger("runs")],
+    )
+"""
+
+from __future__ import annotations
+
+from core.trackers.base import Tracker, TrackerUnavailableError
+from core.trackers.csv import CSVLogger
+from core.trackers.mlflow import MLflowLogger
+from core.trackers.tensorboard import TensorBoardLogger
+
+__all__ = ("CSVLogger", "MLflowLogger", "TensorBoardLogger", "Tracker", "TrackerUnavailableError")

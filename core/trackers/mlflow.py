@@ -1,0 +1,148 @@
+"""``MLflowLogger``: the run as an MLflow run, through an ``MlflowClient`` of its own.
+
+Never MLflow's global "active run" (``mlflow.start_run``): two runs in one process, or a
+user's own MLflow run, do not collide. ``tracking_uri`` is passed through as given (a
+server ``http://...``, ``databricks``, ``file:...``); by default a local store beside the
+runs: ``sqlite:///<log_dir>/mlflow.db`` with artifacts under ``<log_dir>/mlartifacts``
+(MLflow 3 refuses its old file store unless an environment variable allows it; browse with
+``mlflow ui --backend-store-uri sqlite:///<log_dir>/mlflow.db``). The experiment defaults to
+the run's experiment name, the run name to its ``run_id``. Params are logged in batches of
+100, values cut at 500 characters; metrics in batches of 1000; the model summary with
+``log_text``; report files with ``log_artifact``; the end with ``set_terminated``. Needs
+``mlflow-skinny`` (and, for the default store, ``sqlalchemy`` and ``alembic``):
+``pip install 'core[trackers]'``. mlflow is imported on the tracker's thread (it is slow).
+
+Example::
+
+    tracker = MLflowLogger(tracking_uri="http://mlflow.internal:5000", experiment_name="bert")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from typing_extensions import override
+
+from core.callbacks import Record
+from core.errors import config_error
+from core.trackers.base import Status, TrackedRun, Tracker, require
+from core.trackers.convert import ParamValue, Scalar
+from core.trackers.worker import import_lock
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+__all__ = ("MLflowLogger",)
+
+_PARAMS_PER_CALL = 100
+_METRICS_PER_CALL = 1000
+_MAX_PARAM_CHARS = 500
+
+
+class MLflowLogger(Tracker):
+    """Logs the run to MLflow; ``run_id`` is the MLflow run's id once it is open."""
+
+    def __init__(
+        self,
+        tracking_uri: str | None = None,
+        experiment_name: str | None = None,
+        run_name: str | None = None,
+        *,
+        flush_every: int = 200,
+        rank_zero_only: bool = True,
+    ) -> None:
+        super().__init__(flush_every=flush_every, rank_zero_only=rank_zero_only)
+        for field, value in (
+            ("tracking_uri", tracking_uri),
+            ("experiment_name", experiment_name),
+            ("run_name", run_name),
+        ):
+            if value is not None and not (isinstance(value, str) and value.strip()):
+                raise config_error(field, value, "None (the default) or a non-empty str")
+        require("mlflow", type(self).__name__)
+        if tracking_uri is None:  # the default sqlite store
+            require("sqlalchemy", type(self).__name__)
+            require("alembic", type(self).__name__)
+        self.tracking_uri = tracking_uri
+        self.experiment_name = experiment_name
+        self.run_name = run_name
+        self.resolved_tracking_uri: str | None = None  # of the current run, once open
+        self.run_id: str | None = None
+        self._client: MlflowClient | None = None
+
+    @override
+    def _open(self, run: TrackedRun, run_start: Record) -> None:
+        with import_lock:  # slow (seconds): on the tracker's thread
+            from mlflow import MlflowClient
+
+        uri, artifacts = self.tracking_uri, None
+        if uri is None:  # the default sqlite store
+            root = run.log_dir.resolve()
+            root.mkdir(parents=True, exist_ok=True)
+            uri = f"sqlite:///{(root / 'mlflow.db').as_posix()}"
+            artifacts = (root / "mlartifacts").as_uri()
+        client = MlflowClient(uri)
+        experiment_id = _experiment(client, self.experiment_name or run.experiment, artifacts)
+        tags = {"core.run_id": run.run_id, "core.rank": str(run.rank)}
+        if run.run_dir is not None:
+            tags["core.run_dir"] = str(run.run_dir)
+        created = client.create_run(experiment_id, run_name=self.run_name or run.name, tags=tags)
+        self._client, self.run_id = client, created.info.run_id
+        self.resolved_tracking_uri = uri
+
+    @override
+    def _log_params(self, params: dict[str, ParamValue]) -> None:
+        from mlflow.entities import Param
+
+        client, run_id = self._opened()
+        entries = [Param(key, str(value)[:_MAX_PARAM_CHARS]) for key, value in params.items()]
+        for start in range(0, len(entries), _PARAMS_PER_CALL):
+            client.log_batch(run_id, params=entries[start : start + _PARAMS_PER_CALL])
+
+    @override
+    def _log_text(self, name: str, text: str) -> None:
+        client, run_id = self._opened()
+        client.log_text(run_id, text, f"{name}.md")
+
+    @override
+    def _log_scalars(self, rows: list[Scalar]) -> None:
+        from mlflow.entities import Metric
+
+        client, run_id = self._opened()
+        entries = [Metric(r.name, r.value, int(r.wall_time * 1000), r.step) for r in rows]
+        for start in range(0, len(entries), _METRICS_PER_CALL):
+            client.log_batch(run_id, metrics=entries[start : start + _METRICS_PER_CALL])
+
+    @override
+    def _log_artifact(self, path: Path) -> None:
+        client, run_id = self._opened()
+        client.log_artifact(run_id, str(path))
+
+    @override
+    def _close(self, status: Status) -> None:
+        if self._client is not None and self.run_id is not None:
+            self._client.set_terminated(self.run_id, status)
+            self._client = None
+
+    def _opened(self) -> tuple[MlflowClient, str]:
+        if self._client is None or self.run_id is None:
+            raise RuntimeError("MLflowLogger was not opened")
+        return self._client, self.run_id
+
+
+def _experiment(client: MlflowClient, name: str, artifact_location: str | None) -> str:
+    """The id of experiment ``name``, created (or restored from deletion) when needed."""
+    from mlflow.exceptions import MlflowException
+
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        try:
+            return client.create_experiment(name, artifact_location=artifact_location)
+        except MlflowException:  # created meanwhile by another run
+            experiment = client.get_experiment_by_name(name)
+            if experiment is None:
+                raise
+    if experiment.lifecycle_stage == "deleted":
+        client.restore_experiment(experiment.experiment_id)
+    return str(experiment.experiment_id)

@@ -1,0 +1,248 @@
+"""The reports rebuilt from events.jsonl: the PNG of a real fp16 run with overflows, the
+summary's numbers against the records, crashed runs, odd records, matplotlib absent."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+import structlog
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from core import create_optimized_training_optimizer
+from core.reports import (
+    PLOT_FILE,
+    SUMMARY_FILE,
+    format_performance_summary,
+    plots,
+    read_events,
+    write_reports,
+    write_training_plot,
+)
+from core.reports.fmt import percentile, seconds
+from core.telemetry.records import RECORDS
+from tests.helpers import loaders, make_model
+
+SECTIONS = ("Run", "Throughput", "Step time", "Input pipeline", "Bottleneck verdicts", "AMP",
+            "Compile", "Memory peaks", "Validation", "Errors and warnings", "Profile")  # fmt: skip
+
+pytestmark = pytest.mark.plots  # these tests render the plot
+
+
+@pytest.fixture(scope="module")
+def events(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """events.jsonl of a real 3-epoch fp16 run whose loss scale starts far too high (2^24):
+    the first steps overflow and back the scale off, later growth overflows again."""
+    torch.set_num_threads(1)
+    train, val = loaders(n=1024)
+    optimizer = create_optimized_training_optimizer(
+        model=make_model(), train_loader=train, val_loader=val, max_epochs=3,
+        log_dir=tmp_path_factory.mktemp("logs"), monitor_interval_s=0.02, amp_dtype="fp16",
+        amp_init_scale=2.0**24, amp_growth_interval=5,
+    )  # fmt: skip
+    results = anyio.run(optimizer.train)
+    return Path(results.run_dir) / "events.jsonl"
+
+
+@pytest.fixture
+def run_dir(events: Path, tmp_path: Path) -> Path:
+    """A fresh directory holding only a copy of the run's events.jsonl."""
+    shutil.copy(events, tmp_path / "events.jsonl")
+    return tmp_path
+
+
+def steps_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r["event"] == "train_step"]
+
+
+@pytest.mark.slow  # the module's training run (shared), then a PNG
+def test_a_real_fp16_run_gets_a_full_png_and_summary(run_dir: Path) -> None:
+    records = read_events(run_dir / "events.jsonl")
+    overflows = [s["step"] for s in steps_of(records) if s["overflow"]]
+    assert len(overflows) >= 5 and overflows[:3] == [1, 2, 3]  # the loss-scale data is real
+
+    written = write_reports(run_dir)
+
+    assert written == [run_dir / SUMMARY_FILE, run_dir / PLOT_FILE]
+    with Image.open(run_dir / PLOT_FILE) as image:
+        assert image.format == "PNG" and image.size == (1400, 1000)
+        assert image.mode in ("RGB", "RGBA")
+        pixels = np.asarray(image.convert("RGB"), dtype=np.float64)
+        colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 500  # lines, markers, text: not blank
+    assert pixels.std() > 20.0
+
+
+@pytest.mark.slow  # the module's training run (shared)
+def test_the_summary_numbers_match_the_records(events: Path) -> None:
+    records = read_events(events)
+    text = format_performance_summary(records)
+
+    for title in SECTIONS:
+        assert f"== {title} ==" in text
+    steps = steps_of(records)
+    assert re.search(rf"optimizer steps\s+{len(steps)}\n", text)
+    ends = [r for r in records if r["event"] == "epoch_end"]
+    expected = sum(e["samples"] for e in ends) / sum(e["epoch_time_s"] for e in ends)
+    overall = re.search(r"overall\s+([\d,.]+) samples/s", text)
+    assert overall is not None
+    assert float(overall.group(1).replace(",", "")) == pytest.approx(expected, abs=0.05)
+    overflows = sum(s["overflow"] for s in steps)
+    assert re.search(rf"overflow steps\s+{overflows} \(steps 1, 2, 3,", text)
+    assert f"skipped steps           {sum(s['skipped'] for s in steps)} of {len(steps)}" in text
+    assert "loss scale max          16,777,216 (2^24)" in text
+    final = f"{steps[-1]['loss_scale']:,.0f}"
+    assert re.search(rf"loss scale final\s+{final} \(2\^\d+\)", text)
+    assert "status                  completed" in text
+    assert "torch allocator peak    not measured on CPU" in text
+    times = [s["step_time_s"] for s in steps]
+    assert f"p50                   {seconds(percentile(times[1:], 50))}" in text
+
+
+@pytest.mark.slow  # the module's training run (shared)
+def test_the_loss_scale_panel_marks_each_overflow(events: Path) -> None:
+    from matplotlib.figure import Figure
+
+    from core.reports.panels import loss_scale_panel
+
+    records = read_events(events)
+    overflow_steps = [float(s["step"]) for s in steps_of(records) if s["overflow"]]
+    ax = Figure().subplots()
+    loss_scale_panel(ax, records)
+
+    (crosses,) = [line for line in ax.get_lines() if line.get_marker() == "x"]
+    assert list(crosses.get_xdata()) == overflow_steps
+    assert crosses.get_color() == "red" and ax.get_yscale() == "log"
+    assert f"overflow ({len(overflow_steps)} steps)" in ax.get_legend_handles_labels()[1]
+
+
+@pytest.mark.slow  # the module's training run (shared), then a PNG
+def test_a_crashed_runs_truncated_log_still_reports(run_dir: Path) -> None:
+    log = run_dir / "events.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    cut = next(i for i, line in enumerate(lines) if b'"validation"' in line) + 5
+    log.write_bytes(b"".join(lines[:cut]) + lines[cut][: len(lines[cut]) // 2])  # torn write
+
+    records = read_events(log)
+    assert len(records) == cut and records[-1]["event"] != "run_end"
+    assert write_reports(run_dir) == [run_dir / SUMMARY_FILE, run_dir / PLOT_FILE]
+    text = (run_dir / SUMMARY_FILE).read_text()
+    assert "unfinished: no run_end record" in text
+    last_step = steps_of(records)[-1]["step"]
+    assert re.search(rf"optimizer steps\s+{last_step}\n", text)
+    assert "epochs completed        1 of 3" in text
+
+
+@pytest.mark.slow  # the module's training run (shared)
+def test_without_matplotlib_the_summary_is_written_and_one_warning_logged(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises
+    monkeypatch.setattr(plots, "_warned_unavailable", threading.Event())
+    with structlog.testing.capture_logs() as logs:
+        first = write_reports(run_dir)
+        second = write_reports(run_dir)
+
+    assert first == second == [run_dir / SUMMARY_FILE]
+    assert not (run_dir / PLOT_FILE).exists()
+    assert "== Throughput ==" in (run_dir / SUMMARY_FILE).read_text()
+    warnings = [e for e in logs if e["event"] == "plots_unavailable"]
+    assert len(warnings) == 1
+    assert warnings[0]["log_level"] == "warning"
+    assert warnings[0]["fix"] == "pip install 'core[plots]'"
+
+
+def test_a_missing_events_file_raises_file_not_found(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        write_reports(tmp_path)
+
+
+def test_odd_content_never_raises_and_each_panel_says_no_data(tmp_path: Path) -> None:
+    (tmp_path / "events.jsonl").write_bytes(
+        b"not json\n\xff\xfe\n[1, 2]\n{}\n"
+        b'{"event": "run_start", "config": 5, "resolved": [1], "device": null}\n'
+        b'{"event": "train_step", "step": "x", "loss": "nan", "lr": null, "overflow": 1}\n'
+        b'{"event": "validation", "metrics": [1], "val_loss": "a", "epoch": null}\n'
+        b'{"event": "gpu_sample", "device": null, "t_s": "q", "util_pct": NaN}\n'
+        b'{"event": "epoch_end", "epoch_time_s": 0, "samples": 5, "bottleneck": 3}\n'
+        b'{"event": "profile", "table": 7}\n{"event": "run_end", "elapsed_s": -1e999'
+    )
+    assert write_reports(tmp_path) == [tmp_path / SUMMARY_FILE, tmp_path / PLOT_FILE]
+    text = (tmp_path / SUMMARY_FILE).read_text()
+    assert all(f"== {title} ==" in text for title in SECTIONS)
+    assert "not available" not in text  # no section broke
+
+
+_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True),
+    st.text(max_size=5), st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.floats(), max_size=3),
+)  # fmt: skip
+_FIELDS = sorted({name for record in RECORDS.values() for name in record.__annotations__}
+                 | {"metrics", "elapsed_s", "samples_per_s", "plan", "table", "trace"})  # fmt: skip
+_RECORD = st.builds(
+    lambda event, fields: {"event": event, **fields},
+    st.sampled_from([*RECORDS, "profile", "validation_start"]),
+    st.dictionaries(st.sampled_from(_FIELDS), _VALUES, max_size=8),
+)
+
+
+@pytest.mark.slow  # 60 generated examples
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_RECORD, max_size=12))
+def test_every_section_survives_arbitrary_field_values(records: list[dict[str, Any]]) -> None:
+    text = format_performance_summary(records)
+    assert "not available" not in text and text.endswith("\n")
+
+
+def test_percentile_interpolates_like_numpy() -> None:
+    values = [0.3, 1.0, 0.2, 5.0, 0.7, 0.9]
+    for q in (0, 50, 90, 99, 100):
+        assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+    assert percentile([], 50) is None
+
+
+def test_the_plot_leaves_pyplot_and_the_global_backend_alone(tmp_path: Path) -> None:
+    import matplotlib
+
+    (tmp_path / "events.jsonl").write_text('{"event": "train_step", "step": 1, "loss": 0.5}\n')
+    had_pyplot = "matplotlib.pyplot" in sys.modules
+    backend = matplotlib.rcParams._get_backend_or_none()
+    assert write_training_plot(read_events(tmp_path / "events.jsonl"), tmp_path / "p.png")
+    assert matplotlib.rcParams._get_backend_or_none() == backend
+    if not had_pyplot:
+        assert "matplotlib.pyplot" not in sys.modules
+
+
+def test_reading_skips_blank_and_broken_lines(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"event": "a"}\n\n{"event": "b"\n{"event": "c"}\n')
+    assert [r["event"] for r in read_events(path)] == ["a", "c"]
+
+
+@pytest.mark.slow  # 8 generated examples, each drawn
+@settings(max_examples=8, deadline=None)
+@given(st.lists(_RECORD, max_size=12))
+def test_every_panel_survives_arbitrary_field_values(records: list[dict[str, Any]]) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from core.reports import panels
+
+    figure = Figure(figsize=(6, 4), dpi=40)
+    canvas = FigureCanvasAgg(figure)
+    draws = (panels.loss_panel, panels.metrics_panel, panels.lr_panel,
+             panels.loss_scale_panel, panels.step_time_panel, panels.device_panel)  # fmt: skip
+    for ax, draw in zip(figure.subplots(3, 2).flat, draws, strict=True):
+        draw(ax, records)
+    canvas.draw()  # rendering too: log axes and tick formatters run here

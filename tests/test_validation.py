@@ -1,0 +1,168 @@
+"""The validation schedule, max_steps, the best checkpoint, and what a run returns about them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from core import (
+    ConfigError,
+    F1Score,
+    OptimizedTrainingOptimizer,
+    TrainingConfig,
+    create_optimized_training_optimizer,
+    load_weights,
+)
+from tests.helpers import loaders, make_classification, make_model
+
+
+def run(tmp_path: Path, **settings: Any) -> tuple[Any, list[dict[str, Any]]]:
+    train_loader, val_loader = loaders(n=256, batch_size=32)  # 8 steps per epoch
+    settings.setdefault("val_loader", val_loader)
+    optimizer = create_optimized_training_optimizer(
+        model=make_model(), train_loader=train_loader, log_dir=tmp_path, seed=0,
+        progress=False, reports=False, **settings,
+    )  # fmt: skip
+    results = anyio.run(optimizer.train)
+    optimizer.close()
+    events = results.run_dir / "events.jsonl"
+    return results, [json.loads(line) for line in events.read_text().splitlines()]
+
+
+def of(records: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+    return [r for r in records if r["event"] == event]
+
+
+def test_validation_runs_every_n_steps_and_every_n_epochs_never_twice_at_a_step(
+    tmp_path: Path,
+) -> None:
+    results, records = run(tmp_path, max_epochs=4, val_every_n_steps=3, val_every_n_epochs=2)
+    steps = [r["step"] for r in of(records, "validation")]
+    # Every 3 steps (3, 6, ..., 30), plus the ends of epochs 2 and 4 (steps 16 and 32).
+    assert steps == [3, 6, 9, 12, 15, 16, 18, 21, 24, 27, 30, 32]
+    assert [r["step"] for r in of(records, "validation_start")] == steps
+    assert of(records, "validation_start")[0]["batches"] == 2
+    # A mid-epoch validation comes after the records of the steps before it.
+    order = [(r["event"], r.get("step")) for r in records]
+    assert order.index(("train_step", 3)) < order.index(("validation", 3))
+    assert results.epochs_completed == 4
+
+
+def test_no_epoch_validation_with_val_every_n_epochs_none(tmp_path: Path) -> None:
+    _, records = run(tmp_path, max_epochs=2, val_every_n_epochs=None, val_every_n_steps=5)
+    assert [r["step"] for r in of(records, "validation")] == [5, 10, 15]
+
+
+def test_max_steps_ends_the_run_mid_epoch_and_counts_that_epoch(tmp_path: Path) -> None:
+    results, records = run(tmp_path, max_epochs=5, max_steps=11)
+    assert results.global_step == 11 and results.epochs_completed == 2
+    assert [r["step"] for r in of(records, "train_step")] == list(range(1, 12))
+    assert [r["step"] for r in of(records, "epoch_end")] == [8, 11]
+    assert of(records, "validation")[-1]["step"] == 11  # the last epoch is validated
+    assert of(records, "run_end")[0]["global_step"] == 11
+
+
+def test_the_best_checkpoint_is_kept_apart_and_holds_the_best_weights(tmp_path: Path) -> None:
+    results, records = run(
+        tmp_path, max_epochs=4, save_best=True, keep_last_n=1, learning_rate=0.05,
+        metrics={"f1": F1Score(num_classes=2)},
+    )  # fmt: skip
+    validations = of(records, "validation")
+    losses = [v["val_loss"] for v in validations]
+    best_index = min(range(len(losses)), key=losses.__getitem__)
+    assert results.monitor == "val_loss"
+    assert results.best_value == pytest.approx(losses[best_index])
+    best = Path(results.best_checkpoint)
+    assert best.is_dir() and f"step-{validations[best_index]['step']:09d}" in best.name
+    # keep_last_n=1 keeps the newest and, apart, the best.
+    kept = sorted(p.name for p in best.parent.glob("step-*"))
+    assert best.name in kept and Path(results.last_checkpoint).name in kept
+    assert len(kept) == (1 if results.last_checkpoint == results.best_checkpoint else 2)
+    assert [c["best"] for c in of(records, "checkpoint") if c["reason"] == "best"] != []
+    run_end = of(records, "run_end")[0]
+    assert run_end["best_checkpoint"] == results.best_checkpoint
+    assert run_end["best_value"] == pytest.approx(results.best_value)
+    # The weights of the best checkpoint give the best validation loss again.
+    model = make_model(seed=7)
+    load_weights(best, model)
+    _, val_loader = loaders()
+    assert val_loader is not None
+    loss = sum(
+        torch.nn.functional.cross_entropy(model(x), y, reduction="sum").item()
+        for x, y in val_loader
+    ) / len(val_loader.dataset)  # type: ignore[arg-type]
+    assert loss == pytest.approx(losses[best_index], rel=1e-5)
+    assert set(results.val_metrics) == {"f1"} and validations[-1]["metrics"]["f1"] is not None
+
+
+def test_save_best_on_a_metric_with_mode_max(tmp_path: Path) -> None:
+    results, records = run(
+        tmp_path, max_epochs=3, save_best=True, monitor="val_f1", mode="max",
+        metrics={"f1": F1Score(num_classes=2)},
+    )  # fmt: skip
+    scores = [v["metrics"]["f1"] for v in of(records, "validation")]
+    assert results.best_value == pytest.approx(max(scores))
+
+
+def test_save_best_on_train_loss_without_validation(tmp_path: Path) -> None:
+    results, records = run(
+        tmp_path, max_epochs=3, save_best=True, monitor="train_loss", val_loader=None
+    )
+    losses = [e["train_loss"] for e in of(records, "epoch_end")]
+    assert results.best_value == pytest.approx(min(losses))
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        ({"save_best": True, "monitor": "val_f1"}, r"monitor='val_f1'.*'val_loss'"),
+        ({"save_best": True, "val_loader": None}, r"monitor='val_loss'.*without a val_loader"),
+        ({"monitor": "loss"}, r"monitor='loss'.*'val_<name>'"),
+        ({"mode": "maximum"}, r"mode='maximum'.*'min' or 'max'"),
+        ({"max_steps": 0}, r"max_steps=0.*None or an integer >= 1"),
+        ({"val_every_n_steps": True}, r"val_every_n_steps=True"),
+        ({"profile_steps": (1, 1, 0)}, r"profile_steps=\(1, 1, 0\).*active >= 1"),
+        ({"metrics": {"f 1": F1Score(num_classes=2)}}, r"metrics"),
+    ],
+)
+def test_bad_settings_are_named_at_creation(
+    tmp_path: Path, settings: dict[str, Any], match: str
+) -> None:
+    train_loader, val_loader = loaders()
+    settings.setdefault("val_loader", val_loader)
+    with pytest.raises(ConfigError, match=match):
+        create_optimized_training_optimizer(
+            model=make_model(), train_loader=train_loader, log_dir=tmp_path, **settings
+        )
+
+
+@pytest.mark.anyio
+async def test_evaluate_and_predict_after_training(tmp_path: Path) -> None:
+    train_loader, val_loader = loaders()
+    config = TrainingConfig().replace(
+        {"run.log_dir": str(tmp_path), "run.max_epochs": 2, "logging.reports": False}
+    )
+    async with OptimizedTrainingOptimizer(
+        config, model=make_model(), train_loader=train_loader, val_loader=val_loader,
+        metrics={"f1": F1Score(num_classes=2)},
+    ) as job:  # fmt: skip
+        results = await job.train()
+        scores = await job.evaluate()
+        assert scores["loss"] == pytest.approx(results.val_loss)
+        assert scores["accuracy"] == pytest.approx(results.val_accuracy)
+        assert scores["f1"] == pytest.approx(results.val_metrics["f1"])
+        assert scores["samples"] == 64
+        test = DataLoader(make_classification(40, seed=3), batch_size=16)
+        outputs = await job.predict(test)
+        assert [o.shape for o in outputs] == [(16, 2), (16, 2), (8, 2)]
+        model = job.model
+        with torch.no_grad():
+            expected = model(torch.cat([x for x, _ in test]))
+        assert torch.allclose(torch.cat(outputs), expected)
+        assert model.training  # restored for the next train()
