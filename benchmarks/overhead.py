@@ -120,6 +120,8 @@ def ours(
         experiment_name="overhead",
         checkpoint_every_n_epochs=args.checkpoint_every_n_epochs,
         multi_gpu_config=MultiGPUConfig(enable_gpu_monitoring=not args.no_monitor),
+        progress=args.user_surface,
+        reports=args.user_surface,
     )
     anyio.run(optimizer.train)
 
@@ -164,6 +166,11 @@ def main() -> None:
         help="core's default is 1; off here, as the hand-written loop saves nothing",
     )  # fmt: skip
     parser.add_argument("--no-monitor", action="store_true", help="switch the GPU monitor off")
+    parser.add_argument(
+        "--user-surface", action="store_true",
+        help="the defaults a user gets: progress lines on stderr and the end-of-run reports "
+        "(off otherwise: the table measures the step loop)",
+    )  # fmt: skip
     parser.add_argument(
         "--peers", nargs="*", choices=list(PEERS), default=None,
         help="also run the hand-written loop through these frameworks (no names: all)",

@@ -10,6 +10,7 @@ one. A stop that cannot reach a boundary (a hung loader) returns control within
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import signal
@@ -23,6 +24,7 @@ from typing import Any
 import pytest
 import torch
 
+from core.callbacks import Callback, Record, RunInfo
 from core.checkpointing.store import CheckpointStore
 from tests.test_reliability import (
     ENV,
@@ -81,6 +83,25 @@ def test_native_asyncio_cancellation_20_times_then_resume_is_exact(tmp_path: Pat
         ours = step_losses(records(root, "resume"))
         assert ours == step_losses(records(tmp_path / "ref", "resume")), (trial, form)
     assert stopped_mid_run >= 10  # most trials really were cut short
+
+
+class Busy(Callback):
+    """A callback with records in hand when the run is cancelled."""
+
+    async def on_record(self, run: RunInfo, record: Record) -> None:
+        await asyncio.sleep(0)
+
+
+def test_a_native_cancellation_at_any_moment_ends_the_run_and_its_callbacks(
+    tmp_path: Path,
+) -> None:
+    # A cancellation that lands while the run closes (a callback still busy) once left the
+    # callbacks' streams open and train() waiting for them forever.
+    for trial, after_s in enumerate((0.0, 0.001, 0.003, 0.006, 0.01, 0.02, 0.04, 0.08)):
+        for form in FORMS:
+            optimizer = build(tmp_path / f"{trial}-{form}", 1, callbacks=[Busy()])
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                asyncio.run(cancel_natively(optimizer, form, after_s))
 
 
 # Ctrl-C under asyncio.run with the default settings (handle_signals=False) -------------

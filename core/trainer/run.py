@@ -8,11 +8,12 @@ watchdog, the signal watcher and the monitor; the callbacks outlive them, to see
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 
 from core.config import TrainingConfig
 from core.errors import NonFiniteLossError, OutOfMemoryError, SignalReceived, TrainingStepError
@@ -58,7 +59,7 @@ class Run:
         self, description: dict[str, Any], *, on_open: Callable[[Path], None]
     ) -> TrainingResults:
         """Run to the end; ``on_open`` learns the run's directory once it exists."""
-        worker, end, cycle, observers = self.worker, self.end, self.cycle, self.observers
+        worker, end, observers = self.worker, self.end, self.observers
         self.hub.reopen()
         results: TrainingResults | None = None
         failure: Exception | None = None
@@ -71,19 +72,23 @@ class Run:
             finally:
                 if worker.abandoned:
                     end.status = "abandoned"
-                with anyio.CancelScope(shield=True):
-                    if cycle.log is not None:  # callbacks see every record before run_end
-                        await anyio.to_thread.run_sync(cycle.log.drain)
-                    await observers.catch_up()
-                    await anyio.to_thread.run_sync(
-                        functools.partial(cycle.close, end, abandoned=worker.abandoned)
-                    )
-                worker.close()
-                await observers.finish()
+                await _to_the_end(watchers, self._close)
         if failure is not None:
             raise failure
         assert results is not None
         return results
+
+    async def _close(self) -> None:
+        """``run_end``, the files, the hub; then the callbacks' last records and hooks."""
+        worker, cycle, observers = self.worker, self.cycle, self.observers
+        if cycle.log is not None:  # callbacks see every record before run_end
+            await anyio.to_thread.run_sync(cycle.log.drain)
+        await observers.catch_up()
+        await anyio.to_thread.run_sync(
+            functools.partial(cycle.close, self.end, abandoned=worker.abandoned)
+        )
+        worker.close()
+        await observers.finish()
 
     async def _run(
         self, description: dict[str, Any], on_open: Callable[[Path], None]
@@ -162,6 +167,28 @@ class Run:
             run_dir=run_dir, monitor=checkpoint.monitor if checkpoint.save_best else None,
             last_checkpoint=parts.checkpointer.last_path,
         )  # fmt: skip
+
+
+async def _to_the_end(tg: anyio.abc.TaskGroup, closing: Callable[[], Awaitable[None]]) -> None:
+    """Run ``closing`` to its end in a shielded task of its own, and wait for it. A native
+    asyncio cancellation may reach the waiting task again, even through a shield (a second
+    ``task.cancel()``, a timeout): the wait resumes, and the first one propagates after."""
+    done = anyio.Event()
+
+    async def close() -> None:
+        try:
+            with anyio.CancelScope(shield=True):
+                await closing()
+        finally:
+            done.set()
+
+    tg.start_soon(close)
+    while not done.is_set():
+        try:
+            with anyio.CancelScope(shield=True):
+                await done.wait()
+        except anyio.get_cancelled_exc_class():
+            continue
 
 
 async def _stopped() -> bool:
