@@ -231,9 +231,8 @@ async def test_report_files_become_artifacts(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_mlflow_uploads_reports_and_a_reused_tracker_opens_a_new_run(
-    tracked: Tracked, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tracked: Tracked, tmp_path: Path
 ) -> None:
-    monkeypatch.chdir(tmp_path)  # MLflow puts a new experiment's artifacts in ./mlruns
     uri = tracked.mlflow.resolved_tracking_uri
     tracker = MLflowLogger(uri, experiment_name="by-hand")
     run = FakeRun(run_dir=tmp_path / "r1")

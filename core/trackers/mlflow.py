@@ -3,8 +3,9 @@
 Never MLflow's global "active run" (``mlflow.start_run``): two runs in one process, or a
 user's own MLflow run, do not collide. ``tracking_uri`` is passed through as given (a
 server ``http://...``, ``databricks``, ``file:...``); by default a local store beside the
-runs: ``sqlite:///<log_dir>/mlflow.db`` with artifacts under ``<log_dir>/mlartifacts``
-(MLflow 3 refuses its old file store unless an environment variable allows it; browse with
+runs: ``sqlite:///<log_dir>/mlflow.db`` with artifacts under ``<log_dir>/mlartifacts`` (any
+local ``sqlite:///`` store gets its artifacts beside its database, not in ``./mlruns``;
+MLflow 3 refuses its old file store unless an environment variable allows it; browse with
 ``mlflow ui --backend-store-uri sqlite:///<log_dir>/mlflow.db``). The experiment defaults to
 the run's experiment name, the run name to its ``run_id``. Params are logged in batches of
 100, values cut at 500 characters; metrics in batches of 1000; the model summary with
@@ -81,7 +82,10 @@ class MLflowLogger(Tracker):
             root = run.log_dir.resolve()
             root.mkdir(parents=True, exist_ok=True)
             uri = f"sqlite:///{(root / 'mlflow.db').as_posix()}"
-            artifacts = (root / "mlartifacts").as_uri()
+        if uri.startswith("sqlite:///"):  # a local database: its artifacts beside it, not
+            # in the working directory's ./mlruns where MLflow puts them otherwise
+            database = Path(uri.removeprefix("sqlite:///")).resolve()
+            artifacts = (database.parent / "mlartifacts").as_uri()
         client = MlflowClient(uri)
         experiment_id = _experiment(client, self.experiment_name or run.experiment, artifacts)
         tags = {"core.run_id": run.run_id, "core.rank": str(run.rank)}
