@@ -28,10 +28,17 @@ def log_dir(tmp_path: Path) -> Path:
 def _training_plot_only_where_asked(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every run of the suite writes its ``performance_summary.txt``, but rendering
-    ``training_metrics.png`` (about a second of matplotlib per run on a 2-core machine) is
-    kept for the tests marked ``plots`` and for those calling ``core.reports`` directly."""
+    """Every run of the suite writes its ``performance_summary.txt``, but in this process and
+    without ``training_metrics.png``: a run's child process that renders it takes about a
+    second on a 2-core machine. Tests marked ``plots``, the README programs and the
+    multi-process jobs keep the real thing."""
     if request.node.get_closest_marker("plots") is None:
         import core.reports
+        import core.trainer.cycle
 
-        monkeypatch.setattr(core.reports, "write_training_plot", lambda records, path: None)
+        def summary_only(run_dir: Path) -> list[Path]:
+            with monkeypatch.context() as patch:
+                patch.setattr(core.reports, "write_training_plot", lambda records, path: None)
+                return core.reports.write_reports(run_dir)
+
+        monkeypatch.setattr(core.trainer.cycle, "write_reports_apart", summary_only)

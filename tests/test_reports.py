@@ -29,6 +29,7 @@ from core.reports import (
     write_reports,
     write_training_plot,
 )
+from core.reports.apart import write_reports_apart
 from core.reports.fmt import percentile, seconds
 from core.telemetry.records import RECORDS
 from tests.helpers import loaders, make_model
@@ -127,6 +128,20 @@ def test_the_loss_scale_panel_marks_each_overflow(events: Path) -> None:
 
 
 @pytest.mark.slow  # the module's training run (shared), then a PNG
+def test_a_child_process_writes_the_same_reports_without_torch(run_dir: Path) -> None:
+    written = write_reports_apart(run_dir)
+    assert [p.name for p in written] == ["performance_summary.txt", "training_metrics.png"]
+    in_child = (run_dir / "performance_summary.txt").read_text()
+    assert in_child == format_performance_summary(read_events(run_dir / "events.jsonl"))
+    with Image.open(run_dir / "training_metrics.png") as image:
+        assert image.size == (1400, 1000)
+
+
+def test_a_failing_child_says_why(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match=r"(?s)exited with 1: .*FileNotFoundError"):
+        write_reports_apart(tmp_path)  # no events.jsonl there
+
+
 def test_a_crashed_runs_truncated_log_still_reports(run_dir: Path) -> None:
     log = run_dir / "events.jsonl"
     lines = log.read_bytes().splitlines(keepends=True)

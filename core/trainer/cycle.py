@@ -18,7 +18,7 @@ import torch
 from core.config import TrainingConfig
 from core.loop.epoch import EpochStats, ResumePoint
 from core.monitoring.bottleneck import epoch_verdict
-from core.reports import write_reports
+from core.reports.apart import write_reports_apart
 from core.rng import seed_everything
 from core.telemetry.describe import run_end_fields, run_start_fields
 from core.telemetry.events import EventHub
@@ -135,11 +135,12 @@ class RunCycle:
 
     def _write_reports(self, log: RunLog) -> None:
         """``training_metrics.png`` and ``performance_summary.txt`` from the closed log (rank
-        0); a report that fails is said in the process's log and never fails the run."""
+        0), in a child process (it must not pause this one); a report that fails is said in
+        the process's log and never fails the run."""
         if not (self.config.logging.reports and self.parts.strategy.is_global_zero):
             return
         try:
-            write_reports(log.run_dir)
+            write_reports_apart(log.run_dir)
         except Exception as exc:
             _process_log.warning(
                 "reports_failed", run_dir=str(log.run_dir), error=f"{type(exc).__name__}: {exc}"
