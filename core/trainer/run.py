@@ -173,12 +173,14 @@ async def _to_the_end(tg: anyio.abc.TaskGroup, closing: Callable[[], Awaitable[N
     """Run ``closing`` to its end in a shielded task of its own, and wait for it. A native
     asyncio cancellation may reach the waiting task again, even through a shield (a second
     ``task.cancel()``, a timeout): the wait resumes, and the first one propagates after."""
-    done = anyio.Event()
+    done, failed = anyio.Event(), list[Exception]()
 
     async def close() -> None:
         try:
             with anyio.CancelScope(shield=True):
                 await closing()
+        except Exception as exc:  # raised by the waiting task, not by the task group
+            failed.append(exc)
         finally:
             done.set()
 
@@ -189,6 +191,8 @@ async def _to_the_end(tg: anyio.abc.TaskGroup, closing: Callable[[], Awaitable[N
                 await done.wait()
         except anyio.get_cancelled_exc_class():
             continue
+    if failed:
+        raise failed[0]
 
 
 async def _stopped() -> bool:
