@@ -29,7 +29,13 @@ from core.memory.config import MemoryConfig
 from core.precision.config import AmpDtype, MixedPrecisionConfig
 from core.transforms.config import CompileMode, ModelTransformsConfig
 
-__all__ = ("FLAT_KEYWORDS", "FlatSettings", "SECTION_KEYWORDS", "config_from_flat")
+__all__ = (
+    "FLAT_KEYWORDS",
+    "FlatSettings",
+    "SECTION_KEYWORDS",
+    "SEED_ALIASES",
+    "config_from_flat",
+)
 
 FLAT_KEYWORDS: dict[str, str] = {
     "experiment_name": "run.experiment_name",
@@ -112,6 +118,15 @@ SECTION_KEYWORDS: dict[str, str] = {
 }
 """Keyword taking a whole section object -> the section's name in the tree."""
 
+SEED_ALIASES: dict[str, str] = {
+    "enable_mixed_precision": "enable_amp",
+    "enable_gradient_checkpointing": "activation_checkpointing",
+    "batch_size": "micro_batch_size",
+}
+"""Seed 004's names for flat keywords: an alias sets the same leaf, and giving both raises.
+``batch_size`` is the most samples one forward pass sees: larger loader batches are split
+into micro-batches of it, with the same result (the loader's batch stays the step's batch)."""
+
 
 class FlatSettings(TypedDict, total=False):
     """The factory's settings keywords, typed (the table above says where each goes)."""
@@ -182,6 +197,9 @@ class FlatSettings(TypedDict, total=False):
     progress: bool
     reports: bool
     profile_steps: tuple[int, int, int] | None
+    enable_mixed_precision: bool
+    enable_gradient_checkpointing: bool | tuple[str, ...]
+    batch_size: int | None
     mixed_precision_config: MixedPrecisionConfig | None
     gradient_accumulation_config: GradientAccumulationConfig | None
     multi_gpu_config: MultiGPUConfig | None
@@ -200,6 +218,7 @@ def config_from_flat(
     'bf16'
     """
     _check_names(settings)
+    settings = _unalias(settings)
     if config is not None and not isinstance(config, TrainingConfig):
         raise config_error("config", config, "None or a TrainingConfig")
     base = config or TrainingConfig()
@@ -219,8 +238,23 @@ def config_from_flat(
     return _set(tree, leaves, {path: k for k, path in FLAT_KEYWORDS.items()})
 
 
+def _unalias(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` with seed aliases under their flat keyword (an error keeps the alias)."""
+    plain = {k: v for k, v in settings.items() if k not in SEED_ALIASES}
+    for alias, keyword in SEED_ALIASES.items():
+        if alias not in settings:
+            continue
+        if keyword in settings:
+            raise config_error(
+                alias, settings[alias], f"a setting given once, but {keyword} sets it too",
+                f"{alias} is another name for {keyword}: pass one of them.",
+            )  # fmt: skip
+        plain[keyword] = settings[alias]
+    return plain
+
+
 def _check_names(settings: Mapping[str, Any]) -> None:
-    known = FLAT_KEYWORDS.keys() | SECTION_KEYWORDS.keys()
+    known = FLAT_KEYWORDS.keys() | SECTION_KEYWORDS.keys() | SEED_ALIASES.keys()
     for name in settings:
         if name not in known:
             close = difflib.get_close_matches(name, known, n=1)

@@ -140,7 +140,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("trial", range(3))
+@pytest.mark.parametrize("trial", range(2))  # a random moment each
 def test_ctrl_c_under_asyncio_run_then_resume_is_exact(
     tmp_path: Path, uninterrupted: Path, trial: int
 ) -> None:
@@ -159,7 +159,8 @@ def test_ctrl_c_under_asyncio_run_then_resume_is_exact(
 
 # Signals twice and three times (handle_signals=True) ------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+# SIGINT (Ctrl-C twice); SIGTERM's exit code 143 is checked by the reliability suite's test 5.
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130)])
 def test_a_second_signal_hurries_and_still_checkpoints(
     tmp_path: Path, uninterrupted: Path, signum: int, code: int
 ) -> None:

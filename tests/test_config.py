@@ -24,7 +24,13 @@ from core import (
     TrainingConfig,
     create_optimized_training_optimizer,
 )
-from core.flat import FLAT_KEYWORDS, SECTION_KEYWORDS, FlatSettings, config_from_flat
+from core.flat import (
+    FLAT_KEYWORDS,
+    SECTION_KEYWORDS,
+    SEED_ALIASES,
+    FlatSettings,
+    config_from_flat,
+)
 from tests.helpers import loaders, make_model
 
 pytestmark = pytest.mark.anyio
@@ -40,8 +46,10 @@ def leaf_paths(node: Any, prefix: str = "") -> list[str]:
 
 def test_the_flat_table_and_its_typed_keywords_agree_and_point_at_real_leaves() -> None:
     assert (
-        set(typing.get_type_hints(FlatSettings)) == FLAT_KEYWORDS.keys() | SECTION_KEYWORDS.keys()
+        set(typing.get_type_hints(FlatSettings))
+        == FLAT_KEYWORDS.keys() | SECTION_KEYWORDS.keys() | SEED_ALIASES.keys()
     )
+    assert set(SEED_ALIASES.values()) <= FLAT_KEYWORDS.keys()
     leaves = set(leaf_paths(TrainingConfig()))
     assert set(FLAT_KEYWORDS.values()) <= leaves
     assert len(set(FLAT_KEYWORDS.values())) == len(FLAT_KEYWORDS)  # one keyword per leaf
@@ -243,3 +251,13 @@ async def test_a_loss_scaler_config_section_reaches_the_run(log_dir: Path) -> No
     )  # fmt: skip
     await job.train()
     assert job.mixed_precision.get_amp_stats()["current_scale"] == 2.0**8
+
+
+def test_a_seed_alias_sets_its_leaf_and_clashes_with_its_flat_keyword() -> None:
+    config = config_from_flat({"enable_mixed_precision": False, "batch_size": 16})
+    assert config.precision.enable_amp is False
+    assert config.accumulation.micro_batch_size == 16
+    with pytest.raises(ConfigError, match=r"enable_mixed_precision.*enable_amp sets it too"):
+        config_from_flat({"enable_mixed_precision": False, "enable_amp": True})
+    with pytest.raises(ConfigError, match="batch_size=0"):
+        config_from_flat({"batch_size": 0})

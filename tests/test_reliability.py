@@ -441,7 +441,7 @@ def test_11_a_rank_that_never_reaches_a_collective_fails_both_within_the_timeout
     timeout_s = 5.0
     done, elapsed = torchrun_job(
         tmp_path, "--hang-rank", "1", "--hang-at-call", "4", "--timeout-s", str(timeout_s),
-        "--samples", "96",
+        "--samples", "96", "--stop-grace-s", "2",  # the hung rank is abandoned 2 s after SIGTERM
     )  # fmt: skip
     assert done.returncode != 0
     assert elapsed < timeout_s + 60
