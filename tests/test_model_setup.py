@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from core import ConfigError, TrainingConfig, create_optimized_training_optimizer
+from core.trainer.model_setup import optimizer_factory_like
 from tests.helpers import make_classification
 
 
@@ -165,3 +166,14 @@ def test_device_prefetch_wraps_sized_loaders_and_leaves_streams(log_dir: Path) -
         assert torch.equal(a, b)
     stream, results = train(log_dir, Blocks(), Stream(loader()), device_prefetch=True)
     assert isinstance(stream._built.train_loader, Stream) and results.global_step == 4
+
+
+def test_the_trials_build_fresh_optimizers_like_a_given_adamw() -> None:
+    model = nn.Linear(4, 2)
+    given = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.5, betas=(0.8, 0.9))
+    factory = optimizer_factory_like(given)  # its defaults hold a key AdamW does not take
+    assert factory is not None
+    fresh = factory(list(nn.Linear(4, 2).parameters()))
+    assert type(fresh) is torch.optim.AdamW
+    assert (fresh.defaults["lr"], fresh.defaults["weight_decay"]) == (0.01, 0.5)
+    assert fresh.defaults["betas"] == (0.8, 0.9)

@@ -11,6 +11,7 @@ size, so the effective batch (and the result) is unchanged.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -126,7 +127,11 @@ def optimizer_factory_like(optimizer: object) -> OptimizerFactory | None:
     trials), or None (AdamW, the default optimizer) when there is no instance."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         return None
-    kind, defaults = type(optimizer), dict(optimizer.defaults)
+    kind = type(optimizer)
+    # Only what the constructor takes: torch's AdamW records ``decoupled_weight_decay`` in
+    # its defaults but does not accept it.
+    accepted = inspect.signature(kind.__init__).parameters
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
 
     def build(params: list[nn.Parameter]) -> torch.optim.Optimizer:
         return kind(params, **defaults)
