@@ -14,20 +14,13 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import fields
-from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Any
 
-from core.checkpointing.checkpointer import CheckpointConfig
 from core.config import TrainingConfig
-from core.distributed.config import MultiGPUConfig, TrainingMode
 from core.errors import ConfigError, config_error
-from core.loop.accumulation import GradientAccumulationConfig
-from core.loop.recovery import ErrorHandlerConfig
-from core.memory.config import MemoryConfig
-from core.precision.config import AmpDtype, MixedPrecisionConfig
-from core.transforms.config import CompileMode, ModelTransformsConfig
+from core.flat_settings import FlatSettings
 
 __all__ = (
     "FLAT_KEYWORDS",
@@ -64,6 +57,11 @@ FLAT_KEYWORDS: dict[str, str] = {
     "amp_consecutive_hysteresis": "precision.scaler.consecutive_hysteresis",
     "amp_min_scale": "precision.scaler.min_scale",
     "amp_max_scale": "precision.scaler.max_scale",
+    "amp_monitoring": "precision.enable_monitoring",
+    "amp_log_stats": "precision.log_amp_stats",
+    "amp_track_memory": "precision.track_memory_usage",
+    "amp_validate": "precision.validate_amp",
+    "amp_check_compatibility": "precision.check_compatibility",
     "accumulation_steps": "accumulation.accumulation_steps",
     "micro_batch_size": "accumulation.micro_batch_size",
     "normalize_by": "accumulation.normalize_by",
@@ -126,87 +124,6 @@ SEED_ALIASES: dict[str, str] = {
 """Seed 004's names for flat keywords: an alias sets the same leaf, and giving both raises.
 ``batch_size`` is the most samples one forward pass sees: larger loader batches are split
 into micro-batches of it, with the same result (the loader's batch stays the step's batch)."""
-
-
-class FlatSettings(TypedDict, total=False):
-    """The factory's settings keywords, typed (the table above says where each goes)."""
-
-    experiment_name: str
-    max_epochs: int
-    max_steps: int | None
-    val_every_n_epochs: int | None
-    val_every_n_steps: int | None
-    seed: int | None
-    deterministic: bool
-    log_dir: str | Path
-    handle_signals: bool
-    stop_grace_s: float
-    data_stall_warn_s: float
-    learning_rate: float
-    weight_decay: float
-    max_grad_norm: float | None
-    enable_amp: bool
-    amp_dtype: AmpDtype
-    enable_grad_scaler: bool
-    amp_cache_enabled: bool
-    amp_init_scale: float
-    amp_growth_factor: float
-    amp_backoff_factor: float
-    amp_growth_interval: int
-    amp_hysteresis: int
-    amp_consecutive_hysteresis: bool
-    amp_min_scale: float
-    amp_max_scale: float
-    accumulation_steps: int
-    micro_batch_size: int | None
-    normalize_by: Literal["samples", "tokens"]
-    training_mode: TrainingMode
-    use_distributed_sampler: bool
-    device_prefetch: Literal["auto"] | bool
-    tf32: bool
-    cudnn_benchmark: bool
-    memory_fraction: float | None
-    activation_checkpointing: bool | tuple[str, ...]
-    channels_last: Literal["auto"] | bool
-    compile: Literal["auto"] | bool
-    compile_mode: CompileMode
-    compile_fullgraph: bool
-    auto_batch_size: bool
-    target_memory_gb: float | None
-    max_batch_size: int
-    memory_margin: float
-    checkpoint_dir: str | Path | None
-    checkpoint_every_n_steps: int | None
-    checkpoint_every_n_epochs: int | None
-    keep_last_n: int
-    resume: str | Path | None
-    save_on_cancel: bool
-    checkpoint_safe_globals: Sequence[Any]
-    save_best: bool
-    monitor: str
-    mode: Literal["min", "max"]
-    max_consecutive_nonfinite: int
-    oom_recovery: Literal["auto", "on", "off"]
-    early_stopping_patience: int | None
-    early_stopping_min_delta: float
-    monitor_interval_s: float
-    monitor_history_size: int
-    event_buffer_size: int
-    log_flush_interval_s: float
-    callback_grace_s: float
-    progress: bool
-    reports: bool
-    profile_steps: tuple[int, int, int] | None
-    enable_mixed_precision: bool
-    enable_gradient_checkpointing: bool | tuple[str, ...]
-    batch_size: int | None
-    mixed_precision_config: MixedPrecisionConfig | None
-    gradient_accumulation_config: GradientAccumulationConfig | None
-    multi_gpu_config: MultiGPUConfig | None
-    checkpoint_config: CheckpointConfig | None
-    error_handler_config: ErrorHandlerConfig | None
-    model_transforms_config: ModelTransformsConfig | None
-    memory_config: MemoryConfig | None
 
 
 def config_from_flat(

@@ -14,7 +14,19 @@ SEED_FACES = {
     "core.optimized_training_optimizer": (
         "OptimizedTrainingOptimizer", "create_optimized_training_optimizer",
     ),
-    "core.mixed_precision_training": ("MixedPrecisionConfig", "MixedPrecisionTrainer"),
+    "core.mixed_precision_training": (
+        "MixedPrecisionConfig", "MixedPrecisionOptimizer", "MixedPrecisionTrainer",
+        "check_amp_compatibility", "create_mixed_precision_optimizer",
+        "create_mixed_precision_trainer",
+    ),
+    "core.gpu_utilization_mixed_precision_system": (
+        "GPUConfig", "GPUManager", "GPUMemoryOptimizer", "GPUPerformanceMonitor",
+        "IntegratedGPUTrainingSystem", "MixedPrecisionConfig", "MixedPrecisionTrainer",
+    ),
+    "gpu_utilization_mixed_precision_system": (
+        "GPUConfig", "GPUManager", "GPUMemoryOptimizer", "GPUPerformanceMonitor",
+        "IntegratedGPUTrainingSystem", "MixedPrecisionConfig", "MixedPrecisionTrainer",
+    ),
     "core.gradient_accumulation": ("GradientAccumulation", "GradientAccumulationConfig"),
     "core.multi_gpu_training": (
         "MultiGPUConfig", "MultiGPUTrainer", "create_multi_gpu_trainer", "get_free_port",

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from core.data.loader import create_dataloader
 from core.distributed.config import MultiGPUConfig
 from core.distributed.selection import Machine, StrategyOptions, build_strategy, resolve_mode
+from core.hardware.device import device_of
 
 __all__ = ("Distribution", "Machine")
 
@@ -128,9 +129,30 @@ class Distribution:
         t.seconds += seconds
         t.per_epoch.append(samples / seconds if seconds else 0.0)
 
+    def merge_throughput(self, other: Distribution) -> None:
+        """Add the epochs ``other`` counted (a run built on this trainer's config) to these."""
+        t, o = self._throughput, other._throughput
+        t.epochs += o.epochs
+        t.samples += o.samples
+        t.seconds += o.seconds
+        t.per_epoch.extend(o.per_epoch)
+
     def get_performance_summary(self) -> dict[str, Any]:
+        """This rank's training throughput, and how much of the device memory it used.
+
+        ``throughput`` (= ``samples_per_s``): training samples per second of training time.
+        ``memory_efficiency``: the peak memory torch allocated on this rank's device (since
+        the process started or the last ``torch.cuda.reset_peak_memory_stats``, which the
+        batch-size search calls) as a fraction of the device's total memory; None without
+        CUDA, where torch counts no allocations (``memory_efficiency_note`` says so).
+
+        Example::
+
+            trainer.get_performance_summary()["throughput"]   # samples/s
+        """
         t = self._throughput
         rate = t.samples / t.seconds if t.seconds else 0.0
+        efficiency, note = _memory_efficiency(self.device)
         return {
             "training_mode": self.training_mode,
             "world_size": self.strategy.world_size,
@@ -139,8 +161,11 @@ class Distribution:
             "samples": t.samples,
             "train_time_s": t.seconds,
             "samples_per_s": rate,
+            "throughput": rate,
             "global_samples_per_s_estimate": rate * self.strategy.world_size,
             "samples_per_s_per_epoch": list(t.per_epoch),
+            "memory_efficiency": efficiency,
+            "memory_efficiency_note": note,
         }
 
     def cleanup(self) -> None:
@@ -148,3 +173,13 @@ class Distribution:
         if self._ready:
             self.strategy.teardown()
             self._ready = False
+
+
+def _memory_efficiency(device: torch.device) -> tuple[float | None, str]:
+    """Peak allocated / total memory of ``device`` and what it means (allocator counters:
+    no device sync)."""
+    peak = device_of(device).max_allocated()
+    if peak is None:
+        return None, "no CUDA device: torch keeps no allocation counters for host memory"
+    total = torch.cuda.get_device_properties(device).total_memory
+    return peak / total, "peak memory allocated by torch / the device's total memory"

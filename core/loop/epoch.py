@@ -54,7 +54,8 @@ class StepLoop:
     steps were taken. ``device_fields`` gives the latest device
     utilisation and memory for every ``train_step`` record (None: both fields null).
     ``prepare_batch`` moves a batch to the device (default ``to_device``; channels_last
-    models convert 4-D inputs too).
+    models convert 4-D inputs too). ``precision.config.clear_cache`` empties the CUDA cache
+    after each epoch.
     """
 
     def __init__(
@@ -91,6 +92,7 @@ class StepLoop:
             recorder=self.recorder, emit=emit, prepare_batch=prepare_batch,
         )  # fmt: skip
         self.max_steps = max_steps
+        self.clear_cache = precision.config.clear_cache
         self.global_step = 0
         self.epoch = 0
         self.batches_done = 0
@@ -149,6 +151,8 @@ class StepLoop:
         stats.interrupted |= self.strategy.settle_stop_votes()
         self.flush()
         stats.time_s += perf_counter() - started
+        if self.clear_cache:
+            device_of(self.strategy.device).empty_cache()  # a device sync, once per epoch
         if stats.steps == 0 and not stats.interrupted:
             raise EmptyLoaderError(
                 f"train_loader yielded no batch in epoch {epoch}; allowed: a loader with at "

@@ -3,17 +3,18 @@
 Example::
 
     MixedPrecisionConfig(dtype="fp16", scaler=LossScalerConfig(init_scale=2.0**12, hysteresis=2))
+    MixedPrecisionConfig(dtype="float16", loss_scaling=True, initial_scale=2**16)  # seed names
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import InitVar, dataclass, field, replace
+from typing import Any, Literal
 
 import torch
 
-from core.checks import check_bool_fields, is_finite_number, is_int, is_number
-from core.errors import config_error
+from core.checks import check_bool, check_bool_fields, is_finite_number, is_int, is_number
+from core.errors import ConfigError, config_error
 
 __all__ = ("AmpDtype", "LossScalerConfig", "MixedPrecisionConfig", "parse_amp_dtype")
 
@@ -105,15 +106,59 @@ class LossScalerConfig:
             )  # fmt: skip
 
 
+_SCALER_ALIASES = ("init_scale", "growth_factor", "backoff_factor", "growth_interval",
+                   "hysteresis", "min_scale", "max_scale")  # fmt: skip
+
+
 @dataclass(frozen=True, kw_only=True)
 class MixedPrecisionConfig:
-    """How a run uses reduced precision.
+    """How a run uses reduced precision; every field of seeds 000 and 002 has a meaning.
 
     ``dtype="auto"`` picks bf16 on CUDA devices that support it, fp16 with loss scaling on
-    older CUDA devices, and fp32 on CPU. bf16 and fp16 work on CPU when asked for.
-    ``enable_grad_scaler=False`` runs fp16 without loss scaling (rarely wise).
-    ``cache_enabled`` is autocast's weight-cast cache (on: each weight is cast once per
-    forward). The fp16 loss scaler is configured by ``scaler``.
+    older CUDA devices, and fp32 on CPU. bf16 and fp16 work on CPU when asked for; ``dtype``
+    takes ``torch.float16``, ``"float16"``, ``"fp16"``, ``"half"``, ``torch.bfloat16``,
+    ``"bfloat16"``, ``"bf16"``, ``torch.float32``, ``"float32"`` or ``"fp32"``.
+
+    ========================  ==================================================================
+    field                     behaviour
+    ========================  ==================================================================
+    ``enable_amp``            False: fp32 throughout (no autocast, no scaler)
+    ``enabled``               the runtime AMP switch's start state: False resolves the AMP
+                              precision but runs fp32 until ``enable_amp()`` turns it on
+    ``enable_grad_scaler``    fp16's dynamic loss scaling (fp16 without it is rarely wise);
+                              seed alias ``loss_scaling``
+    ``scaler``                the loss scaler (:class:`LossScalerConfig`); the seeds'
+                              ``init_scale`` (or ``initial_scale``), ``growth_factor``,
+                              ``backoff_factor``, ``growth_interval``, ``hysteresis``,
+                              ``min_scale``, ``max_scale`` are folded into it (given with a
+                              non-default ``scaler=`` they raise: set them in one place).
+                              ``hysteresis`` counts the overflows that trigger a back-off
+                              (DeepSpeed's meaning): seed 000's 2000 absorbs 1999 overflows
+    ``cache_enabled``         autocast's weight-cast cache (each weight cast once per forward)
+    ``memory_efficient``      turns that cache off, whatever ``cache_enabled`` says (its
+                              default True cannot be told from an explicit True): weights are
+                              recast at every use, sparing the cast copies' memory
+    ``autocast_enabled``      seed alias: False is ``enable_amp=False`` (fp32)
+    ``clear_cache``           empty the CUDA caching allocator after each training epoch
+                              (and after the per-batch face's epochs and validations); no-op
+                              on CPU; costs one device sync and later re-allocations, hence
+                              off by default (the seed's True would slow every run)
+    ``enable_monitoring``     kept for the seed: the AMP statistics are always kept (counters
+                              fed by the lagged readback, free), so False changes nothing
+    ``log_amp_stats``         adds ``get_amp_stats()`` to each ``epoch_end`` record (``amp``)
+    ``track_memory_usage``    measures ``avg_memory_savings``: the peak of one forward+backward
+                              in fp32 minus under AMP (``core.memory.meter``), once, at the
+                              build of a run or the per-batch face's first step; off by
+                              default: it costs two extra passes
+    ``validate_amp``          kept for the seed: a config is always validated when created
+    ``check_compatibility``   runs ``check_amp_compatibility`` on the model when a run (or the
+                              per-batch face) is built: an ``amp_compatibility`` record
+    ========================  ==================================================================
+
+    The seed aliases are constructor arguments only: ``__post_init__`` folds them into
+    their fields, so ``to_dict()`` holds each setting once and round-trips. Example::
+
+        MixedPrecisionConfig(dtype=torch.bfloat16, track_memory_usage=True, clear_cache=True)
     """
 
     enable_amp: bool = True
@@ -121,11 +166,82 @@ class MixedPrecisionConfig:
     enable_grad_scaler: bool = True
     cache_enabled: bool = True
     scaler: LossScalerConfig = field(default_factory=LossScalerConfig)
+    enabled: bool = True
+    memory_efficient: bool = False
+    clear_cache: bool = False
+    enable_monitoring: bool = True
+    log_amp_stats: bool = True
+    track_memory_usage: bool = False
+    validate_amp: bool = True
+    check_compatibility: bool = True
+    loss_scaling: InitVar[bool | None] = None
+    autocast_enabled: InitVar[bool | None] = None
+    initial_scale: InitVar[float | None] = None
+    init_scale: InitVar[float | None] = None
+    growth_factor: InitVar[float | None] = None
+    backoff_factor: InitVar[float | None] = None
+    growth_interval: InitVar[int | None] = None
+    hysteresis: InitVar[int | None] = None
+    min_scale: InitVar[float | None] = None
+    max_scale: InitVar[float | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(
+        self,
+        loss_scaling: bool | None,
+        autocast_enabled: bool | None,
+        initial_scale: float | None,
+        *scaler_fields: float | None,
+    ) -> None:
         check_bool_fields(self)
         parse_amp_dtype(self.dtype, "dtype")
         if not isinstance(self.scaler, LossScalerConfig):
             raise config_error(
                 "scaler", self.scaler, "a LossScalerConfig", "e.g. scaler=LossScalerConfig()."
             )
+        self._fold_switch("loss_scaling", loss_scaling, "enable_grad_scaler")
+        self._fold_switch("autocast_enabled", autocast_enabled, "enable_amp")
+        self._fold_scaler(initial_scale, dict(zip(_SCALER_ALIASES, scaler_fields, strict=True)))
+
+    @property
+    def weight_cache(self) -> bool:
+        """Whether autocast caches weight casts: ``cache_enabled`` unless ``memory_efficient``."""
+        return self.cache_enabled and not self.memory_efficient
+
+    def _fold_switch(self, alias: str, value: bool | None, target: str) -> None:
+        """Set ``target`` from its seed alias; an explicit, different ``target`` clashes."""
+        if value is None:
+            return
+        check_bool(alias, value)
+        current = getattr(self, target)
+        if current is False and value is True:  # the default is True: False was given
+            raise config_error(
+                alias, value, f"a setting given once, but {target}={current!r} sets it too",
+                f"{alias} is the seed's name for {target}: pass one of them.",
+            )  # fmt: skip
+        object.__setattr__(self, target, value)
+
+    def _fold_scaler(self, initial_scale: float | None, given: dict[str, Any]) -> None:
+        """Build ``scaler`` from the seeds' scaler fields (given ones only)."""
+        if initial_scale is not None:
+            if given["init_scale"] is not None:
+                raise config_error(
+                    "initial_scale", initial_scale,
+                    f"a setting given once, but init_scale={given['init_scale']!r} sets it too",
+                    "initial_scale (seed 000) and init_scale (seed 002) are one setting: pass one.",
+                )  # fmt: skip
+            given["init_scale"] = initial_scale
+        given = {k: v for k, v in given.items() if v is not None}
+        if not given:
+            return
+        if self.scaler != LossScalerConfig():
+            name = next(iter(given))
+            raise config_error(
+                name, given[name], f"a setting given once, but scaler={self.scaler!r} sets it too",
+                f"set {name} inside scaler=LossScalerConfig({name}=...), or drop scaler=.",
+            )  # fmt: skip
+        try:
+            object.__setattr__(self, "scaler", replace(self.scaler, **given))
+        except ConfigError as exc:
+            if exc.field == "init_scale" and initial_scale is not None:
+                raise exc.renamed("initial_scale") from None
+            raise

@@ -56,7 +56,7 @@ def fallback_precision(config: MixedPrecisionConfig, device: torch.device) -> Pr
     """What fp16 falls back to when its loss scale cannot avoid overflow: bf16 where the
     device supports it (CPUs and Ampere+ GPUs), else fp32."""
     if device_of(device).supports_bf16():
-        return Autocast(torch.bfloat16, device.type, config.cache_enabled)
+        return Autocast(torch.bfloat16, device.type, config.weight_cache)
     return FP32()
 
 
@@ -66,12 +66,18 @@ def resolve_precision(config: MixedPrecisionConfig, device: torch.device) -> Pre
     if not config.enable_amp or dtype == torch.float32:
         return FP32()
     if dtype == torch.float16 and config.enable_grad_scaler:
-        return ScaledFP16(device.type, loss_scaler(config.scaler, device), config.cache_enabled)
-    return Autocast(dtype, device.type, config.cache_enabled)
+        return ScaledFP16(device.type, loss_scaler(config.scaler, device), config.weight_cache)
+    return Autocast(dtype, device.type, config.weight_cache)
 
 
 class MixedPrecisionTrainer:
-    """Owns the precision policy of a run and its AMP statistics."""
+    """Owns the precision policy of a run and its AMP statistics.
+
+    AMP starts on when ``config.enable_amp`` and ``config.enabled`` are both set; with
+    ``enabled=False`` the AMP precision is resolved but steps run fp32 until
+    :meth:`enable_amp`. The seed's per-batch methods (``train_step``...) live on the face
+    class of ``core.mixed_precision_training``, which extends this one.
+    """
 
     def __init__(self, config: MixedPrecisionConfig, device: torch.device) -> None:
         self.config = config
@@ -80,8 +86,12 @@ class MixedPrecisionTrainer:
         self.configured_precision = self._amp.name
         """The precision the config resolved to (before any fallback)."""
         self._fp32: Precision = FP32()
-        self._amp_wanted = config.enable_amp
+        self._amp_wanted = config.enable_amp and config.enabled
         self._active = self._amp if self._amp_wanted else self._fp32
+        self._memory_savings: int | None = None
+        self._memory_note = "not measured: track_memory_usage is off"
+        self.compatibility: dict[str, Any] | None = None
+        """The model's ``check_amp_compatibility`` report, where one was made."""
         self.reset_stats()
 
     # -- the step loop's side -------------------------------------------------------------
@@ -107,8 +117,11 @@ class MixedPrecisionTrainer:
             "enable_amp": self.config.enable_amp,
             "dtype": str(self.config.dtype),
             "enable_grad_scaler": self.config.enable_grad_scaler,
-            "cache_enabled": self.config.cache_enabled,
+            "cache_enabled": self.config.weight_cache,
             "scaler": asdict(self.config.scaler),
+            "amp_enabled_at_start": self._amp_wanted,
+            "memory_savings_bytes": self._memory_savings,
+            "compatibility": self.compatibility,
         }
 
     def begin_step(self) -> Precision:
@@ -128,6 +141,15 @@ class MixedPrecisionTrainer:
         self._skipped_steps += int(skipped)
         self._nonfinite_steps += int(skipped and not overflow)
         self._scaler_updates += int(counts_scaler_update)
+
+    def note_memory_savings(self, saved_bytes: int | None, note: str) -> None:
+        """Keep the measured peak-memory saving of AMP over fp32 (``None``: not measured,
+        ``note`` says why; see ``core.eager.memory``)."""
+        self._memory_savings, self._memory_note = saved_bytes, note
+
+    def epoch_fields(self) -> dict[str, Any]:
+        """What ``log_amp_stats`` adds to an ``epoch_end`` record: ``{"amp": stats}`` or ``{}``."""
+        return {"amp": self.get_amp_stats()} if self.config.log_amp_stats else {}
 
     def fall_back(self) -> tuple[str, str]:
         """Leave fp16 for bf16 (or fp32) from the next step; returns (from, to) names."""
@@ -164,7 +186,12 @@ class MixedPrecisionTrainer:
         self._fallbacks: list[str] = []
 
     def get_amp_stats(self) -> dict[str, Any]:
-        """AMP statistics as in the seed API (ratios are 0.0 before the first step)."""
+        """AMP statistics as in the seed API (ratios are 0.0 before the first step).
+
+        ``avg_memory_savings`` is in GB of 2**30 bytes (as ``target_memory_gb``), measured
+        once with ``track_memory_usage``; ``None`` otherwise, ``memory_savings_note`` says
+        why. Example: ``trainer.get_amp_stats()["overflow_ratio"]``.
+        """
         total = self._total_steps
         scale = self._amp.loss_scale
         return {
@@ -184,6 +211,10 @@ class MixedPrecisionTrainer:
             "avg_step_time": (
                 self._step_time_total / self._recorded_steps if self._recorded_steps else 0.0
             ),
+            "avg_memory_savings": (
+                None if self._memory_savings is None else self._memory_savings / 2**30
+            ),
+            "memory_savings_note": self._memory_note,
         }
 
     def save_amp_stats(self, path: str | os.PathLike[str]) -> Path:

@@ -10,11 +10,11 @@ from core.telemetry.device_records import GpuSample, MonitorDegraded, MonitorFie
 from core.telemetry.record_common import Common, Level, NotRequired
 
 __all__ = (
-    "CallbackLagging", "Checkpoint", "Common", "Compile", "DataStall", "EpochEnd", "Error",
-    "ForcedExit", "GpuSample", "Level", "LogDegraded", "MonitorDegraded", "MonitorFieldUnsupported",
-    "NonfiniteSkipped", "OomRecovered", "PrecisionFallback", "Profile", "RECORDS", "Resumed",
-    "RunEnd", "RunStart", "SignalReceived", "StepThreadAbandoned", "TrainStep", "UnevenInputs",
-    "Validation", "ValidationStart",
+    "AmpCompatibility", "CallbackLagging", "Checkpoint", "Common", "Compile", "DataStall",
+    "EpochEnd", "Error", "ForcedExit", "GpuSample", "Level", "LogDegraded", "MonitorDegraded",
+    "MonitorFieldUnsupported", "NonfiniteSkipped", "OomRecovered", "PrecisionFallback",
+    "Profile", "RECORDS", "Resumed", "RunEnd", "RunStart", "SignalReceived",
+    "StepThreadAbandoned", "TrainStep", "UnevenInputs", "Validation", "ValidationStart",
 )  # fmt: skip
 
 _Reason = Literal["step", "epoch", "best", "signal", "cancel", "stopped_by_peer", "error"]
@@ -47,6 +47,18 @@ class Resumed(Common):
     path: Annotated[str, "the checkpoint directory loaded"]
     step: Annotated[int, "optimizer steps the checkpoint had taken"]
     epoch: Annotated[int, "epochs the checkpoint had completed"]
+
+
+class AmpCompatibility(Common):
+    """Once per job, as its first epoch opens (check_compatibility): the model's AMP report."""
+
+    compatible: Annotated[bool, "false: a blocker stops autocast from working"]
+    device: Annotated[str, "the device checked"]
+    dtype: Annotated[str, "the AMP precision checked: fp32, bf16 or fp16"]
+    blockers: Annotated[list[str], "what fails under autocast: the modules and the fix"]
+    warnings: Annotated[list[str], "what costs speed, memory or accuracy: modules and fix"]
+    recommendations: Annotated[list[str], "the fixes, one per line"]
+    notes: Annotated[list[str], "facts that need no action"]
 
 
 class TrainStep(Common):
@@ -168,6 +180,7 @@ class EpochEnd(Common):
     util_mean_pct: Annotated[float | None, "mean gpu_sample util_pct over the epoch"]
     bottleneck: Annotated[_Verdict, "what limits speed"]
     bottleneck_advice: Annotated[str, "the verdict and what to do, in words"]
+    amp: NotRequired[Annotated[dict[str, object], "log_amp_stats: get_amp_stats() then"]]
 
 
 class Checkpoint(Common):
@@ -268,7 +281,8 @@ class Profile(Common):
 
 
 RECORDS: dict[str, type] = {
-    "run_start": RunStart, "resumed": Resumed, "compile": Compile, "train_step": TrainStep,
+    "run_start": RunStart, "resumed": Resumed, "amp_compatibility": AmpCompatibility,
+    "compile": Compile, "train_step": TrainStep,
     "nonfinite_skipped": NonfiniteSkipped, "oom_recovered": OomRecovered,
     "precision_fallback": PrecisionFallback, "uneven_inputs": UnevenInputs,
     "data_stall": DataStall, "validation_start": ValidationStart, "validation": Validation,

@@ -29,7 +29,9 @@ from core.console.model_summary import summarize_model
 from core.data.prefetch import prefetch_to_device
 from core.distributed.base import Strategy
 from core.distributed.lockstep import batches_in
+from core.eager.memory import measure_amp_savings
 from core.hardware.settings import GPUManager
+from core.integrated.distribution import MonitoredDistribution
 from core.loop.accumulation import GradientAccumulation
 from core.loop.epoch import Scheduler, StepLoop
 from core.loop.objective import DefaultObjective, LossFn, Objective
@@ -38,8 +40,9 @@ from core.loop.stepper import default_optimizer
 from core.memory.trial import OptimizerFactory
 from core.metrics import MetricSet
 from core.monitoring.gpu_monitor import GPUMonitor
-from core.multi_gpu_training import MultiGPUTrainer
+from core.precision.compatibility import check_amp_compatibility
 from core.precision.policy import MixedPrecisionTrainer
+from core.rng import capture_rng, restore_rng
 from core.telemetry.describe import fingerprint
 from core.telemetry.init_hash import weights_hash
 from core.telemetry.profiler import StepProfiler
@@ -81,7 +84,7 @@ class Runtime:
 class Parts:
     """Everything a run is made of, built once by :func:`build`."""
 
-    trainer: MultiGPUTrainer
+    trainer: MonitoredDistribution
     strategy: Strategy
     device_settings: dict[str, Any]
     precision: MixedPrecisionTrainer
@@ -115,7 +118,7 @@ def build(
 ) -> Parts:
     """Build the parts of a run; ``emit``/``report_error`` write records to the current
     run's log, ``on_step_end`` runs on the step thread after every optimizer step."""
-    trainer = MultiGPUTrainer(
+    trainer = MonitoredDistribution(
         config.distributed,
         use_distributed_sampler=config.data.use_distributed_sampler,
         seed=config.run.seed or 0,
@@ -131,7 +134,7 @@ def build(
 def _build(
     config: TrainingConfig,
     runtime: Runtime,
-    trainer: MultiGPUTrainer,
+    trainer: MonitoredDistribution,
     emit: Emit,
     report_error: Emit,
     on_step_end: Callable[[int], None],
@@ -139,6 +142,11 @@ def _build(
     strategy = trainer.strategy
     device_settings = GPUManager(config.hardware, strategy.device).apply()
     precision = MixedPrecisionTrainer(config.precision, strategy.device)
+    if config.precision.check_compatibility:  # an amp_compatibility record in each run
+        precision.compatibility = check_amp_compatibility(
+            runtime.model, device=strategy.device, dtype=precision.amp_precision.dtype,
+            loss_scaling=config.precision.enable_grad_scaler,
+        )  # fmt: skip
     objective = DefaultObjective() if runtime.loss_fn is None else Objective(runtime.loss_fn)
     model_summary, init_hash = summarize_model(runtime.model), weights_hash(runtime.model)
     prepared = prepare_model(
@@ -153,6 +161,9 @@ def _build(
         replace(config.accumulation, micro_batch_size=prepared.micro_batch_size)
     )
     errors = ErrorHandler(config.errors)
+    if config.precision.track_memory_usage:
+        precision.note_memory_savings(*_amp_memory(runtime, strategy, model, objective, precision,
+                                                   prepared))  # fmt: skip
     train_loader = _prefetched(
         trainer.prepare_loader(runtime.train_loader, train=True), config, strategy.device
     )
@@ -226,6 +237,26 @@ def _trial_optimizer(argument: OptimizerArgument | None) -> OptimizerFactory | N
     if argument is None or isinstance(argument, torch.optim.Optimizer):
         return optimizer_factory_like(argument)
     return argument  # the user's factory of parameters
+
+
+def _amp_memory(
+    runtime: Runtime, strategy: Strategy, model: nn.Module, objective: Objective,
+    precision: MixedPrecisionTrainer, prepared: PreparedModel,
+) -> tuple[int | None, str]:  # fmt: skip
+    """AMP's peak-memory saving on the train loader's first batch (``track_memory_usage``)."""
+    if strategy.world_size > 1:
+        return None, "not measured: under several ranks a backward runs their collectives"
+    if batches_in(runtime.train_loader) is None:
+        return None, "not measured: the train loader is a stream (a batch drawn would be lost)"
+    state = capture_rng()  # a shuffling loader draws its order: the run must not notice
+    try:
+        first = next(iter(runtime.train_loader))
+    finally:
+        restore_rng(state)
+    return measure_amp_savings(
+        strategy.unwrap(model), first, objective=objective, precision=precision.amp_precision,
+        device=strategy.device, prepare_batch=prepared.prepare_batch,
+    )  # fmt: skip
 
 
 def _prefetched(loader: Iterable[Any], config: TrainingConfig, device: torch.device) -> Any:

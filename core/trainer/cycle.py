@@ -88,6 +88,8 @@ class RunCycle:
             precision=parts.precision.precision.name, run_dir=str(log.run_dir),
         ), model_summary=parts.model_summary, plan=plan(self.config, parts), seed=run.seed,
            **lineage(parts, log.run_dir, run_id))  # fmt: skip
+        if parts.precision.compatibility is not None:
+            log.emit("amp_compatibility", **parts.precision.compatibility)
         log.drain()
         if parts.profiler is not None:
             parts.profiler.start(log.run_dir)
@@ -223,7 +225,7 @@ class RunCycle:
             stopped_early=progress.stopped_early,
             input_stall_fraction=verdict["input_stall_fraction"],
             util_mean_pct=verdict["util_mean_pct"], bottleneck=verdict["verdict"],
-            bottleneck_advice=verdict["advice"],
+            bottleneck_advice=verdict["advice"], **parts.precision.epoch_fields(),
         )  # fmt: skip
         log.write_json("amp_stats.json", parts.precision.get_amp_stats())
         log.drain()

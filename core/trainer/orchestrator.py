@@ -30,15 +30,16 @@ from torch import nn
 
 from core.callbacks import Callback
 from core.config import TrainingConfig
+from core.integrated.distribution import MonitoredDistribution
 from core.loop.epoch import Scheduler
 from core.loop.objective import LossFn
 from core.metrics import Metric, MetricFn
-from core.multi_gpu_training import MultiGPUTrainer
 from core.precision.policy import MixedPrecisionTrainer
 from core.telemetry.describe import Fixed, resolved
 from core.telemetry.events import EventHub, EventStream
 from core.telemetry.run_log import CurrentLog
 from core.trainer.arguments import check_runtime
+from core.trainer.benchmark import benchmark_performance, optimal_batch_size
 from core.trainer.build import OptimizerArgument, Parts, Runtime, SchedulerArgument, build
 from core.trainer.cycle import RunCycle
 from core.trainer.inference import evaluate_with, predict_with
@@ -112,6 +113,8 @@ class OptimizedTrainingOptimizer:
                 on_step_end=self._on_step_end,
             )  # fmt: skip
             self._cycle = RunCycle(self._config, self._parts, self._hub, self._log)
+            if self._parts.monitor is not None:  # the trainer's gpu_monitor reads the run's
+                self._parts.trainer.attach_monitor(self._parts.monitor)
 
     async def aclose(self) -> None:
         """Release the process group this job created (in a worker thread)."""
@@ -183,11 +186,9 @@ class OptimizedTrainingOptimizer:
         return self._built.precision
 
     @property
-    def multi_gpu_trainer(self) -> MultiGPUTrainer:
-        """Where the job runs (seed 004's ``MultiGPUTrainer``)."""
-        trainer = self._built.trainer
-        assert isinstance(trainer, MultiGPUTrainer)
-        return trainer
+    def multi_gpu_trainer(self) -> MonitoredDistribution:
+        """Where the job runs, and its ``gpu_monitor`` (seed 004's ``MultiGPUTrainer``)."""
+        return self._built.trainer
 
     @property
     def _built(self) -> Parts:
@@ -238,6 +239,26 @@ class OptimizedTrainingOptimizer:
         several ranks), moved to the CPU: ``torch.cat(await run.predict(loader))``."""
         parts = await self._idle("predict")
         return await anyio.to_thread.run_sync(predict_with, parts, loader)
+
+    def benchmark_performance(self, num_iterations: int = 100) -> dict[str, Any]:
+        """Average forward, backward and optimizer-step seconds over ``num_iterations`` steps
+        on the run's batches, and ``samples_per_second``; training is unaffected (see
+        :func:`core.trainer.benchmark.benchmark_performance`). Synchronous: in async code,
+        ``await anyio.to_thread.run_sync(run.benchmark_performance, 20)``."""
+        parts = self._ready("benchmark_performance")
+        return benchmark_performance(parts, self._config, num_iterations)
+
+    def get_optimal_batch_size(self, target_memory_usage: float = 0.8) -> int:
+        """The largest batch size within ``target_memory_usage`` of the device's memory (CPU:
+        of the available RAM); see :func:`core.trainer.benchmark.optimal_batch_size`."""
+        parts = self._ready("get_optimal_batch_size")
+        return optimal_batch_size(parts, self._config, target_memory_usage)
+
+    def _ready(self, what: str) -> Parts:
+        if self._running:
+            raise RuntimeError(f"{what}() cannot run while train() runs on this job")
+        self.build()
+        return self._built
 
     async def _idle(self, what: str) -> Parts:
         if self._running:

@@ -1,0 +1,26 @@
+"""Seed 000's integrated GPU system, as components over the existing parts: ``GPUConfig``
+and its place in the config tree, the seed's ``GPUManager`` and ``GPUPerformanceMonitor``,
+``setup_training`` (device settings and the batch-size search), and seed 004's monitored
+distribution. The face, ``core.gpu_utilization_mixed_precision_system``, adds training."""
+
+from __future__ import annotations
+
+from core.integrated.config import GPUConfig, training_config
+from core.integrated.distribution import MonitoredDistribution
+from core.integrated.manager import GPUManager, default_device
+from core.integrated.monitor import GPUPerformanceMonitor, seed_metrics, seed_summary
+from core.integrated.setup import setup_training
+from core.integrated.sync import running_event_loop
+
+__all__ = (
+    "GPUConfig",
+    "GPUManager",
+    "GPUPerformanceMonitor",
+    "MonitoredDistribution",
+    "default_device",
+    "running_event_loop",
+    "seed_metrics",
+    "seed_summary",
+    "setup_training",
+    "training_config",
+)

@@ -1,0 +1,67 @@
+"""``MonitoredDistribution``: :class:`~core.distributed.trainer.Distribution` with a GPU
+monitor of its own devices, seed 004's ``MultiGPUTrainer`` less ``train()`` (which the
+face, ``core.multi_gpu_training``, adds; the async shell builds runs on this class).
+
+Example::
+
+    trainer = MonitoredDistribution(MultiGPUConfig(training_mode="auto"))
+    trainer.gpu_monitor.get_gpu_info()["device_count"]
+    trainer.record_gpu_metrics()                     # kept in the monitor's history
+    trainer.gpu_monitor.get_gpu_summary()["memory_allocated_mean"]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.distributed.trainer import Distribution
+from core.integrated.monitor import GPUPerformanceMonitor
+from core.monitoring.gpu_monitor import GPUMonitor
+
+__all__ = ("MonitoredDistribution",)
+
+
+class MonitoredDistribution(Distribution):
+    """A :class:`~core.distributed.trainer.Distribution` whose ``gpu_monitor`` samples this
+    rank's devices (NVML, or psutil without GPUs) on request; inside a run it is the run's
+    own monitor (its samples are the run's ``gpu_sample`` records).
+
+    Example::
+
+        trainer = MonitoredDistribution()
+        sample = trainer.record_gpu_metrics()    # {"t_s", "source", "devices": [...]}
+    """
+
+    _monitor: GPUPerformanceMonitor | None = None
+    _owns_monitor = False
+
+    @property
+    def gpu_monitor(self) -> GPUPerformanceMonitor:
+        """The monitor of this rank's devices (created on first use; NVML opens lazily)."""
+        if self._monitor is None:
+            indices = self.strategy.device_indices() or None
+            self._monitor = GPUPerformanceMonitor(device_indices=indices)
+            self._owns_monitor = True
+        return self._monitor
+
+    def attach_monitor(self, monitor: GPUMonitor) -> None:
+        """Read ``monitor`` (a run's) as :attr:`gpu_monitor`; its owner closes it."""
+        self.release_monitor()
+        self._monitor, self._owns_monitor = GPUPerformanceMonitor(monitor=monitor), False
+
+    def release_monitor(self) -> None:
+        """Close the monitor this trainer created (idempotent; a later use reopens one)."""
+        monitor, owned = self._monitor, self._owns_monitor
+        self._monitor, self._owns_monitor = None, False
+        if monitor is not None and owned:
+            monitor.close()
+
+    def record_gpu_metrics(self) -> dict[str, Any]:
+        """Sample this rank's devices now into :attr:`gpu_monitor`'s history and return the
+        sample (``get_gpu_summary()`` summarises the history); never raises."""
+        return self.gpu_monitor.record_gpu_metrics()
+
+    def cleanup(self) -> None:
+        """Tear down the process group this trainer created and close its own monitor."""
+        super().cleanup()
+        self.release_monitor()

@@ -1,0 +1,178 @@
+"""Seed 000's ``GPUPerformanceMonitor``: :class:`~core.monitoring.gpu_monitor.GPUMonitor`'s
+samples (NVML, or psutil without a GPU) read back under the seed's flat metric names.
+
+Example::
+
+    monitor = GPUPerformanceMonitor()
+    monitor.start_monitoring(interval=2.0)
+    metrics = monitor.get_latest_metrics()   # None before the first sample
+    monitor.stop_monitoring()
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from core.monitoring.config import GPUMonitorConfig
+from core.monitoring.gpu_monitor import GPUMonitor
+
+__all__ = ("GPUPerformanceMonitor", "seed_metrics", "seed_summary")
+
+_GIB = 1024**3
+_SUMMARY = ("memory_allocated", "memory_reserved", "gpu_utilization")
+_KEYS = (
+    "device", "source", "gpu_utilization", "cpu_utilization", "memory_allocated_gb",
+    "memory_reserved_gb", "memory_utilization", "temperature", "power_w", "timestamp",
+)  # fmt: skip
+
+
+def _gib(value: object) -> float | None:
+    return value / _GIB if isinstance(value, (int, float)) else None
+
+
+def _device_metrics(record: dict[str, Any], timestamp: float) -> dict[str, Any]:
+    nvml = record["source"] == "nvml"
+    allocated = record["torch_mem_allocated_bytes"]
+    used, total = record["mem_used_bytes"], record["mem_total_bytes"]
+    if nvml and used is not None and total:
+        memory_utilization = 100.0 * used / total
+    else:
+        memory_utilization = record["mem_util_pct"]
+    return {
+        "device": record["device"],
+        "source": record["source"],
+        "gpu_utilization": record["util_pct"] if nvml else None,
+        "cpu_utilization": None if nvml else record["util_pct"],
+        "memory_allocated_gb": _gib(allocated if allocated is not None else used),
+        "memory_reserved_gb": _gib(record["torch_mem_reserved_bytes"]),
+        "memory_utilization": memory_utilization,
+        "temperature": record["temperature_c"],
+        "power_w": record["power_w"],
+        "timestamp": timestamp,
+    }
+
+
+def seed_metrics(sample: dict[str, Any]) -> dict[str, Any]:
+    """One :meth:`GPUMonitor.sample` under the seed's names: the first device's metrics at
+    the top, every device's in ``devices``.
+
+    ``gpu_utilization``: percent (NVML; None without a GPU, where ``cpu_utilization`` is
+    this process's CPU percent, 100 per busy core). ``memory_allocated_gb``: torch's
+    allocated memory on CUDA, this process's resident memory without a GPU.
+    ``memory_reserved_gb``: torch's reserved memory (None without CUDA).
+    ``memory_utilization``: percent of the device's memory in use (NVML), of the host's RAM
+    in use (psutil). ``temperature`` (°C) and ``power_w``: None where unknown.
+    ``timestamp``: seconds since the epoch (``time.time()``).
+
+    Example::
+
+        seed_metrics(GPUMonitor().sample())["memory_allocated_gb"]
+    """
+    # The monitor stamps samples with a monotonic clock: shift it onto the wall clock.
+    timestamp = time.time() - (time.monotonic() - sample["t_s"])
+    devices = [_device_metrics(record, timestamp) for record in sample["devices"]]
+    first = devices[0] if devices else dict.fromkeys(_KEYS)
+    return {**first, "timestamp": timestamp, "devices": devices}
+
+
+class GPUPerformanceMonitor:
+    """Seed 000's monitor, and seed 004's ``trainer.gpu_monitor``: a
+    :class:`~core.monitoring.gpu_monitor.GPUMonitor` (its own, or ``monitor``, e.g. a run's)
+    read under the seeds' names. Samples are taken every ``interval`` seconds in a daemon
+    thread after :meth:`start_monitoring`, or one at a time by :meth:`record_gpu_metrics`;
+    the monitor keeps the last ``config.history_size`` of them.
+
+    ``device_indices``: torch CUDA indices (None: every visible device).
+
+    Example::
+
+        monitor = GPUPerformanceMonitor()
+        monitor.start_monitoring(interval=2.0)
+        metrics = monitor.get_latest_metrics()    # seed 000's keys (see seed_metrics)
+        monitor.stop_monitoring()
+        monitor.get_gpu_summary()["memory_allocated_mean"]
+    """
+
+    def __init__(
+        self,
+        config: GPUMonitorConfig | None = None,
+        *,
+        device_indices: Sequence[int] | None = None,
+        monitor: GPUMonitor | None = None,
+    ) -> None:
+        self.monitor = monitor or GPUMonitor(config, device_indices=device_indices)
+
+    def start_monitoring(self, interval: float = 2.0) -> None:
+        """Sample now and then every ``interval`` seconds until :meth:`stop_monitoring`."""
+        self.monitor.start_monitoring(interval)
+
+    def stop_monitoring(self) -> None:
+        """Stop sampling (waits for a sample in progress) and release NVML."""
+        self.monitor.stop_monitoring()
+        self.monitor.close()
+
+    def record_gpu_metrics(self) -> dict[str, Any]:
+        """Take one sample now into the history; returns it as the monitor does
+        (``{"t_s", "source", "devices": [record, ...]}``); never raises."""
+        return self.monitor.sample()
+
+    def get_latest_metrics(self) -> dict[str, Any] | None:
+        """The newest sample's metrics (:func:`seed_metrics`), or None before the first."""
+        latest = self.monitor.get_latest_metrics()
+        return None if latest is None else seed_metrics(latest)
+
+    def get_metrics_history(self) -> list[dict[str, Any]]:
+        """Every kept sample's metrics (:func:`seed_metrics`), oldest first."""
+        return [seed_metrics(sample) for sample in self.monitor.get_metrics_history()]
+
+    def get_gpu_info(self) -> dict[str, Any]:
+        """Device count, current device, versions, and per GPU its ``name``,
+        ``total_memory`` (bytes) and ``capability`` (``devices`` is empty without GPUs)."""
+        return self.monitor.get_gpu_info()
+
+    def get_gpu_summary(self) -> dict[str, Any]:
+        """:meth:`GPUMonitor.get_gpu_summary` (per device ``<field>_mean``/``_max``/``_min``)
+        with seed 004's keys at the top: ``memory_allocated`` and ``memory_reserved`` (bytes,
+        a sample's devices summed) and ``gpu_utilization`` (percent, their mean), each
+        ``_mean``/``_max``/``_min`` over the samples. ``memory_allocated`` is torch's
+        allocated memory on CUDA, else the memory in use (NVML: the device's; psutil: this
+        process's resident set). Unknown in every sample (no CUDA, no GPU): None."""
+        history = self.monitor.get_metrics_history()
+        return self.monitor.get_gpu_summary() | seed_summary(history)
+
+    def close(self) -> None:
+        """Stop sampling and release NVML (idempotent)."""
+        self.stop_monitoring()
+
+
+def _allocated(record: dict[str, Any]) -> Any:
+    allocated = record["torch_mem_allocated_bytes"]
+    return allocated if allocated is not None else record["mem_used_bytes"]
+
+
+def seed_summary(history: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """Seed 004's summary keys over ``history`` (see :meth:`GPUPerformanceMonitor.get_gpu_summary`).
+
+    >>> seed_summary([])["memory_allocated_mean"] is None
+    True
+    """
+    series: dict[str, list[float]] = {name: [] for name in _SUMMARY}
+    for sample in history:
+        records = sample["devices"]
+        values = {
+            "memory_allocated": [_allocated(r) for r in records],
+            "memory_reserved": [r["torch_mem_reserved_bytes"] for r in records],
+            "gpu_utilization": [r["util_pct"] if r["source"] == "nvml" else None for r in records],
+        }
+        for name, per_device in values.items():
+            if per_device and None not in per_device:
+                total = sum(per_device)
+                series[name].append(total / len(per_device) if name == "gpu_utilization" else total)
+    summary: dict[str, float | None] = {}
+    for name, xs in series.items():
+        summary[f"{name}_mean"] = sum(xs) / len(xs) if xs else None
+        summary[f"{name}_max"] = max(xs, default=None)
+        summary[f"{name}_min"] = min(xs, default=None)
+    return summary
