@@ -27,8 +27,8 @@ demo: $(STAMP)
 	$(PY) examples/email_sequence/train.py
 
 lint: $(STAMP)
-	$(PY) -m ruff check core tests examples benchmarks
-	$(PY) -m ruff format --check core tests examples benchmarks
+	$(PY) -m ruff check core tests examples benchmarks gpu_utilization_mixed_precision_system.py
+	$(PY) -m ruff format --check core tests examples benchmarks gpu_utilization_mixed_precision_system.py
 
 typecheck: $(STAMP)
 	$(PY) -m mypy

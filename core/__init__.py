@@ -39,9 +39,15 @@ from core.errors import (
     UnevenLoadersError,
     UnsafeCheckpointError,
 )
+from core.gpu_utilization_mixed_precision_system import (
+    GPUConfig,
+    GPUPerformanceMonitor,
+    IntegratedGPUTrainingSystem,
+)
 from core.gradient_accumulation import GradientAccumulation, GradientAccumulationConfig
 from core.hardware.settings import GPUManagerConfig
 from core.loop.recovery import ErrorHandler, ErrorHandlerConfig
+from core.losses import FocalLoss, Mixup, MixupCollate
 from core.memory import (
     GPUMemoryOptimizer,
     MemoryConfig,
@@ -53,7 +59,11 @@ from core.metrics import Accuracy, F1Score, MeanAbsoluteError, MeanOf, Metric, P
 from core.mixed_precision_training import (
     LossScalerConfig,
     MixedPrecisionConfig,
+    MixedPrecisionOptimizer,
     MixedPrecisionTrainer,
+    check_amp_compatibility,
+    create_mixed_precision_optimizer,
+    create_mixed_precision_trainer,
 )
 from core.monitoring.config import GPUMonitorConfig
 from core.multi_gpu_training import MultiGPUConfig, MultiGPUTrainer
@@ -96,12 +106,16 @@ __all__ = (
     "ErrorHandlerConfig",
     "EventStream",
     "F1Score",
+    "FocalLoss",
+    "GPUConfig",
     "GPUManagerConfig",
     "GPUMemoryOptimizer",
     "GPUMonitorConfig",
+    "GPUPerformanceMonitor",
     "GradientAccumulation",
     "GradientAccumulationConfig",
     "IncompatibleCheckpointError",
+    "IntegratedGPUTrainingSystem",
     "LoadedWeights",
     "LoaderConfig",
     "LoggingConfig",
@@ -113,7 +127,10 @@ __all__ = (
     "MemoryConfig",
     "Metric",
     "MixedPrecisionConfig",
+    "MixedPrecisionOptimizer",
     "MixedPrecisionTrainer",
+    "Mixup",
+    "MixupCollate",
     "ModelTransformsConfig",
     "MultiGPUConfig",
     "MultiGPUTrainer",
@@ -134,7 +151,10 @@ __all__ = (
     "TrainingStepError",
     "UnevenLoadersError",
     "UnsafeCheckpointError",
+    "check_amp_compatibility",
     "create_dataloader",
+    "create_mixed_precision_optimizer",
+    "create_mixed_precision_trainer",
     "create_optimized_training_optimizer",
     "load_weights",
     "optimize_batch_size",

@@ -1,0 +1,56 @@
+"""``core-train`` (and ``python -m core``): train from the command line with flags generated
+from the config tree, the seeds' switches, TOML configs and the commands around a run.
+
+Example::
+
+    core-train --example digits --epochs 8 --scheduler onecycle
+    core-train report logs/digits/<run id>
+    core-train info --json
+
+``main`` returns the exit status: 0 done, 1 failed, 2 bad command line or setting.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+
+from core.cli.commands import (
+    check_amp_command,
+    find_batch_size_command,
+    info_command,
+    report_command,
+)
+from core.cli.train import FitOutcome, run_fit
+
+__all__ = ("FitOutcome", "main", "run_fit")
+
+
+def _commands() -> dict[str, Callable[[Sequence[str]], int]]:
+    return {
+        "fit": lambda argv: run_fit(argv).exit_code,
+        "report": report_command,
+        "info": info_command,
+        "find-batch-size": find_batch_size_command,
+        "check-amp": check_amp_command,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``core-train`` with ``argv`` (default: ``sys.argv[1:]``); the exit status.
+
+    The first word picks the command (``fit``, ``report``, ``info``, ``find-batch-size``,
+    ``check-amp``); without one it is ``fit``.
+
+    >>> main(["--example", "digits", "--epochs", "2", "--print-config"])  # doctest: +SKIP
+    0
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    commands = _commands()
+    name = args[0] if args and args[0] in commands else "fit"
+    rest = args[1:] if args and args[0] == name else args
+    try:
+        return commands[name](rest)
+    except SystemExit as done:  # argparse: --help (0) and bad command lines (2)
+        code = done.code
+        return code if isinstance(code, int) else (0 if code is None else 1)

@@ -1,0 +1,293 @@
+"""The commands besides ``fit``: ``report`` (rebuild a run's reports), ``info`` (devices,
+their capabilities and what core recommends here), ``find-batch-size`` (the largest batch a
+training step fits) and ``check-amp`` (whether a model suits mixed precision).
+
+Example::
+
+    exit_code = info_command(["--json"])
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core.cli.factories import build_model, parse_model_args
+from core.cli.parser import Parser, choice
+from core.data import auto_num_workers, usable_cores
+from core.distributed.config import MultiGPUConfig
+from core.distributed.selection import Machine, resolve_mode
+from core.errors import ConfigError, OutOfMemoryError
+from core.hardware.device import device_of
+from core.memory import check_input_shape, find_batch_size
+from core.monitoring.nvml import load_nvml, nvml_acquire, nvml_release
+from core.reports import write_reports
+
+__all__ = (
+    "check_amp_command",
+    "find_batch_size_command",
+    "info_command",
+    "machine_info",
+    "report_command",
+)
+
+_GIB = 2**30
+_AMPERE = 8
+
+
+def report_command(argv: Sequence[str]) -> int:
+    """``core-train report RUN_DIR``: write its summary and plot again from its records."""
+    parser = Parser(
+        prog="core-train report",
+        description="Rebuild performance_summary.txt and training_metrics.png of a "
+        "run from its events.jsonl; print the files written.",
+    )
+    parser.add_argument(
+        "run_dir", metavar="RUN_DIR",
+        help="logs/<experiment>/<run id>, or logs/<experiment> for its newest run",
+    )  # fmt: skip
+    namespace = parser.parse(argv)
+    try:
+        written = write_reports(_newest_run(Path(namespace.run_dir)))
+    except FileNotFoundError:
+        parser.error(
+            f"RUN_DIR {namespace.run_dir!r}: no events.jsonl there; allowed: a run directory "
+            "(logs/<experiment>/<run id>, printed by fit) or an experiment directory"
+        )
+    for path in written:
+        print(path)
+    return 0
+
+
+def _newest_run(directory: Path) -> Path:
+    """``directory`` if it holds a run, else its newest run (run ids sort by start time)."""
+    if (directory / "events.jsonl").exists():
+        return directory
+    runs = sorted(p.parent for p in directory.glob("*/events.jsonl"))
+    return runs[-1] if runs else directory
+
+
+def _nvml() -> dict[str, Any]:
+    try:
+        nvml = load_nvml()
+        nvml_acquire(nvml)
+    except Exception as exc:  # not installed, no driver: say why
+        return {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
+    try:
+        return {"available": True, "devices": int(nvml.nvmlDeviceGetCount())}
+    finally:
+        nvml_release(nvml)
+
+
+def machine_info() -> dict[str, Any]:
+    """Devices, capabilities, NVML, and the settings ``auto`` resolves to on this machine."""
+    cuda = torch.cuda.is_available()
+    devices = []
+    for index in range(torch.cuda.device_count() if cuda else 0):
+        props = torch.cuda.get_device_properties(index)
+        devices.append(
+            {
+                "index": index,
+                "name": props.name,
+                "capability": f"{props.major}.{props.minor}",
+                "memory_gb": round(props.total_memory / _GIB, 2),
+                "bf16": props.major >= _AMPERE,
+                "tf32": props.major >= _AMPERE,
+                "tensor_cores": props.major >= 7,
+            }
+        )
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    try:
+        mode, why = resolve_mode(MultiGPUConfig(), Machine.detect())
+    except ConfigError as exc:
+        mode, why = "unknown", [str(exc)]
+    dtype = device_of(device).auto_dtype()
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+    return {
+        "torch": torch.__version__,
+        "cuda_runtime": torch.version.cuda,
+        "cpu_cores": usable_cores(),
+        "devices": devices,
+        "nvml": _nvml(),
+        "recommended": {
+            "device": str(device),
+            "precision": names.get(dtype, str(dtype)),
+            "training_mode": mode,
+            "why": why,
+            "num_workers": auto_num_workers(device),
+            "compile": cuda,
+            "channels_last": cuda,
+        },
+    }
+
+
+def _model_parser(prog: str, description: str) -> Parser:
+    parser = Parser(prog=prog, description=description)
+    parser.add_argument(
+        "--model-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword for the model factory (repeatable)",
+    )
+    parser.add_argument("--device", default=None, help="default: cuda:0 where there is one")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    return parser
+
+
+def _model(parser: Parser, spec: str, pairs: list[str], device: torch.device) -> Any:
+    try:
+        factory = build_model(spec)
+        kwargs = parse_model_args(pairs)
+    except ValueError as exc:
+        parser.error(f"--model {spec!r}: {exc}")
+    return factory(**kwargs).to(device)
+
+
+def _device(name: str | None) -> torch.device:
+    if name is not None:
+        return torch.device(name)
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _search(
+    parser: Parser, model: Any, shape_text: str, target: float | None, device: torch.device
+) -> dict[str, Any]:
+    try:
+        shape = check_input_shape([int(p) for p in shape_text.split(",") if p.strip()])
+    except (ValueError, ConfigError):
+        parser.error(
+            f"--input-shape {shape_text!r}: invalid value; allowed: comma-separated "
+            "integers >= 1, the batch first (32,784)"
+        )
+    try:
+        return find_batch_size(model, shape, target, device=device).to_dict()
+    except ConfigError as exc:
+        parser.error(str(exc))
+
+
+def info_command(argv: Sequence[str]) -> int:
+    """``core-train info``: this machine, and with ``--model``, a batch size for it."""
+    parser = _model_parser(
+        "core-train info",
+        "Devices, capability, bf16/TF32 support, NVML, "
+        "and the precision, mode and workers core picks here.",
+    )
+    parser.add_argument("--model", metavar="MODULE:FACTORY", help="also find its batch size")
+    parser.add_argument(
+        "--input-shape",
+        default=None,
+        metavar="N,...",
+        help="one batch's shape for --model, the batch first (32,784)",
+    )
+    namespace = parser.parse(argv)
+    info = machine_info()
+    if namespace.model:
+        if not namespace.input_shape:
+            parser.error("--model needs --input-shape N,... (one batch's shape, batch first)")
+        device = _device(namespace.device)
+        model = _model(parser, namespace.model, namespace.model_arg, device)
+        info["recommended"]["batch_size"] = _search(
+            parser, model, namespace.input_shape, None, device
+        )["batch_size"]
+    if namespace.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(
+        f"torch {info['torch']} (CUDA runtime {info['cuda_runtime'] or 'none'}), "
+        f"{info['cpu_cores']} usable CPU cores"
+    )
+    for d in info["devices"]:
+        print(
+            f"cuda:{d['index']}  {d['name']}  capability {d['capability']}  "
+            f"{d['memory_gb']} GiB  bf16 {d['bf16']}  tf32 {d['tf32']}"
+        )
+    if not info["devices"]:
+        print("no CUDA device: training runs on the CPU")
+    nvml = info["nvml"]
+    print("NVML: " + ("available" if nvml["available"] else f"unavailable ({nvml['reason']})"))
+    print(
+        "recommended: "
+        + ", ".join(f"{k} {v}" for k, v in info["recommended"].items() if k != "why")
+    )
+    return 0
+
+
+def find_batch_size_command(argv: Sequence[str]) -> int:
+    """``core-train find-batch-size``: the largest batch whose training step fits."""
+    parser = _model_parser(
+        "core-train find-batch-size",
+        "The largest batch size whose full training step (forward, backward, "
+        "optimizer) fits the memory target, and the trials behind it.",
+    )
+    parser.add_argument("--model", required=True, metavar="MODULE:FACTORY")
+    parser.add_argument(
+        "--input-shape",
+        required=True,
+        metavar="N,...",
+        help="one batch's shape, the batch first: the search starts there",
+    )
+    parser.add_argument(
+        "--target-memory-gb",
+        type=float,
+        default=None,
+        metavar="G",
+        help="default: the device's free memory less 10%%",
+    )
+    namespace = parser.parse(argv)
+    device = _device(namespace.device)
+    model = _model(parser, namespace.model, namespace.model_arg, device)
+    try:
+        search = _search(parser, model, namespace.input_shape, namespace.target_memory_gb, device)
+    except OutOfMemoryError as exc:
+        print(f"core-train find-batch-size: {exc}")
+        return 1
+    if namespace.json:
+        print(json.dumps(search, indent=2))
+        return 0
+    print(
+        f"batch size: {search['batch_size']} (target {search['target_bytes'] / _GIB:.3f} GiB "
+        f"on {device})"
+    )
+    for trial in search["trials"]:
+        peak = trial["peak_bytes"]
+        shown = "out of memory" if peak is None else f"peak {peak / _GIB:.4f} GiB"
+        verdict = "fits" if trial["fits"] else "too big"
+        print(f"  {trial['batch_size']:>7}  {verdict:<8} {shown}  ({trial['reason']})")
+    return 0
+
+
+def check_amp_command(argv: Sequence[str]) -> int:
+    """``core-train check-amp MODULE:FACTORY``: layers and settings that suit fp16/bf16 badly
+    (exit status 1 when the model is not compatible)."""
+    parser = _model_parser(
+        "core-train check-amp",
+        "Check a model for mixed precision: compatible or not, warnings, recommendations.",
+    )
+    parser.add_argument("model", metavar="MODULE:FACTORY")
+    parser.add_argument(
+        "--dtype",
+        type=choice("fp16", "bf16"),
+        default=None,
+        metavar="{fp16,bf16}",
+        help="default: what auto picks on the device",
+    )
+    namespace = parser.parse(argv)
+    device = _device(namespace.device)
+    model = _model(parser, namespace.model, namespace.model_arg, device)
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(namespace.dtype or "")
+    from core.precision.compatibility import check_amp_compatibility
+
+    report = check_amp_compatibility(model, device=device, dtype=dtype)
+    if namespace.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print("compatible: " + ("yes" if report["compatible"] else "no"))
+        for kind in ("warnings", "recommendations"):
+            for line in report.get(kind, []):
+                print(f"  {kind[:-1]}: {line}")
+    return 0 if report["compatible"] else 1

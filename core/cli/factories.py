@@ -1,0 +1,151 @@
+"""Where ``fit`` gets its model and data: ``package.module:name`` import paths, and the
+examples that ship with the source checkout (``--example digits``).
+
+The contracts::
+
+    model_factory(**kwargs) -> nn.Module
+    data_factory(batch_size: int, num_workers: int) -> (train_loader, val_loader | None)
+
+Example::
+
+    model_factory, data_factory = example_factories("digits")
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+__all__ = (
+    "DataFactory",
+    "EXAMPLES",
+    "ModelFactory",
+    "build_data",
+    "build_model",
+    "email_sequence_data",
+    "example_factories",
+    "import_object",
+    "parse_model_args",
+)
+
+ModelFactory = Callable[..., nn.Module]
+DataFactory = Callable[..., tuple[Iterable[Any], Iterable[Any] | None]]
+
+EXAMPLES: dict[str, tuple[str, str]] = {
+    "digits": ("examples.digits:build_model", "examples.digits:build_data"),
+    "email-sequence": (
+        "examples.email_sequence:EmailSequenceModel",
+        "core.cli.factories:email_sequence_data",
+    ),
+}
+"""``--example`` name -> (model factory, data factory) import paths."""
+
+
+def import_object(spec: str) -> Any:
+    """The object ``'package.module:name'`` names (``name`` may be dotted); ``ValueError``
+    says what is wrong.
+
+    >>> import_object("torch.nn:Linear").__name__
+    'Linear'
+    """
+    module_name, colon, attr = spec.partition(":")
+    if not (colon and module_name and attr):
+        raise ValueError("not an import path; allowed: 'package.module:name'")
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())  # the user's modules, where core-train runs
+    try:
+        found: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(
+            f"cannot import {module_name!r} ({exc}); the current directory is searched too"
+        ) from None
+    for part in attr.split("."):
+        if not hasattr(found, part):
+            raise ValueError(f"{module_name!r} has no {attr!r}")
+        found = getattr(found, part)
+    return found
+
+
+def example_factories(name: str) -> tuple[ModelFactory, DataFactory]:
+    """The factories of ``--example name``, from the ``examples/`` directory beside the
+    ``core`` package (a source checkout); ``ValueError`` where it is absent."""
+    if name not in EXAMPLES:
+        raise ValueError(f"{name!r}: unknown example; allowed: {', '.join(EXAMPLES)}")
+    checkout = Path(__file__).resolve().parents[2]
+    folder = EXAMPLES[name][0].split(":")[0].replace(".", "/")
+    if not (checkout / folder).is_dir():
+        raise ValueError(
+            f"{name!r}: the examples ship with the source tree, and this installation has no "
+            f"{folder}/ beside the core package ({checkout}). Fix: run from a checkout of "
+            "the repository, or pass --model package.module:factory --data ..."
+        )
+    if str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    model, data = (import_object(spec) for spec in EXAMPLES[name])
+    return model, data
+
+
+def build_model(spec: str) -> ModelFactory:
+    """The model factory ``--model`` names (checked to be callable)."""
+    factory: ModelFactory = _callable(spec)
+    return factory
+
+
+def build_data(spec: str) -> DataFactory:
+    """The data factory ``--data`` names (checked to be callable)."""
+    factory: DataFactory = _callable(spec)
+    return factory
+
+
+def _callable(spec: str) -> Any:
+    found = import_object(spec)
+    if not callable(found):
+        raise ValueError(f"{spec!r} is a {type(found).__name__}, not a callable factory")
+    return found
+
+
+def parse_model_args(pairs: list[str]) -> dict[str, object]:
+    """``["width=64", "kind=cnn"]`` -> ``{"width": 64, "kind": "cnn"}`` (ints, floats,
+    true/false and none are converted; the rest stay strings).
+
+    >>> parse_model_args(["width=64", "dropout=0.1", "kind=cnn"])
+    {'width': 64, 'dropout': 0.1, 'kind': 'cnn'}
+    """
+    kwargs: dict[str, object] = {}
+    for pair in pairs:
+        key, equals, raw = pair.partition("=")
+        if not (equals and key.isidentifier()):
+            raise ValueError(f"{pair!r}: allowed: KEY=VALUE with KEY a Python name")
+        kwargs[key] = _scalar(raw)
+    return kwargs
+
+
+def _scalar(raw: str) -> object:
+    words: dict[str, object] = {"true": True, "false": False, "none": None}
+    if raw.lower() in words:
+        return words[raw.lower()]
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def email_sequence_data(batch_size: int, num_workers: int) -> tuple[Any, Any]:
+    """The email-sequence example's data for ``--example email-sequence``: 8000 training and
+    2000 validation recipients (seeds 0 and 1, as ``examples/email_sequence/train.py``)."""
+    from torch.utils.data import DataLoader
+
+    dataset = import_object("examples.email_sequence:EmailSequenceDataset")
+    train, val = dataset(8000, seed=0), dataset(2000, seed=1)
+    return (
+        DataLoader(train, batch_size=batch_size, shuffle=True, num_workers=num_workers),
+        DataLoader(val, batch_size=256, num_workers=num_workers),
+    )

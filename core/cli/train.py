@@ -1,0 +1,210 @@
+"""``core-train fit``, run: the factories called, the recipes built around the model, the
+orchestrator driven to the end, and the outcome printed (this is a program: it prints).
+
+Example::
+
+    outcome = run_fit(["--example", "digits", "--epochs", "3", "--log-dir", "/tmp/logs"])
+    outcome.exit_code, outcome.results.val_accuracy
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import torch
+from torch import nn
+
+from core.cli.factories import (
+    DataFactory,
+    ModelFactory,
+    build_data,
+    build_model,
+    example_factories,
+    parse_model_args,
+)
+from core.cli.fit import fit_parser, flag_error, resolve_config
+from core.cli.parser import Parser
+from core.cli.recipes import install_batch_transforms, loss_function, scheduler_factory
+from core.cli.toml import dumps
+from core.config import TrainingConfig
+from core.data import auto_num_workers
+from core.distributed.environment import DistributedEnvironment
+from core.errors import ConfigError, CoreError, SignalReceived
+from core.optimized_training_optimizer import OptimizedTrainingOptimizer
+from core.reports.read import numbers, read_events
+from core.reports.sections import memory_section
+from core.rng import seed_everything
+from core.trainer.results import TrainingResults
+
+__all__ = ("FitOutcome", "run_fit")
+
+
+def _factories(namespace: argparse.Namespace, parser: Parser) -> tuple[ModelFactory, DataFactory]:
+    try:
+        if namespace.example:
+            if namespace.model or namespace.data:
+                parser.error("--example and --model/--data both say what to train; give one")
+            return example_factories(namespace.example)
+        if not (namespace.model and namespace.data):
+            parser.error(
+                "nothing to train: give --example {digits,email-sequence}, or --model "
+                "MODULE:FACTORY and --data MODULE:FACTORY (see --help)"
+            )
+        flag, spec = "--model", namespace.model
+        model = build_model(spec)
+        flag, spec = "--data", namespace.data
+        return model, build_data(spec)
+    except ValueError as exc:
+        if namespace.example:
+            parser.error(f"--example {exc}")
+        parser.error(f"{flag} {spec!r}: {exc}")
+
+
+def _workers(config: TrainingConfig, env: DistributedEnvironment | None) -> int:
+    workers = config.data.loader.num_workers
+    if workers >= 0:
+        return workers
+    cuda = torch.cuda.is_available() and config.distributed.training_mode != "cpu"
+    local = env.local_world_size if env is not None else 1
+    return auto_num_workers("cuda" if cuda else "cpu", world_size=local)
+
+
+def _parts(namespace: argparse.Namespace, parser: Parser, config: TrainingConfig) -> dict[str, Any]:
+    """The runtime objects of the run: loaders, model, loss and scheduler."""
+    model_factory, data_factory = _factories(namespace, parser)
+    try:
+        kwargs = parse_model_args(namespace.model_arg)
+    except ValueError as exc:
+        parser.error(f"--model-arg {exc}")
+    try:
+        env = DistributedEnvironment.from_environ()
+    except ConfigError as exc:
+        parser.error(str(exc))
+    if config.run.seed is not None:
+        seed_everything(config.run.seed)  # the model's initial weights and the data's order
+    source = f"--example {namespace.example}" if namespace.example else "--model/--data"
+    try:
+        workers = _workers(config, env)
+        loaders = data_factory(batch_size=namespace.batch_size, num_workers=workers)
+        model = model_factory(**kwargs)
+    except ImportError as exc:  # a missing extra (scikit-learn...): say which, exit 2
+        parser.error(f"{source}: {exc}")
+    if not (isinstance(loaders, tuple) and len(loaders) == 2):
+        parser.error(
+            f"--data: the data factory returned a {type(loaders).__name__}; allowed: a pair "
+            "(train_loader, val_loader or None)"
+        )
+    train_loader, val_loader = loaders
+    if not isinstance(model, nn.Module):
+        parser.error(f"--model: the factory returned a {type(model).__name__}, not an nn.Module")
+    world = env.world_size if env is not None and config.data.use_distributed_sampler else 1
+    try:
+        install_batch_transforms(
+            train_loader, model, mixup=namespace.mixup, randaugment=namespace.randaugment
+        )
+        loss = loss_function(
+            focal=namespace.focal_loss,
+            label_smoothing=namespace.label_smoothing,
+            soft_targets=namespace.mixup is not None,
+        )
+        scheduler = scheduler_factory(namespace.scheduler, config, train_loader, world)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return {
+        "model": model,
+        "train_loader": train_loader,
+        "val_loader": val_loader,
+        "loss_fn": loss,
+        "scheduler": scheduler,
+    }
+
+
+async def _train(config: TrainingConfig, parts: dict[str, Any]) -> tuple[TrainingResults, int]:
+    async with OptimizedTrainingOptimizer(config, **parts) as run:
+        results = await run.train()
+        return results, run.rank
+
+
+def _outcome(results: TrainingResults, argv: Sequence[str], monitor_gpu: bool) -> None:
+    """Write ``results.json`` into the run directory and print the outcome."""
+    run_dir = results.run_dir
+    summary = results.to_dict() | {"command": ["core-train", *argv]}
+    (run_dir / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+    def show(value: float | None, digits: int = 4) -> str:
+        return "n/a" if value is None else f"{value:.{digits}f}"
+
+    print(f"run directory: {run_dir}")
+    print(
+        f"epochs={results.epochs_completed} steps={results.global_step} "
+        f"train_loss={show(results.train_loss)} val_loss={show(results.val_loss)} "
+        f"val_accuracy={show(results.val_accuracy)} samples/s={show(results.samples_per_s, 1)}"
+    )
+    if results.best_checkpoint:
+        print(
+            f"best checkpoint ({results.monitor}={show(results.best_value)}): "
+            f"{results.best_checkpoint}"
+        )
+    written = [run_dir / n for n in ("performance_summary.txt", "training_metrics.png")]
+    files = [str(p) for p in written if p.exists()] + [str(run_dir / "results.json")]
+    print("reports: " + ", ".join(files))
+    if monitor_gpu:
+        _print_gpu(run_dir)
+
+
+def _print_gpu(run_dir: Path) -> None:
+    records = read_events(run_dir / "events.jsonl")
+    print("GPU monitor:")
+    for line in memory_section(records):
+        print(line)
+    util = list(numbers(records, "gpu_sample", "util_pct"))
+    host = all(r.get("source") == "psutil" for r in records if r.get("event") == "gpu_sample")
+    if util:
+        label = "mean CPU utilisation" if host else "mean GPU utilisation"
+        print(f"  {label:<24}{sum(util) / len(util):.1f} % over {len(util)} samples")
+
+
+@dataclass(frozen=True)
+class FitOutcome:
+    """What ``fit`` ended with: the exit status, and the results where training finished
+    (on every rank; ``rank`` says which this is)."""
+
+    exit_code: int
+    results: TrainingResults | None = None
+    rank: int = 0
+
+
+def run_fit(argv: Sequence[str]) -> FitOutcome:
+    """Parse ``argv``, train, print where the run's files are (rank 0).
+
+    >>> run_fit(["--example", "digits", "--epochs", "2"]).results.val_accuracy  # doctest: +SKIP
+    0.95
+    """
+    parser = fit_parser()
+    namespace = parser.parse(argv)
+    config = resolve_config(namespace, parser)
+    if namespace.print_config:
+        print(dumps(config), end="")
+        return FitOutcome(0)
+    parts = _parts(namespace, parser, config)
+    try:
+        results, rank = anyio.run(_train, config, parts)
+    except SignalReceived as stopped:  # the stop checkpoint is written: --resume auto
+        print(f"core-train: {stopped}", file=sys.stderr)
+        return FitOutcome(stopped.exit_code)
+    except ConfigError as exc:
+        print(f"core-train: error: {flag_error(exc, namespace, None)}", file=sys.stderr)
+        return FitOutcome(2)
+    except CoreError as exc:
+        print(f"core-train: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return FitOutcome(1)
+    if rank == 0:
+        _outcome(results, argv, namespace.monitor_gpu)
+    return FitOutcome(0, results, rank)
