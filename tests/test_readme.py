@@ -69,7 +69,7 @@ def test_train_reload_predict_runs_as_written(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_trackers_example_runs_as_written(tmp_path: Path) -> None:
-    (program,) = blocks("## Logging and trackers", "## The example")
+    (program,) = blocks("## Logging and trackers", "## Flagship")
     done = run_program(program, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     for name in ("metrics.csv", "training_metrics.png", "profile"):
@@ -82,10 +82,21 @@ def test_every_python_block_of_the_readme_is_run_by_a_test() -> None:
         *quick_start_blocks(),
         *blocks("## Memory and speed", "## Several GPUs"),
         *blocks("## Train, reload, predict", "## What a run does"),
-        *blocks("## Logging and trackers", "## The example"),
+        *blocks("## Logging and trackers", "## Flagship"),
         *blocks("## Several GPUs", "## Device monitoring"),
+        *blocks("## The seed API", "## The examples"),
     ]
     assert sorted(tested) == sorted(blocks())
+
+
+def test_the_seed_api_example_runs_as_written(tmp_path: Path) -> None:
+    (program,) = blocks("## The seed API", "## The examples")
+    done = run_program(program, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    loss = re.search(r"loss ([0-9.]+), accuracy ([0-9.]+), skipped False", done.stdout)
+    assert loss and float(loss[2]) > 0.6, done.stdout
+    assert "fp16-ready: True" in done.stdout
+    assert list((tmp_path / "logs").rglob("events.jsonl"))
 
 
 def test_the_several_gpus_example_runs_as_written(tmp_path: Path) -> None:
