@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
 from core import GradientAccumulationConfig, MultiGPUConfig, create_optimized_training_optimizer  # noqa: E402
 from core.errors import UnevenLoadersError  # noqa: E402
 from core.loop.recovery import ErrorHandlerConfig  # noqa: E402
-from core.multi_gpu_training import setup_distributed_environment  # noqa: E402
+from core.multi_gpu_training import MultiGPUTrainer, setup_distributed_environment  # noqa: E402
 from tests.helpers import TokenModel, padded_sequences  # noqa: E402
 
 FEATURES = 8
@@ -138,6 +138,30 @@ SCENARIOS: dict[str, Callable[[Path, int], None]] = {}
 @scenario
 def ddp_fp32(out: Path, rank: int) -> None:
     _save(out, "ddp_fp32", rank, *run_job(batch_size=8, log_dir=out / "logs"))
+
+
+@scenario
+def seed004_train(out: Path, rank: int) -> None:
+    """Seed 004's own path: setup_dataloader + initialize_training + await trainer.train()."""
+    trainer = MultiGPUTrainer(MultiGPUConfig(training_mode="auto"))
+    trainer.setup_dataloader(IndexedData(96), batch_size=8, shuffle=False, num_workers=0)
+    model = Recorder()
+    trainer.initialize_training(model)
+
+    async def train() -> Any:
+        return await trainer.train(
+            max_epochs=2, learning_rate=1e-2, seed=0, log_dir=out / "logs",
+            experiment_name="seed004", progress=False,
+        )  # fmt: skip
+
+    results = anyio.run(train)
+    summary = trainer.get_performance_summary()
+    torch.save(
+        {"weights": model.state_dict(), "seen": model.seen, "results": results.to_dict(),
+         "mode": trainer.training_mode, "samples": summary["samples"]},
+        out / f"seed004_train.rank{rank}.pt",
+    )  # fmt: skip
+    trainer.cleanup()
 
 
 @scenario

@@ -235,6 +235,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torchrun(
         out,
         "ddp_fp32",
+        "seed004_train",
         "ddp_bf16",
         "ddp_accum",
         "ddp_oom_rank1",
@@ -273,6 +274,17 @@ def test_ddp_two_ranks_equal_one_process_with_the_global_batch(jobs: Path, tmp_p
     assert_same_weights(ddp["weights"], weights)
     for key, value in load(jobs, "ddp_fp32", rank=1)["weights"].items():
         assert torch.equal(value, ddp["weights"][key])  # replicas stay identical
+
+
+@pytest.mark.distributed
+def test_seed_004s_trainer_trains_under_torchrun_as_the_factory_does(jobs: Path) -> None:
+    ddp = load(jobs, "ddp_fp32")
+    for rank in (0, 1):
+        own = load(jobs, "seed004_train", rank)
+        assert own["mode"] == "distributed" and own["samples"] == 96  # this rank's 48 x 2
+        assert own["results"]["global_step"] == 12
+        assert sorted(own["seen"]) == sorted(load(jobs, "ddp_fp32", rank)["seen"])
+        assert_same_weights(ddp["weights"], own["weights"])
 
 
 @pytest.mark.distributed
