@@ -48,6 +48,7 @@ from core.gradient_accumulation import GradientAccumulation, GradientAccumulatio
 from core.hardware.settings import GPUManagerConfig
 from core.loop.recovery import ErrorHandler, ErrorHandlerConfig
 from core.losses import FocalLoss, Mixup, MixupCollate
+from core.moe import ExpertGroup, MoELayer, auxiliary_loss
 from core.memory import (
     GPUMemoryOptimizer,
     MemoryConfig,
@@ -105,6 +106,7 @@ __all__ = (
     "ErrorHandler",
     "ErrorHandlerConfig",
     "EventStream",
+    "ExpertGroup",
     "F1Score",
     "FocalLoss",
     "GPUConfig",
@@ -131,6 +133,7 @@ __all__ = (
     "MixedPrecisionTrainer",
     "Mixup",
     "MixupCollate",
+    "MoELayer",
     "ModelTransformsConfig",
     "MultiGPUConfig",
     "MultiGPUTrainer",
@@ -151,6 +154,7 @@ __all__ = (
     "TrainingStepError",
     "UnevenLoadersError",
     "UnsafeCheckpointError",
+    "auxiliary_loss",
     "check_amp_compatibility",
     "create_dataloader",
     "create_mixed_precision_optimizer",

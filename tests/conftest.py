@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.torchrun import SCENARIOS, torchrun
+
 
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
@@ -42,3 +44,12 @@ def _training_plot_only_where_asked(
                 return core.reports.write_reports(run_dir)
 
         monkeypatch.setattr(core.trainer.cycle, "write_reports_apart", summary_only)
+
+
+@pytest.fixture(scope="session")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One torchrun launch runs every scenario of tests/distributed_jobs.py (startup
+    dominates a job's cost); the tests read what each saved."""
+    out = tmp_path_factory.mktemp("jobs")
+    torchrun(out, *SCENARIOS)
+    return out

@@ -31,6 +31,7 @@ from core.errors import UnevenLoadersError  # noqa: E402
 from core.loop.recovery import ErrorHandlerConfig  # noqa: E402
 from core.multi_gpu_training import MultiGPUTrainer, setup_distributed_environment  # noqa: E402
 from tests.helpers import TokenModel, padded_sequences  # noqa: E402
+from tests.moe_jobs import MOE_SCENARIOS  # noqa: E402
 
 FEATURES = 8
 
@@ -478,6 +479,9 @@ def token_job(world: str, log_dir: Path) -> dict[str, torch.Tensor]:
 def ddp_tokens(out: Path, rank: int) -> None:
     weights = token_job("distributed", out / "logs")
     torch.save({"weights": weights}, out / f"ddp_tokens.rank{rank}.pt")
+
+
+SCENARIOS.update(MOE_SCENARIOS)
 
 
 def main() -> None:

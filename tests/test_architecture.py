@@ -25,7 +25,7 @@ FACES = {
 """The seed faces: modules, or packages (``core.cli``) whose every module is a face."""
 COMPONENTS = ("loop", "precision", "distributed", "checkpointing", "telemetry", "monitoring",
               "hardware", "memory", "transforms", "data", "metrics", "console", "reports",
-              "trackers", "eager", "losses", "integrated")  # fmt: skip
+              "trackers", "eager", "losses", "integrated", "moe")  # fmt: skip
 MAX_LINES = 300
 
 

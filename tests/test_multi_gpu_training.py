@@ -40,9 +40,8 @@ from core.multi_gpu_training import (
 )
 from tests.distributed_jobs import IndexedData, interleaved, run_job
 from tests.helpers import TokenModel, loaders, make_model, padded_sequences
+from tests.torchrun import JOBS, ROOT, assert_same_weights, load, torchrun
 
-ROOT = Path(__file__).resolve().parents[1]
-JOBS = ROOT / "tests" / "distributed_jobs.py"
 TORCHRUN_ENV = {
     "RANK": "0",
     "LOCAL_RANK": "0",
@@ -200,70 +199,6 @@ def test_launch_helper_reports_the_exit_code(tmp_path: Path) -> None:
 
 
 # -- real 2-process gloo jobs -------------------------------------------------------------
-
-
-def torchrun(
-    out: Path,
-    *scenarios: str,
-    extra: list[str] | None = None,
-    timeout: float = 240,
-    check: bool = True,
-) -> subprocess.CompletedProcess[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        *(extra or ["--standalone", "--nproc_per_node=2"]),
-        str(JOBS),
-        "--out",
-        str(out),
-        *scenarios,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        command, env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
-    if check:
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done
-
-
-@pytest.fixture(scope="module")
-def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One torchrun launch runs every scenario (startup dominates a job's cost)."""
-    out = tmp_path_factory.mktemp("jobs")
-    torchrun(
-        out,
-        "ddp_fp32",
-        "seed004_train",
-        "ddp_bf16",
-        "ddp_accum",
-        "ddp_oom_rank1",
-        "ddp_auto_batch",
-        "ddp_tokens",
-        "ddp_shuffle",
-        "fsdp_fp32",
-        "fsdp_bf16_policy",
-        "fsdp_resume",
-        "early_stop",
-        "cancel_rank1",
-        "uneven_stream",
-        "slow_rank_heartbeat",
-    )
-    return out
-
-
-def load(out: Path, name: str, rank: int = 0) -> dict[str, Any]:
-    result: dict[str, Any] = torch.load(out / f"{name}.rank{rank}.pt", weights_only=True)
-    return result
-
-
-def assert_same_weights(
-    a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 1e-5
-) -> None:
-    assert a.keys() == b.keys()
-    for key, value in a.items():
-        torch.testing.assert_close(value, b[key], atol=atol, rtol=1e-5, msg=key)
 
 
 @pytest.mark.distributed

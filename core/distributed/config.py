@@ -7,12 +7,17 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from core.checks import check_bool_fields, is_finite_number, is_int
+from core.distributed.expert_parallel import TokenExchangeChoice
 from core.distributed.fsdp import ShardPolicy
 from core.errors import config_error
 
-__all__ = ("MODES", "MultiGPUConfig", "TrainingMode")
+__all__ = ("MODES", "MultiGPUConfig", "TOKEN_EXCHANGES", "TrainingMode")
 
-TrainingMode = Literal["auto", "cpu", "single_gpu", "data_parallel", "distributed", "fsdp"]
+TOKEN_EXCHANGES: tuple[str, ...] = get_args(TokenExchangeChoice)
+
+TrainingMode = Literal[
+    "auto", "cpu", "single_gpu", "data_parallel", "distributed", "fsdp", "expert_parallel"
+]
 MODES: tuple[str, ...] = get_args(TrainingMode)
 
 
@@ -27,7 +32,11 @@ class MultiGPUConfig:
     ``stop_vote_interval``: ranks agree on stopping (cancellation, signals) every that many
     step boundaries.
     ``enable_gpu_monitoring=False`` (seed 004's switch) turns the run's monitor off, as
-    ``monitor.enabled=False`` does."""
+    ``monitor.enabled=False`` does.
+    ``training_mode="expert_parallel"`` (a model with ``core.moe.MoELayer`` blocks): under
+    torchrun experts are sharded over the ranks and tokens exchanged by all-to-all
+    (``expert_token_exchange``: "auto", "all_to_all" or "all_gather"); in one process the
+    experts are placed on this machine's GPUs by a cost model."""
 
     training_mode: TrainingMode = "auto"
     enable_data_parallel: bool = True
@@ -50,11 +59,14 @@ class MultiGPUConfig:
     fsdp_shard_policy: ShardPolicy | None = None
     fsdp_mixed_precision: bool = False
     fsdp_reshard_after_forward: bool = True
+    expert_token_exchange: TokenExchangeChoice = "auto"
 
     def __post_init__(self) -> None:
         check_bool_fields(self)
         if self.training_mode not in MODES:
             raise config_error("training_mode", self.training_mode, MODES)
+        if self.expert_token_exchange not in TOKEN_EXCHANGES:
+            raise config_error("expert_token_exchange", self.expert_token_exchange, TOKEN_EXCHANGES)
         if self.backend not in (None, "nccl", "gloo"):
             raise config_error("backend", self.backend, (None, "nccl", "gloo"))
         ids = self.device_ids

@@ -17,20 +17,25 @@ from core.distributed.config import MultiGPUConfig
 from core.distributed.data_parallel import DataParallelStrategy
 from core.distributed.ddp import DDPStrategy
 from core.distributed.environment import DistributedEnvironment, rendezvous_address
+from core.distributed.expert_parallel import ExpertParallelStrategy
+from core.distributed.expert_placement import ExpertPlacementStrategy
 from core.distributed.fsdp import FSDPStrategy
 from core.errors import ConfigError, config_error
 from core.hardware.device import device_of
+from core.moe.placement import DeviceDescription, describe_cuda_devices
 
 __all__ = ("Machine", "StrategyOptions", "build_strategy", "resolve_mode")
 
 
 @dataclass(frozen=True)
 class Machine:
-    """What mode resolution looks at: the torchrun environment and the CUDA devices."""
+    """What mode resolution looks at: the torchrun environment and the CUDA devices
+    (``devices``: their descriptions for expert placement; None: asked when needed)."""
 
     env: DistributedEnvironment | None
     cuda_count: int
     master: tuple[str | None, str | None] = (None, None)
+    devices: tuple[DeviceDescription, ...] | None = None
 
     @classmethod
     def detect(cls) -> Machine:
@@ -186,12 +191,36 @@ def _fsdp(config: MultiGPUConfig, machine: Machine, options: StrategyOptions) ->
     )
 
 
+def _expert_parallel(
+    config: MultiGPUConfig, machine: Machine, options: StrategyOptions
+) -> Strategy:
+    if machine.env is not None or config.world_size >= 1:  # ranks: experts sharded over them
+        return ExpertParallelStrategy(
+            token_exchange=config.expert_token_exchange,
+            find_unused_parameters=config.find_unused_parameters,
+            broadcast_buffers=config.broadcast_buffers,
+            bucket_cap_mb=config.bucket_cap_mb,
+            **_group(config, machine, options, "expert_parallel"),
+        )
+    described = machine.devices if machine.devices is not None else describe_cuda_devices()
+    ids = config.device_ids if config.device_ids is not None else range(machine.cuda_count)
+    usable = {f"cuda:{i}" for i in _check_ids(list(ids), machine)}
+    devices = [d for d in described if d.device in usable or not machine.cuda_count]
+    primary = (
+        torch.device(devices[0].device) if machine.cuda_count and devices else torch.device("cpu")
+    )
+    return ExpertPlacementStrategy(
+        primary, devices, move=machine.cuda_count > 1 and len(devices) > 1
+    )
+
+
 _BUILDERS: dict[str, Callable[[MultiGPUConfig, Machine, StrategyOptions], Strategy]] = {
     "cpu": _cpu,
     "single_gpu": _single_gpu,
     "data_parallel": _data_parallel,
     "distributed": _ddp,
     "fsdp": _fsdp,
+    "expert_parallel": _expert_parallel,
 }
 
 

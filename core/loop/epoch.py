@@ -28,6 +28,7 @@ from core.loop.objective import Objective
 from core.loop.recorder import DeviceFields, EpochStats, Scheduler, StepRecorder
 from core.loop.recovery import ErrorHandler
 from core.loop.step import OptimizerStep
+from core.loop.terms import ModelTerms
 from core.precision.policy import MixedPrecisionTrainer
 from core.rng import capture_rng, restore_rng
 
@@ -75,6 +76,7 @@ class StepLoop:
         device_fields: DeviceFields | None = None,
         prepare_batch: Callable[[Any], Any] | None = None,
         max_steps: int | None = None,
+        terms: ModelTerms | None = None,
     ) -> None:
         self.model = model
         self.accumulation = accumulation
@@ -89,7 +91,7 @@ class StepLoop:
         self.optimizer_step = OptimizerStep(
             model=model, optimizer=optimizer, amp=precision, accumulation=accumulation,
             strategy=strategy, objective=objective, errors=errors, max_grad_norm=max_grad_norm,
-            recorder=self.recorder, emit=emit, prepare_batch=prepare_batch,
+            recorder=self.recorder, emit=emit, prepare_batch=prepare_batch, terms=terms,
         )  # fmt: skip
         self.max_steps = max_steps
         self.clear_cache = precision.config.clear_cache

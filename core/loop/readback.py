@@ -10,11 +10,12 @@ and the read is immediate.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
 from core.loop.stepper import SkipFlag
+from core.loop.terms import StepTermsLike
 
 __all__ = ("Readback", "StepScalars")
 
@@ -29,6 +30,8 @@ class StepScalars(NamedTuple):
     skipped: bool
     """The optimizer step was not applied."""
     loss_scale: float | None
+    extra: dict[str, Any]
+    """Fields of the model's own statistics (``core.loop.terms``); empty without."""
 
 
 class Readback:
@@ -43,6 +46,7 @@ class Readback:
 
     __slots__ = (
         "_event",
+        "_extra",
         "_has_flag",
         "_has_scale",
         "_host",
@@ -58,6 +62,7 @@ class Readback:
         grad_norm: torch.Tensor,
         skipped: SkipFlag,
         loss_scale: torch.Tensor | None,
+        extra: StepTermsLike | None = None,
     ) -> None:
         parts = [*micro_losses, grad_norm]
         self._known_skip = skipped if isinstance(skipped, bool) else None
@@ -68,12 +73,18 @@ class Readback:
         if loss_scale is not None:
             parts.append(loss_scale)
         self._micro_samples = micro_samples
+        self._extra = extra
         self._event: torch.cuda.Event | None = None
         self._values: list[float] | None = None
         if grad_norm.device.type == "cpu":
             self._values = [float(p) for p in parts]
+            if extra is not None:
+                self._values += extra.tensor.tolist()
             return
-        self._host = torch.stack(parts).to("cpu", non_blocking=True)
+        packed = torch.stack(parts)
+        if extra is not None:
+            packed = torch.cat([packed.float(), extra.tensor.to(packed.device, torch.float32)])
+        self._host = packed.to("cpu", non_blocking=True)
         if grad_norm.device.type == "cuda":
             self._event = torch.cuda.Event()
             self._event.record()
@@ -86,6 +97,8 @@ class Readback:
                 self._event.synchronize()
             values = self._host.tolist()
         n = len(self._micro_samples)
+        fixed = n + 1 + int(self._has_flag) + int(self._has_scale)
+        extra = {} if self._extra is None else self._extra.fields(values[fixed:])
         loss = sum(v * k for v, k in zip(values[:n], self._micro_samples, strict=True))
         skipped = self._known_skip or (self._has_flag and values[n + 1] > 0)
         return StepScalars(
@@ -93,5 +106,6 @@ class Readback:
             grad_norm=values[n],
             overflow=skipped and self._has_scale,
             skipped=skipped,
-            loss_scale=values[-1] if self._has_scale else None,
+            loss_scale=values[fixed - 1] if self._has_scale else None,
+            extra=extra,
         )

@@ -156,6 +156,7 @@ class StepRecorder:
             mem_allocated_bytes=self.device.allocated(),
             max_mem_allocated_bytes=self.device.max_allocated(),
             **self.device_fields(),
+            **scalars.extra,
         )
         if scalars.skipped and not scalars.overflow:
             self.emit("nonfinite_skipped", epoch=pending.epoch, step=pending.step,

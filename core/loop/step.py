@@ -45,6 +45,7 @@ from core.loop.recorder import StepOutcome, StepRecorder
 from core.loop.recovery import ErrorHandler
 from core.loop.retry import retry_policy
 from core.loop.stepper import stepper_for
+from core.loop.terms import ModelTerms
 from core.precision.plugins import Precision
 from core.precision.policy import MixedPrecisionTrainer
 
@@ -70,8 +71,10 @@ class OptimizerStep:
         recorder: StepRecorder,
         emit: Emit,
         prepare_batch: Callable[[Any], Any] | None = None,
+        terms: ModelTerms | None = None,
     ) -> None:
         self.model = model
+        self.terms = terms
         self.optimizer = optimizer
         self.amp = amp
         self.accumulation = accumulation
@@ -94,6 +97,8 @@ class OptimizerStep:
     ) -> None:
         """Optimizer step number ``step`` over ``window``; ``started`` is its perf_counter()."""
         precision = self.amp.begin_step()  # FP32 | Autocast | ScaledFP16
+        if self.terms is not None:
+            self.terms.begin_step()
         self.retry.begin()  # RNG noted where an OOM may make us run the window again
         while (done := self._forward_backward(window, precision, epoch)) is None:
             self._shrink_after_oom(window, step, epoch)  # all ranks, together
@@ -107,7 +112,8 @@ class OptimizerStep:
         lr = float(self.optimizer.param_groups[0]["lr"])  # after N-1's scheduler step
         skipped = self.stepper.step(found_inf, grad_norm)  # on the device for fused optimizers
         # Packed (and the copy started) before the update: the record shows the scale used.
-        readback = Readback(losses, sizes, grad_norm, skipped, precision.loss_scale)
+        extra = None if self.terms is None else self.terms.collect()
+        readback = Readback(losses, sizes, grad_norm, skipped, precision.loss_scale, extra)
         precision.update(found_inf)
         self.optimizer.zero_grad(set_to_none=True)
         self.recorder.defer(
@@ -136,7 +142,8 @@ class OptimizerStep:
                     loss = self.errors.check_loss(
                         loss, epoch=epoch, batch_index=window.first_batch_index
                     )
-                    precision.backward(loss * weight)
+                    aux = None if self.terms is None else self.terms.auxiliary_loss()
+                    precision.backward((loss if aux is None else loss + aux) * weight)
                 losses.append(loss.detach().float())
             except Exception as exc:
                 if not self.retry.recoverable(exc):

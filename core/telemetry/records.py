@@ -80,6 +80,9 @@ class TrainStep(Common):
     max_mem_allocated_bytes: Annotated[int | None, "peak allocator bytes; null on CPU"]
     device_util_pct: Annotated[float | None, "latest gpu_sample util_pct of the first device"]
     device_mem_used_bytes: Annotated[int | None, "latest gpu_sample mem_used_bytes, likewise"]
+    moe_aux_loss: NotRequired[Annotated[float | None, "MoE: balance loss, layer mean (1: even)"]]
+    moe_tokens_per_expert: NotRequired[Annotated[dict[str, list[int]], "MoE: layer -> per expert"]]
+    moe_dropped_tokens: NotRequired[Annotated[int, "MoE: assignments dropped for capacity"]]
 
 
 class NonfiniteSkipped(Common):

@@ -39,6 +39,7 @@ from core.loop.recovery import ErrorHandler
 from core.loop.stepper import default_optimizer
 from core.memory.trial import OptimizerFactory
 from core.metrics import MetricSet
+from core.moe import MoEProbe
 from core.monitoring.gpu_monitor import GPUMonitor
 from core.precision.compatibility import check_amp_compatibility
 from core.precision.policy import MixedPrecisionTrainer
@@ -187,6 +188,7 @@ def _build(
         step_hooks=(on_step_end,) if profiler is None else (profiler, on_step_end),
         device_fields=None if monitor is None else monitor.step_record_fields,
         prepare_batch=prepared.prepare_batch, max_steps=config.run.max_steps,
+        terms=MoEProbe.of(strategy.unwrap(model)),
     )  # fmt: skip
     early_stopping = EarlyStopping(config.early_stopping.patience, config.early_stopping.min_delta)
     state = RunState(
