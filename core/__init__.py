@@ -48,7 +48,6 @@ from core.gradient_accumulation import GradientAccumulation, GradientAccumulatio
 from core.hardware.settings import GPUManagerConfig
 from core.loop.recovery import ErrorHandler, ErrorHandlerConfig
 from core.losses import FocalLoss, Mixup, MixupCollate
-from core.moe import ExpertGroup, MoELayer, auxiliary_loss
 from core.memory import (
     GPUMemoryOptimizer,
     MemoryConfig,
@@ -66,6 +65,7 @@ from core.mixed_precision_training import (
     create_mixed_precision_optimizer,
     create_mixed_precision_trainer,
 )
+from core.moe import ExpertGroup, MoELayer, auxiliary_loss
 from core.monitoring.config import GPUMonitorConfig
 from core.multi_gpu_training import MultiGPUConfig, MultiGPUTrainer
 from core.optimized_training_optimizer import (

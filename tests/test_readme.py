@@ -83,7 +83,8 @@ def test_every_python_block_of_the_readme_is_run_by_a_test() -> None:
         *blocks("## Memory and speed", "## Several GPUs"),
         *blocks("## Train, reload, predict", "## What a run does"),
         *blocks("## Logging and trackers", "## Flagship"),
-        *blocks("## Several GPUs", "## Device monitoring"),
+        *blocks("## Several GPUs", "## Mixture of experts"),
+        *blocks("## Mixture of experts", "## Device monitoring"),
         *blocks("## The seed API", "## The examples"),
     ]
     assert sorted(tested) == sorted(blocks())
@@ -100,6 +101,17 @@ def test_the_seed_api_example_runs_as_written(tmp_path: Path) -> None:
 
 
 def test_the_several_gpus_example_runs_as_written(tmp_path: Path) -> None:
-    (program,) = blocks("## Several GPUs", "## Device monitoring")
+    (program,) = blocks("## Several GPUs", "## Mixture of experts")
     done = run_program(program, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_mixture_of_experts_example_runs_as_written(tmp_path: Path) -> None:
+    (program,) = blocks("## Mixture of experts", "## Device monitoring")
+    done = run_program(program, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    tokens = re.search(r"\{'moe': \[(\d+), (\d+), (\d+), (\d+)\]\} (\d+) ([0-9.]+)", done.stdout)
+    assert tokens, done.stdout
+    kept, dropped = sum(int(tokens[i]) for i in range(1, 5)), int(tokens[5])
+    assert kept + dropped == 64 * 2  # samples x top_k
+    assert float(tokens[6]) >= 1.0

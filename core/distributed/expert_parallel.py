@@ -35,7 +35,7 @@ from core.distributed.ddp import DDPStrategy
 from core.errors import ConfigError
 from core.moe.dispatch import ExpertShard
 from core.moe.exchange import AllGatherExchange, TokenExchange, probe_all_to_all
-from core.moe.probe import moe_layers
+from core.moe.probe import require_moe_layers
 
 __all__ = ("ExpertParallelStrategy", "TokenExchangeChoice")
 
@@ -85,12 +85,7 @@ class ExpertParallelStrategy(DDPStrategy):
     def wrap_model(
         self, model: nn.Module, *, compute_dtype: torch.dtype = torch.float32
     ) -> nn.Module:
-        layers = moe_layers(model)
-        if not layers:
-            raise ConfigError(
-                "training_mode='expert_parallel' needs a model with core.moe.MoELayer blocks, "
-                f"and {type(model).__name__} has none. Fix: training_mode='distributed' (DDP)."
-            )
+        layers = require_moe_layers(model, "training_mode='distributed' (DDP)")
         self.exchange = self._choose_exchange()
         ignored: list[str] = []
         for name, layer in layers:

@@ -17,10 +17,9 @@ import torch
 from torch import nn
 
 from core.distributed.base import Strategy
-from core.errors import ConfigError
 from core.moe.layer import MoELayer
 from core.moe.placement import DeviceDescription, ExpertCost, PlacementPlan, plan_placement
-from core.moe.probe import moe_layers
+from core.moe.probe import require_moe_layers
 
 __all__ = ("ExpertPlacementStrategy",)
 
@@ -43,12 +42,7 @@ class ExpertPlacementStrategy(Strategy):
     def wrap_model(
         self, model: nn.Module, *, compute_dtype: torch.dtype = torch.float32
     ) -> nn.Module:
-        layers = moe_layers(model)
-        if not layers:
-            raise ConfigError(
-                "training_mode='expert_parallel' needs a model with core.moe.MoELayer blocks, "
-                f"and {type(model).__name__} has none. Fix: training_mode='auto'."
-            )
+        layers = require_moe_layers(model, "training_mode='auto'")
         model.to(self.device)
         costs = [
             ExpertCost(f"{name}.{index}", sum(p.numel() for p in expert.parameters()),

@@ -9,7 +9,8 @@ Experts are placed largest cost first (longest-processing-time order) on the dev
 memory (parameters, gradients and two Adam moments: 16 bytes per fp32 parameter); ties go to
 the device with fewer experts, then the lower index. So more complex experts land on more
 powerful GPUs. A new expert (:meth:`PlacementPlan.place_new`) goes to the least-loaded
-device (lowest ``load / capability``; ties: fewest experts, as seed 003 says). The gate (router) and everything dense stay on the primary device.
+device (lowest ``load / capability``; ties: fewest experts, as seed 003 says). The gate
+(router) and everything dense stay on the primary device.
 """
 
 from __future__ import annotations

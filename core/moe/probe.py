@@ -19,9 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from core.errors import ConfigError
 from core.moe.layer import MoELayer
 
-__all__ = ("MoEProbe", "StepTerms", "auxiliary_loss", "moe_layers")
+__all__ = ("MoEProbe", "StepTerms", "auxiliary_loss", "moe_layers", "require_moe_layers")
 
 StepFields = Callable[[Sequence[float]], dict[str, Any]]
 
@@ -29,6 +30,17 @@ StepFields = Callable[[Sequence[float]], dict[str, Any]]
 def moe_layers(model: nn.Module) -> list[tuple[str, MoELayer]]:
     """Every MoE layer in ``model`` with its qualified name, in module order."""
     return [(name, m) for name, m in model.named_modules() if isinstance(m, MoELayer)]
+
+
+def require_moe_layers(model: nn.Module, fix: str) -> list[tuple[str, MoELayer]]:
+    """:func:`moe_layers`, or a ConfigError for an expert strategy given a dense model."""
+    layers = moe_layers(model)
+    if not layers:
+        raise ConfigError(
+            "training_mode='expert_parallel' needs a model with core.moe.MoELayer blocks, "
+            f"and {type(model).__name__} has none. Fix: {fix}."
+        )
+    return layers
 
 
 def auxiliary_loss(model: nn.Module) -> torch.Tensor | float:
