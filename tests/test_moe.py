@@ -14,7 +14,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from core import ConfigError, MultiGPUConfig, create_optimized_training_optimizer
+from core import (
+    ConfigError,
+    MultiGPUConfig,
+    create_mixed_precision_trainer,
+    create_optimized_training_optimizer,
+)
 from core.distributed.trainer import Distribution, Machine
 from core.moe import MoELayer, auxiliary_loss, load_balancing_loss, route
 from core.moe.placement import DeviceDescription, ExpertCost, plan_placement
@@ -154,6 +159,16 @@ def test_every_train_step_record_counts_the_experts_tokens(tmp_path: Path) -> No
         assert kept + record["moe_dropped_tokens"] == assignments
         assert record["moe_dropped_tokens"] > 0  # capacity factor 1.0 with uneven routing
         assert 1.0 <= record["moe_aux_loss"] < 4.0
+
+
+def test_seed_002s_per_batch_step_adds_the_loss_term_and_returns_the_counts() -> None:
+    model = tiny_model()
+    trainer = create_mixed_precision_trainer(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = domain_sequences(8, seq_len=8).tensors
+    stats = trainer.train_step((x, y))
+    kept = sum(sum(counts) for counts in stats["moe_tokens_per_expert"].values())
+    assert kept + stats["moe_dropped_tokens"] == 2 * 8 * 8 * 2
+    assert stats["moe_aux_loss"] >= 1.0
 
 
 def test_the_placement_plan_follows_the_cost_model() -> None:

@@ -26,6 +26,7 @@ from core.loop.readback import StepScalars
 from core.loop.recorder import EpochStats, Scheduler, StepRecorder
 from core.loop.recovery import ErrorHandler
 from core.loop.step import OptimizerStep
+from core.moe.probe import MoEProbe
 from core.precision.plugins import FP32, Precision
 from core.precision.policy import MixedPrecisionTrainer
 
@@ -113,6 +114,7 @@ class EagerSteps:
             model=model, optimizer=optimizer, amp=amp, accumulation=GradientAccumulation(),
             strategy=self.strategy, objective=self.objective, errors=self.errors,
             max_grad_norm=max_grad_norm, recorder=self.recorder, emit=emit,
+            terms=MoEProbe.of(model),  # an MoE model's balancing loss and counts
         )  # fmt: skip
         self.steps_done = 0
         self.track_memory = track_memory
@@ -181,6 +183,7 @@ class EagerSteps:
             "grad_norm": scalars.grad_norm,
             "precision": precision,
             "samples": samples,
+            **scalars.extra,  # an MoE model's moe_aux_loss, moe_tokens_per_expert, ...
         }
 
     @torch.no_grad()
