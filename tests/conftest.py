@@ -40,7 +40,12 @@ def _training_plot_only_where_asked(
 
         def summary_only(run_dir: Path) -> list[Path]:
             with monkeypatch.context() as patch:
-                patch.setattr(core.reports, "write_training_plot", lambda records, path: None)
+                for figure in (
+                    "write_training_plot",
+                    "write_expert_activations",
+                    "write_expert_device_distribution",
+                ):
+                    patch.setattr(core.reports, figure, lambda records, path: None)
                 return core.reports.write_reports(run_dir)
 
         monkeypatch.setattr(core.trainer.cycle, "write_reports_apart", summary_only)

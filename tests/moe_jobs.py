@@ -61,7 +61,7 @@ def run_moe_job(
         # SGD: Adam divides by sqrt(v), so two summation orders of a near-zero gradient
         # (1e-9 apart) can move a weight by the learning rate; SGD keeps them 1e-9 apart.
         optimizer=lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
-        experiment_name=kwargs.pop("experiment_name", "moe"), progress=False,
+        experiment_name=kwargs.pop("experiment_name", "moe"), progress=False, reports=False,
         multi_gpu_config=MultiGPUConfig(training_mode=mode, expert_token_exchange=exchange),  # type: ignore[arg-type]
         gradient_accumulation_config=GradientAccumulationConfig(accumulation_steps=accumulation),
         **kwargs,

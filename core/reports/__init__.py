@@ -1,6 +1,8 @@
 """A run's reports, rebuilt from its ``events.jsonl`` alone: ``training_metrics.png`` (six
 panels) and ``performance_summary.txt`` (throughput, step times, input stalls, AMP, memory,
-validation, errors). Works for any finished or crashed run.
+validation, errors; experts for MoE runs), plus ``expert_activations.png`` and
+``expert_device_distribution.png`` for mixture-of-experts runs. Works for any finished or
+crashed run.
 
 Example::
 
@@ -9,19 +11,26 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
 
+from core.reports.expert_plots import write_expert_activations, write_expert_device_distribution
 from core.reports.plots import write_training_plot
-from core.reports.read import read_events
+from core.reports.read import Records, read_events
 from core.reports.summary import format_performance_summary, write_performance_summary
 
 __all__ = (
+    "ACTIVATIONS_FILE",
+    "DEVICES_FILE",
     "PLOT_FILE",
+    "REPORT_FILES",
     "SUMMARY_FILE",
     "format_performance_summary",
     "read_events",
+    "write_expert_activations",
+    "write_expert_device_distribution",
     "write_performance_summary",
     "write_reports",
     "write_training_plot",
@@ -29,14 +38,19 @@ __all__ = (
 
 PLOT_FILE = "training_metrics.png"
 SUMMARY_FILE = "performance_summary.txt"
+ACTIVATIONS_FILE = "expert_activations.png"
+DEVICES_FILE = "expert_device_distribution.png"
+REPORT_FILES = (SUMMARY_FILE, PLOT_FILE, ACTIVATIONS_FILE, DEVICES_FILE)
+"""Every file :func:`write_reports` may write, in the order it writes them."""
 
 _log = structlog.get_logger("core")
 
 
 def write_reports(run_dir: Path, *, events_file: str = "events.jsonl") -> list[Path]:
     """Write ``performance_summary.txt`` and ``training_metrics.png`` into ``run_dir`` from
-    its ``events_file``; return the files written (the summary always, the PNG when
-    matplotlib is installed).
+    its ``events_file``, and for a mixture-of-experts run ``expert_activations.png`` (MoE
+    records) and ``expert_device_distribution.png`` (an expert strategy ran); return the
+    files written (the summary always, the PNGs when matplotlib is installed).
 
     Odd record content never raises: a section or plot that fails is logged
     (``report_failed``) and replaced by a note (summary) or left out (plot), so a report
@@ -59,11 +73,23 @@ def write_reports(run_dir: Path, *, events_file: str = "events.jsonl") -> list[P
         )
     summary.write_text(content, encoding="utf-8")
     written = [summary]
-    plot = run_dir / PLOT_FILE
-    try:
-        if write_training_plot(records, plot) is not None:
-            written.append(plot)
-    except Exception as exc:  # likewise, and no half-written PNG is left behind
-        _log.warning("report_failed", report=PLOT_FILE, error=f"{type(exc).__name__}: {exc}")
-        plot.unlink(missing_ok=True)
+    _figure(write_training_plot, records, run_dir / PLOT_FILE, written)
+    _figure(write_expert_activations, records, run_dir / ACTIVATIONS_FILE, written)
+    _figure(write_expert_device_distribution, records, run_dir / DEVICES_FILE, written)
     return written
+
+
+def _figure(
+    draw: Callable[[Records, Path], Path | None], records: Records, path: Path, written: list[Path]
+) -> bool | None:
+    """Draw one figure into ``path``, appended to ``written``: True when drawn, False when
+    nothing was drawn, None when it failed (logged; no half-written PNG is left behind)."""
+    try:
+        drawn = draw(records, path) is not None
+    except Exception as exc:  # a report must never fail the run that asked for it
+        _log.warning("report_failed", report=path.name, error=f"{type(exc).__name__}: {exc}")
+        path.unlink(missing_ok=True)
+        return None
+    if drawn:
+        written.append(path)
+    return drawn

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import structlog
 
-from core.reports import PLOT_FILE, SUMMARY_FILE, write_reports
+from core.reports import REPORT_FILES, write_reports
 
 __all__ = ("write_reports_apart",)
 
@@ -59,4 +59,4 @@ def write_reports_apart(run_dir: Path, *, timeout_s: float = 600.0) -> list[Path
         )
     if "plots_unavailable" in done.stdout + done.stderr:
         _log.warning("plots_unavailable", fix="pip install 'core[plots]'")
-    return [run_dir / name for name in (SUMMARY_FILE, PLOT_FILE) if (run_dir / name).exists()]
+    return [run_dir / name for name in REPORT_FILES if (run_dir / name).exists()]

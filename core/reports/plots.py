@@ -18,7 +18,7 @@ import structlog
 
 from core.reports.read import Records, first, last, mapping, text
 
-__all__ = ("FIGURE_DPI", "FIGURE_INCHES", "write_training_plot")
+__all__ = ("FIGURE_DPI", "FIGURE_INCHES", "warn_unavailable", "write_training_plot")
 
 FIGURE_INCHES = (14.0, 10.0)
 """The figure's size (width, height) in inches; at :data:`FIGURE_DPI`, 1400 x 1000 pixels."""
@@ -46,7 +46,7 @@ def write_training_plot(records: Records, path: Path) -> Path | None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:
-        _warn_unavailable(exc)
+        warn_unavailable(exc)
         return None
     from core.reports.panels import (
         device_panel,
@@ -83,7 +83,12 @@ def _title(records: Records) -> str:
     )
 
 
-def _warn_unavailable(exc: ImportError) -> None:
+def warn_unavailable(exc: ImportError) -> None:
+    """Log ``plots_unavailable`` (with the fix) for the first figure of this process that
+    could not be drawn because matplotlib is missing; later calls log nothing.
+
+    >>> warn_unavailable(ImportError("No module named 'matplotlib'"))
+    """
     with _warn_lock:
         if _warned_unavailable.is_set():
             return

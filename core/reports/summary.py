@@ -1,8 +1,9 @@
 """The performance summary: a plain-text report of a run, built from its records alone.
 
 Sections: Run, Throughput, Step time, Input pipeline, Bottleneck verdicts (here), then AMP,
-Compile, Memory peaks, Validation, Errors and warnings and Profile (``sections``). A section
-whose data is absent says so; empty or partial records never raise.
+Compile, Memory peaks, Validation, Errors and warnings and Profile (``sections``), and for
+mixture-of-experts runs Experts (``expert_summary``). A section whose data is absent says
+so; empty or partial records never raise.
 
 Example::
 
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from core.reports import fmt
+from core.reports.expert_summary import experts_section, had_experts
 from core.reports.read import (
     Record,
     Records,
@@ -62,6 +64,8 @@ def format_performance_summary(records: Records) -> str:
         ("Validation", validation_section), ("Errors and warnings", errors_section),
         ("Profile", profile_section),
     )  # fmt: skip
+    if had_experts(records):
+        sections += (("Experts", experts_section),)
     for title, section in sections:
         out += ["", f"== {title} ==", *_guarded(section, records)]
     return "\n".join(out) + "\n"
