@@ -104,10 +104,12 @@ class ExpertParallelStrategy(DDPStrategy):
                 f"{size}, or --nproc_per_node dividing {experts}."
             )
         shard = ExpertShard(self.rank, size, experts // size, exchange)
-        layer.experts.keep_only(shard.owned())
+        first_time = layer.shard is None  # a model wrapped again (seed 004's train()) is
+        layer.experts.keep_only(shard.owned())  # already sharded: hooks are not added twice
         layer.shard = shard
         for parameter in layer.experts.parameters():
-            parameter.register_hook(_divide_by(size))
+            if first_time:
+                parameter.register_hook(_divide_by(size))
             self._expert_params.append(parameter)
         self._layers[name] = {"experts": experts, "experts_per_rank": shard.experts_per_rank,
                               "held": shard.owned()}  # fmt: skip
