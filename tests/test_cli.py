@@ -123,8 +123,11 @@ def test_multi_gpu_is_ddp_under_torchrun(monkeypatch: pytest.MonkeyPatch) -> Non
         (["--epoch", "3"], "--epoch: unknown flag; did you mean --epochs?"),
         (["--lr", "-1", "--example", "digits"], "--lr=-1.0 is invalid; allowed: a finite float"),
         (["--label-smoothing", "1.5"], "--label-smoothing '1.5': invalid value; allowed: a float"),
-        (["--parallel-strategy", "expert_parallel"], "expert parallelism (mixture-of-experts"),
-        (["--experts", "4"], "--experts 4: expert parallelism"),
+        (["--experts", "x"], "--experts 'x': invalid value; allowed: an integer >= 1"),
+        (
+            ["--parallel-strategy", "expert_parallel", "--training-mode", "cpu"],
+            "--training-mode and --parallel-strategy both set distributed.training_mode",
+        ),
         (["--no-compile", "auto"], "--no-compile takes no value"),
         ([], "nothing to train: give --example"),
         (["--example", "digits", "--model", "x:y"], "--example and --model/--data both say"),

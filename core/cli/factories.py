@@ -43,6 +43,7 @@ EXAMPLES: dict[str, tuple[str, str]] = {
         "examples.email_sequence:EmailSequenceModel",
         "core.cli.factories:email_sequence_data",
     ),
+    "moe": ("examples.moe:build_model", "examples.moe:build_data"),
 }
 """``--example`` name -> (model factory, data factory) import paths."""
 

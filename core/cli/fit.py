@@ -54,6 +54,8 @@ examples:
   core-train --example digits --epochs 3 --print-config > run.toml
   core-train fit --example digits --config run.toml --lr 3e-3
   torchrun --standalone --nproc_per_node=2 -m core fit --example digits --gpu-mode multi_gpu
+  core-train --example moe --parallel-strategy expert_parallel --experts 8
+  torchrun --standalone --nproc_per_node=2 -m core --example moe --parallel-strategy expert_parallel
   core-train report logs/digits/<run id>"""
 
 

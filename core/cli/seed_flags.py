@@ -2,7 +2,10 @@
 of the tree (the recipes' flags are in ``core.cli.recipes``).
 
 A shorthand sets the same leaf as its flag: giving both (``--epochs 2 --max-epochs 3``) is
-an error naming both. ``--gpu-mode`` is resolved against this machine when it is parsed.
+an error naming both. ``--gpu-mode`` is resolved against this machine when it is parsed;
+with ``--parallel-strategy expert_parallel`` (in either order) the two set
+``distributed.training_mode`` to ``expert_parallel`` together. ``--experts N`` is not a leaf:
+``fit`` passes it to the model factory.
 
 Example::
 
@@ -22,11 +25,11 @@ from typing import Any
 import torch
 
 from core.cli.leaves import leaf_for
-from core.cli.parser import choice, claim
+from core.cli.parser import choice, claim, given
 from core.distributed.environment import DistributedEnvironment
 from core.errors import ConfigError
 
-__all__ = ("ALIASES", "Alias", "add_seed_flags", "gpu_mode")
+__all__ = ("ALIASES", "Alias", "add_seed_flags", "expert_mode", "gpu_mode", "positive_int")
 
 _TAKES_VALUE = object()
 
@@ -104,6 +107,49 @@ def gpu_mode(mode: str) -> str:
     return "data_parallel"
 
 
+def expert_mode(mode: str) -> str:
+    """``training_mode`` for ``--parallel-strategy expert_parallel`` with ``--gpu-mode mode``
+    (already checked by :func:`gpu_mode`): ``expert_parallel`` (torchrun: experts sharded over
+    the ranks; one process: placed over this machine's GPUs, or all on the CPU), unless
+    ``mode`` names one device and the strategy would use others.
+
+    >>> expert_mode("auto")
+    'expert_parallel'
+    """
+    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if mode == "cpu" and cuda:
+        raise argparse.ArgumentTypeError(
+            f"with --gpu-mode 'cpu': expert parallelism would use this machine's {cuda} CUDA "
+            "GPU(s); allowed with cpu: a machine without CUDA. Fix: --gpu-mode auto (experts "
+            "placed over the GPUs), or leave out --parallel-strategy (plain CPU training)."
+        )
+    if mode == "single_gpu" and cuda > 1 and DistributedEnvironment.from_environ() is None:
+        raise argparse.ArgumentTypeError(
+            f"with --gpu-mode 'single_gpu': expert parallelism in one process places experts "
+            f"over all {cuda} GPUs. Fix: --gpu-mode multi_gpu (or auto), or "
+            "CUDA_VISIBLE_DEVICES=0 to keep one GPU."
+        )
+    return "expert_parallel"
+
+
+def _settle(parser: argparse.ArgumentParser, namespace: argparse.Namespace) -> None:
+    """Set ``distributed.training_mode`` from ``--gpu-mode`` and ``--parallel-strategy``
+    together, whichever came first; ``--training-mode`` with either is an error."""
+    path = "distributed.training_mode"
+    settings = given(namespace)
+    if settings.get(path, ("", None))[0] in ("--gpu-mode", "--parallel-strategy"):
+        del settings[path]  # ours: recomputed from both flags
+    raw = namespace.__dict__.get("gpu_mode_given")
+    if namespace.__dict__.get("parallel_strategy") == "expert_parallel":
+        try:
+            mode = expert_mode(raw or "auto")
+        except argparse.ArgumentTypeError as exc:
+            parser.error(f"--parallel-strategy 'expert_parallel' {exc}")
+        claim(parser, namespace, path, "--parallel-strategy", mode)
+    elif raw is not None:
+        claim(parser, namespace, path, "--gpu-mode", namespace.gpu_mode_resolved)
+
+
 class _GpuModeAction(argparse.Action):
     def __call__(
         self,
@@ -116,7 +162,35 @@ class _GpuModeAction(argparse.Action):
             mode = gpu_mode(str(values))
         except argparse.ArgumentTypeError as exc:
             parser.error(f"--gpu-mode {exc}")
-        claim(parser, namespace, "distributed.training_mode", "--gpu-mode", mode)
+        namespace.gpu_mode_given, namespace.gpu_mode_resolved = str(values), mode
+        _settle(parser, namespace)
+
+
+class _ParallelStrategyAction(argparse.Action):
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        namespace.parallel_strategy = str(values)
+        _settle(parser, namespace)
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: an integer >= 1 (``--experts``).
+
+    >>> positive_int("8")
+    8
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: invalid value; allowed: an integer >= 1")
+    return value
 
 
 class _MonitorGpuAction(argparse.Action):
@@ -130,25 +204,6 @@ class _MonitorGpuAction(argparse.Action):
         claim(parser, namespace, "monitor.enabled", "--monitor-gpu", True)
         claim(parser, namespace, "distributed.enable_gpu_monitoring", "--monitor-gpu", True)
         namespace.monitor_gpu = True
-
-
-class _NotYetAction(argparse.Action):
-    """Expert parallelism arrives with the mixture-of-experts model: say so, exit 2."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        if option_string == "--parallel-strategy" and values == "data_parallel":
-            return  # the strategy --gpu-mode builds
-        parser.error(
-            f"{option_string} {values!r}: expert parallelism (mixture-of-experts models) is "
-            "not available yet in core-train; allowed now: --parallel-strategy data_parallel "
-            "(the default). Fix: leave the flag out."
-        )
 
 
 _SEED_NOTE = """Shorthands from the seed documents; each sets the tree's flag named in its help, and
@@ -200,22 +255,27 @@ def add_seed_flags(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--parallel-strategy",
-        action=_NotYetAction,
+        action=_ParallelStrategyAction,
         metavar="{data_parallel,expert_parallel}",
         type=choice("data_parallel", "expert_parallel"),
         dest=argparse.SUPPRESS,
         default=argparse.SUPPRESS,
-        help="data_parallel (default: batches split over the --gpu-mode devices); "
-        "expert_parallel is not available yet (exits 2)",
+        help="data_parallel (default): what --gpu-mode builds, batches split over its "
+        "devices. expert_parallel (a model with core.moe.MoELayer blocks: --example moe) sets "
+        "--training-mode expert_parallel: under torchrun each rank holds experts/N of every "
+        "MoE layer, tokens exchanged by all-to-all, the rest under DDP; in one process the "
+        "experts are placed over this machine's GPUs (all on the CPU without one; the plan is "
+        "in run_start either way). --gpu-mode still checks the machine (multi_gpu: torchrun "
+        "or 2+ GPUs); with cpu or single_gpu it exits 2 where experts would land on other "
+        "devices",
     )
     group.add_argument(
         "--experts",
-        action=_NotYetAction,
-        type=int,
+        type=positive_int,
         metavar="N",
-        dest=argparse.SUPPRESS,
-        default=argparse.SUPPRESS,
-        help="experts of a mixture-of-experts model: not available yet (exits 2)",
+        default=None,
+        help="experts per MoE layer: passes experts=N to the model factory (exits 2 when the "
+        "factory takes no experts keyword); under torchrun N must divide over the ranks",
     )
     group.add_argument(
         "--monitor-gpu",

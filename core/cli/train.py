@@ -21,7 +21,9 @@ import anyio
 import torch
 from torch import nn
 
+from core.cli.experts import expert_model_problem, experts_refused, with_experts
 from core.cli.factories import (
+    EXAMPLES,
     DataFactory,
     ModelFactory,
     build_data,
@@ -30,7 +32,7 @@ from core.cli.factories import (
     parse_model_args,
 )
 from core.cli.fit import fit_parser, flag_error, resolve_config
-from core.cli.parser import Parser
+from core.cli.parser import Parser, given
 from core.cli.recipes import install_batch_transforms, loss_function, scheduler_factory
 from core.cli.toml import dumps
 from core.config import TrainingConfig
@@ -54,7 +56,7 @@ def _factories(namespace: argparse.Namespace, parser: Parser) -> tuple[ModelFact
             return example_factories(namespace.example)
         if not (namespace.model and namespace.data):
             parser.error(
-                "nothing to train: give --example {digits,email-sequence}, or --model "
+                f"nothing to train: give --example {{{','.join(EXAMPLES)}}}, or --model "
                 "MODULE:FACTORY and --data MODULE:FACTORY (see --help)"
             )
         flag, spec = "--model", namespace.model
@@ -83,6 +85,11 @@ def _parts(namespace: argparse.Namespace, parser: Parser, config: TrainingConfig
         kwargs = parse_model_args(namespace.model_arg)
     except ValueError as exc:
         parser.error(f"--model-arg {exc}")
+    experts = getattr(namespace, "experts", None)
+    try:
+        kwargs = with_experts(kwargs, experts, model_factory)
+    except ValueError as exc:
+        parser.error(str(exc))
     try:
         env = DistributedEnvironment.from_environ()
     except ConfigError as exc:
@@ -96,6 +103,10 @@ def _parts(namespace: argparse.Namespace, parser: Parser, config: TrainingConfig
         model = model_factory(**kwargs)
     except ImportError as exc:  # a missing extra (scikit-learn...): say which, exit 2
         parser.error(f"{source}: {exc}")
+    except TypeError as exc:  # a factory taking **kwargs that passed experts= on
+        if experts is None or "experts" not in str(exc):
+            raise
+        parser.error(experts_refused(experts, model_factory, exc))
     if not (isinstance(loaders, tuple) and len(loaders) == 2):
         parser.error(
             f"--data: the data factory returned a {type(loaders).__name__}; allowed: a pair "
@@ -104,6 +115,11 @@ def _parts(namespace: argparse.Namespace, parser: Parser, config: TrainingConfig
     train_loader, val_loader = loaders
     if not isinstance(model, nn.Module):
         parser.error(f"--model: the factory returned a {type(model).__name__}, not an nn.Module")
+    if config.distributed.training_mode == "expert_parallel":
+        flag = given(namespace).get("distributed.training_mode", ("training_mode", None))[0]
+        problem = expert_model_problem(model, flag)
+        if problem is not None:
+            parser.error(problem)
     world = env.world_size if env is not None and config.data.use_distributed_sampler else 1
     try:
         install_batch_transforms(

@@ -3,8 +3,10 @@
 A sequence belongs to one of ``domains`` domains and draws most of its tokens from that
 domain's slice of the vocabulary (the rest are shared noise tokens). Its class is the domain
 and whether the domain's *marker* token appears more than ``seq_len / 8`` times: 2 classes
-per domain. A router that sends each domain's tokens to its own expert lets every expert
-learn one domain's counting rule; the report's ``expert_activations.png`` shows it.
+per domain. The rule is linear in the mean of the token embeddings, so the experts are not
+needed for it and the first MoE layer's routing stays spread out; the last layer's router,
+whose tokens carry their sequence's context, learns to send each *class* to an expert of its
+own (``examples/moe/routing.py`` measures it; ``python -m examples.moe`` prints it).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import TensorDataset
 
-__all__ = ("VOCAB_PER_DOMAIN", "domain_sequences")
+__all__ = ("NOISE_TOKENS", "VOCAB_PER_DOMAIN", "domain_sequences", "domains_of", "vocabulary")
 
 VOCAB_PER_DOMAIN = 16
 NOISE_TOKENS = 8
@@ -41,4 +43,10 @@ def domain_sequences(
 
 
 def vocabulary(domains: int = 4) -> int:
+    """Tokens in the vocabulary of ``domains`` domains: ``vocabulary(4) == 72``."""
     return domains * VOCAB_PER_DOMAIN + NOISE_TOKENS
+
+
+def domains_of(labels: torch.Tensor) -> torch.Tensor:
+    """The domain of each sequence from its class (``class = 2 * domain + many``)."""
+    return labels // 2
