@@ -54,6 +54,9 @@ def _device_metrics(record: dict[str, Any], timestamp: float) -> dict[str, Any]:
     }
 
 
+_WALL_CLOCK_OFFSET = time.time() - time.monotonic()
+
+
 def seed_metrics(sample: dict[str, Any]) -> dict[str, Any]:
     """One :meth:`GPUMonitor.sample` under the seed's names: the first device's metrics at
     the top, every device's in ``devices``.
@@ -70,8 +73,9 @@ def seed_metrics(sample: dict[str, Any]) -> dict[str, Any]:
 
         seed_metrics(GPUMonitor().sample())["memory_allocated_gb"]
     """
-    # The monitor stamps samples with a monotonic clock: shift it onto the wall clock.
-    timestamp = time.time() - (time.monotonic() - sample["t_s"])
+    # The monitor stamps samples with a monotonic clock: shift it onto the wall clock by one
+    # offset per process, so a sample converted twice gets the same timestamp.
+    timestamp = _WALL_CLOCK_OFFSET + sample["t_s"]
     devices = [_device_metrics(record, timestamp) for record in sample["devices"]]
     first = devices[0] if devices else dict.fromkeys(_KEYS)
     return {**first, "timestamp": timestamp, "devices": devices}

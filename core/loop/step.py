@@ -97,8 +97,6 @@ class OptimizerStep:
     ) -> None:
         """Optimizer step number ``step`` over ``window``; ``started`` is its perf_counter()."""
         precision = self.amp.begin_step()  # FP32 | Autocast | ScaledFP16
-        if self.terms is not None:
-            self.terms.begin_step()
         self.retry.begin()  # RNG noted where an OOM may make us run the window again
         while (done := self._forward_backward(window, precision, epoch)) is None:
             self._shrink_after_oom(window, step, epoch)  # all ranks, together
@@ -129,6 +127,8 @@ class OptimizerStep:
         share of the window; None when a micro-batch ran out of memory (on any rank)."""
         micro_batches = self.accumulation.micro_batches(window)
         weights = self.accumulation.loss_weights(micro_batches, window, self.strategy)
+        if self.terms is not None:
+            self.terms.begin_step()  # counted afresh when an OOM makes the window run again
         losses: list[torch.Tensor] = []
         for micro, weight in zip(micro_batches, weights, strict=True):
             failed = False
