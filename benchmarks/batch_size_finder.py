@@ -81,7 +81,7 @@ def run_case(case: Case, budget_gb: float, limit: int) -> dict[str, Any]:
         case.model, None, budget_gb, limit, make_batch=make, loss_fn=loss_fn
     )  # the search starts at 1 sample (no input_shape)
     seconds = time.perf_counter() - start
-    meter = meter_for("cpu")
+    meter = meter_for(next(case.model.parameters()).device)  # cpu here; cuda in the gpu suite
 
     def fits(n: int) -> bool:
         trial = run_trial(case.model, make, n, loss_fn=loss_fn, meter=meter,

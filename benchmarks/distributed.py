@@ -80,6 +80,9 @@ def hand(mode: str, model: torch.nn.Module, args: argparse.Namespace, log_dir: P
 def job(mode: str, model: torch.nn.Module, args: argparse.Namespace, log_dir: Path) -> float:
     if mode.startswith("hand"):
         return hand(mode, model, args, log_dir)
+    quiet: dict[str, Any] = {}
+    if getattr(args, "quiet", False):  # the GPU suite: no progress, reports or checkpoints
+        quiet = {"progress": False, "reports": False, "checkpoint_every_n_epochs": None}
     optimizer = create_optimized_training_optimizer(
         model=model,
         train_loader=DataLoader(dataset(args), batch_size=args.batch_size, shuffle=True),
@@ -90,6 +93,7 @@ def job(mode: str, model: torch.nn.Module, args: argparse.Namespace, log_dir: Pa
         log_dir=log_dir,
         experiment_name=f"bench_{mode}",
         multi_gpu_config=MultiGPUConfig(training_mode=mode),  # type: ignore[arg-type]
+        **quiet,
     )
     results = anyio.run(optimizer.train)
     optimizer.close()
@@ -124,7 +128,7 @@ def launch(nproc: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         str(Path(__file__)), "--worker", "--out", str(out), "--rounds", str(args.rounds),
         "--steps", str(args.steps), "--epochs", str(args.epochs), "--threads", str(args.threads),
         "--batch-size", str(args.batch_size), "--precision", args.precision,
-    ]  # fmt: skip
+    ] + (["--quiet"] if getattr(args, "quiet", False) else [])  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads or 1), "PYTHONPATH": str(ROOT)}
     subprocess.run(command, env=env, check=True, capture_output=True)
     result: dict[str, Any] = json.loads(out.read_text())
@@ -141,6 +145,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=0 if torch.cuda.is_available() else 1)
     parser.add_argument("--precision", default="auto")
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress lines, reports or checkpoints"
+    )
     args = parser.parse_args()
     if args.worker:
         worker(args)

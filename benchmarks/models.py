@@ -1,4 +1,5 @@
-"""Models for the benchmarks: a small MLP where per-step overhead shows, and GPT-2 small."""
+"""Models for the benchmarks: a small MLP where per-step overhead shows, GPT-2 small, and a
+ResNet-50-shaped CNN."""
 
 from __future__ import annotations
 
@@ -52,3 +53,50 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln(x)).transpose(1, 2)  # [B, vocab, T] for cross_entropy
+
+
+class Bottleneck(nn.Module):
+    """ResNet's bottleneck block: 1x1 down, 3x3 (carrying the stride), 1x1 up, plus shortcut."""
+
+    def __init__(self, inputs: int, width: int, stride: int) -> None:
+        super().__init__()
+        out = 4 * width
+        self.body = nn.Sequential(
+            nn.Conv2d(inputs, width, 1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(width, out, 1, bias=False),
+            nn.BatchNorm2d(out),
+        )
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or inputs != out:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(inputs, out, 1, stride=stride, bias=False), nn.BatchNorm2d(out)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.body(x) + self.shortcut(x))
+
+
+def resnet(
+    stages: tuple[int, ...] = (3, 4, 6, 3), width: int = 64, classes: int = 1000
+) -> nn.Module:
+    """A bottleneck ResNet; the defaults are ResNet-50's layout (25.6M parameters), without
+    torchvision. ``width`` scales every stage (64, 128, 256, 512 at the default)."""
+    layers: list[nn.Module] = [
+        nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False),
+        nn.BatchNorm2d(width),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, stride=2, padding=1),
+    ]
+    inputs = width
+    for i, blocks in enumerate(stages):
+        for j in range(blocks):
+            stride = 2 if i > 0 and j == 0 else 1
+            layers.append(Bottleneck(inputs, width * 2**i, stride))
+            inputs = 4 * width * 2**i
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(inputs, classes)]
+    return nn.Sequential(*layers)

@@ -17,6 +17,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import torch
@@ -26,8 +27,15 @@ from core import GradientAccumulationConfig, MultiGPUConfig, create_optimized_tr
 
 
 def job(
-    model: torch.nn.Module, batches: list, args: argparse.Namespace, monitored: bool, tmp: Path
-) -> float:  # type: ignore[type-arg]
+    model: torch.nn.Module,
+    batches: list,  # type: ignore[type-arg]
+    args: argparse.Namespace,
+    monitored: bool,
+    tmp: Path,
+    **settings: Any,
+) -> float:
+    """Seconds of one ``train()`` call; ``settings`` go to the factory (the GPU suite
+    switches progress, reports and checkpoints off)."""
     optimizer = create_optimized_training_optimizer(
         model=model,
         train_loader=batches,
@@ -40,6 +48,7 @@ def job(
         experiment_name="monitor",
         monitor_interval_s=0.1,
         multi_gpu_config=MultiGPUConfig(enable_gpu_monitoring=monitored),
+        **settings,
     )
     started = time.perf_counter()
     anyio.run(optimizer.train)
