@@ -16,7 +16,7 @@ import torch
 from core.errors import ConfigError
 from core.loop.seeding import seed_everything as reexported
 from core.rng import seed_everything
-from core.telemetry.init_hash import previous_init_hash, weights_hash
+from core.telemetry.init_hash import HASH_METHOD, previous_init_hash, weights_hash
 from tests.helpers import make_model
 
 
@@ -105,11 +105,36 @@ def test_the_weights_hash_follows_names_dtypes_shapes_and_bits() -> None:
     assert weights_hash(renamed) != digest
     with torch.no_grad():
         model[0].weight[0, 0] = torch.nextafter(model[0].weight[0, 0], torch.tensor(1.0))
-    assert weights_hash(model) != digest  # one ulp in one weight
+    assert weights_hash(model) != digest  # one ulp in a sampled weight (the first)
     buffered = torch.nn.BatchNorm1d(4)
     before = weights_hash(buffered)
     buffered.running_mean += 1  # buffers count
     assert weights_hash(buffered) != before
+
+
+def test_the_fingerprint_samples_values_and_never_copies_the_weights(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    big = torch.nn.Linear(1000, 1000)  # 1M values in the weight: 64 of them are read
+    digest = weights_hash(big)
+    with torch.no_grad():
+        big.weight[0, 0] += 1.0  # the first value is always sampled
+    assert weights_hash(big) != digest
+    restored = weights_hash(big)
+    with torch.no_grad():
+        big.weight[0, 7] += 1.0  # between two sampled values: by design, not seen
+    assert weights_hash(big) == restored
+    copied: list[int] = []
+    real_cpu = torch.Tensor.cpu
+
+    def counting_cpu(self: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        copied.append(self.numel())
+        return real_cpu(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.Tensor, "cpu", counting_cpu)
+    weights_hash(big)
+    assert copied == [(64 + 64) * 4]  # one host copy: 64 float32 values of weight and of bias
+    assert "64 evenly spaced values" in HASH_METHOD
 
 
 def write_run(experiment: Path, run_id: str, first: dict[str, object] | None) -> None:
@@ -123,13 +148,15 @@ def write_run(experiment: Path, run_id: str, first: dict[str, object] | None) ->
 def test_the_previous_hash_is_the_newest_other_run_that_recorded_one(tmp_path: Path) -> None:
     experiment = tmp_path / "experiment"
     assert previous_init_hash(experiment, "20261122-120000.000-aaaaaa") is None  # no directory
-    write_run(experiment, "20261122-100000.000-aaaaaa", {"model_init_hash": "oldest"})
-    write_run(experiment, "20261122-110000.000-bbbbbb", {"model_init_hash": "older"})
+    method = {"model_init_hash_method": HASH_METHOD}
+    write_run(experiment, "20261122-100000.000-aaaaaa", {"model_init_hash": "oldest", **method})
+    write_run(experiment, "20261122-110000.000-bbbbbb", {"model_init_hash": "older", **method})
     write_run(experiment, "20261122-113000.000-cccccc", {"config": {}})  # before the field
+    write_run(experiment, "20261122-113500.000-cccccd", {"model_init_hash": "full"})  # other way
     write_run(experiment, "20261122-114000.000-dddddd", None)  # no run_start line
     (experiment / "20261122-115000.000-eeeeee").mkdir()  # no events.jsonl at all
     (experiment / "checkpoints").mkdir()
-    write_run(experiment, "20261122-120000.000-ffffff", {"model_init_hash": "current"})
+    write_run(experiment, "20261122-120000.000-ffffff", {"model_init_hash": "current", **method})
     assert previous_init_hash(experiment, "20261122-120000.000-ffffff") == "older"
     assert previous_init_hash(experiment, "20261122-110000.000-bbbbbb") == "current"
     assert previous_init_hash(experiment / "20261122-100000.000-aaaaaa", "x") is None

@@ -37,7 +37,8 @@ class RunStart(Common):
     model_summary: Annotated[dict[str, object], "per top-level module: class, parameters..."]
     plan: Annotated[dict[str, object], "steps per epoch, effective batch, validation, best"]
     seed: Annotated[int | None, "run.seed (null: not seeded)"]
-    model_init_hash: Annotated[str, "sha256 of the model's weights before training"]
+    model_init_hash: Annotated[str, "fingerprint of the weights before training (sampled)"]
+    model_init_hash_method: Annotated[str, "how model_init_hash was computed"]
     model_init_matches_previous: Annotated[bool | None, "same as the experiment's last run"]
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.config import TrainingConfig
 from core.distributed.lockstep import batches_in
-from core.telemetry.init_hash import previous_init_hash
+from core.telemetry.init_hash import HASH_METHOD, previous_init_hash
 
 if TYPE_CHECKING:
     from core.trainer.build import Parts
@@ -51,5 +51,6 @@ def lineage(parts: Parts, run_dir: Path, run_id: str) -> dict[str, Any]:
     mine = parts.init_hash
     return {
         "model_init_hash": mine,
+        "model_init_hash_method": HASH_METHOD,
         "model_init_matches_previous": None if previous is None else previous == mine,
     }
