@@ -73,6 +73,7 @@ from core.optimized_training_optimizer import (
     create_optimized_training_optimizer,
 )
 from core.reports import write_reports
+from core.reports.apart import wait_for_reports
 from core.rng import seed_everything
 from core.telemetry.config import LoggingConfig
 from core.telemetry.events import EventStream
@@ -166,5 +167,6 @@ __all__ = (
     "profile_memory_usage",
     "seed_everything",
     "summarize_model",
+    "wait_for_reports",
     "write_reports",
 )

@@ -30,15 +30,17 @@ def log_dir(tmp_path: Path) -> Path:
 def _training_plot_only_where_asked(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every run of the suite writes its ``performance_summary.txt``, but in this process and
-    without ``training_metrics.png``: a run's child process that renders it takes about a
-    second on a 2-core machine. Tests marked ``plots``, the README programs and the
-    multi-process jobs keep the real thing."""
+    """Every run of the suite writes its ``performance_summary.txt``, but in this process,
+    before ``train()`` returns, and without ``training_metrics.png``: a run's child process
+    that renders it takes about a second on a 2-core machine. Tests marked ``plots``, the
+    README programs and the multi-process jobs keep the real thing (written in the
+    background: ``core.wait_for_reports`` waits for it)."""
     if request.node.get_closest_marker("plots") is None:
         import core.reports
         import core.trainer.cycle
+        from core.reports.apart import ReportJob
 
-        def summary_only(run_dir: Path) -> list[Path]:
+        def summary_only(run_dir: Path) -> ReportJob:
             with monkeypatch.context() as patch:
                 for figure in (
                     "write_training_plot",
@@ -46,9 +48,10 @@ def _training_plot_only_where_asked(
                     "write_expert_device_distribution",
                 ):
                     patch.setattr(core.reports, figure, lambda records, path: None)
-                return core.reports.write_reports(run_dir)
+                core.reports.write_reports(run_dir)
+            return ReportJob.done(run_dir)
 
-        monkeypatch.setattr(core.trainer.cycle, "write_reports_apart", summary_only)
+        monkeypatch.setattr(core.trainer.cycle, "start_reports", summary_only)
 
 
 @pytest.fixture(scope="session")

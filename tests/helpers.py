@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -55,3 +57,13 @@ class TokenModel(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.head(self.embed(tokens)).transpose(1, 2)
         return out
+
+
+def eventually(path: Path, timeout_s: float = 60.0) -> Path:
+    """``path`` once it exists: files a background process writes (a run's reports, after
+    its training process has exited); fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} did not appear within {timeout_s} s"
+        time.sleep(0.05)
+    return path

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -29,10 +30,12 @@ from core.reports import (
     write_reports,
     write_training_plot,
 )
-from core.reports.apart import write_reports_apart
+from core.reports.apart import ERROR_FILE, ReportsFailed, write_reports_apart
 from core.reports.fmt import percentile, seconds
 from core.telemetry.records import RECORDS
-from tests.helpers import loaders, make_model
+from tests.helpers import eventually, loaders, make_model
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SECTIONS = ("Run", "Throughput", "Step time", "Input pipeline", "Bottleneck verdicts", "AMP",
             "Compile", "Memory peaks", "Validation", "Errors and warnings", "Profile")  # fmt: skip
@@ -138,8 +141,26 @@ def test_a_child_process_writes_the_same_reports_without_torch(run_dir: Path) ->
 
 
 def test_a_failing_child_says_why(tmp_path: Path) -> None:
-    with pytest.raises(RuntimeError, match=r"(?s)exited with 1: .*FileNotFoundError"):
+    with pytest.raises(ReportsFailed, match=r"(?s)writer of .* failed: .*FileNotFoundError"):
         write_reports_apart(tmp_path)  # no events.jsonl there
+    assert "FileNotFoundError" in (tmp_path / ERROR_FILE).read_text()  # kept for the user
+
+
+def test_reports_start_at_once_and_outlive_the_process_that_started_them(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    program = (
+        "import sys, time; from pathlib import Path; from core.reports.apart import "
+        "start_reports; t = time.perf_counter(); start_reports(Path(sys.argv[1])); "
+        "print(time.perf_counter() - t)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program, str(run_dir)], capture_output=True, text=True,
+        timeout=120, check=True, cwd=ROOT,
+    )  # fmt: skip
+    assert float(done.stdout) < 0.5  # started, not waited for: the process has exited
+    with Image.open(eventually(run_dir / PLOT_FILE, timeout_s=120)):
+        pass  # written by the child after its parent was gone
 
 
 def test_a_crashed_runs_truncated_log_still_reports(run_dir: Path) -> None:

@@ -19,6 +19,7 @@ from core import (
     create_optimized_training_optimizer,
     seed_everything,
     summarize_model,
+    wait_for_reports,
 )
 from tests.helpers import loaders, make_model
 
@@ -50,6 +51,10 @@ def test_a_default_run_shows_banner_epochs_and_summary_and_writes_its_reports(
     assert "parameters" in err and str(results.run_dir) in err  # the banner
     assert err.count("epoch 1/2") >= 1 and err.count("epoch 2/2") >= 1
     assert "completed" in err and "performance_summary.txt" in err  # the end summary
+    assert wait_for_reports(results.run_dir) == [
+        results.run_dir / "performance_summary.txt",
+        results.run_dir / "training_metrics.png",
+    ]  # written in the background, after train() returned
     summary = (results.run_dir / "performance_summary.txt").read_text()
     assert "Throughput" in summary and "Step time" in summary
     with Image.open(results.run_dir / "training_metrics.png") as image:

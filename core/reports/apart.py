@@ -1,62 +1,190 @@
-"""Writing a run's reports in a child Python process, so that they never pause the parent.
+"""Writing a run's reports in a child Python process, in the background: they never pause
+the training process, never delay ``train()``'s return and never delay the process's exit.
 
 Reading a long ``events.jsonl`` and drawing the figure allocate many Python objects: in the
 training process that triggers full garbage collections over its large heap (torch, the
 model, the application), which hold the GIL for a few hundred milliseconds and so stall the
-application's event loop even though the reports are written from a worker thread. A child
-process has its own heap and GIL. It loads ``core.reports`` alone (it needs neither torch
-nor the rest of ``core``), so it starts in about half a second.
+application's event loop; and matplotlib costs about a second. A child process has its own
+heap and GIL. It loads ``core.reports`` alone (it needs neither torch nor the rest of
+``core``). It runs in its own session: it finishes its files even after the training
+process has exited, and a Ctrl-C meant for the training process does not reach it.
 
 Example::
 
-    files = write_reports_apart(run_dir)  # [.../performance_summary.txt, .../training_metrics.png]
+    job = start_reports(run_dir)   # returns at once
+    ...
+    job.wait(timeout_s=30)         # [.../performance_summary.txt, .../training_metrics.png]
+    wait_for_reports()             # every report job this process started
 """
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import structlog
 
 from core.reports import REPORT_FILES, write_reports
 
-__all__ = ("write_reports_apart",)
+__all__ = (
+    "ERROR_FILE",
+    "ReportJob",
+    "ReportsFailed",
+    "start_reports",
+    "wait_for_reports",
+    "write_reports_apart",
+)
 
 _log = structlog.get_logger("core")
 
-# Loads the core.reports package from its directory without running core/__init__.py.
+ERROR_FILE = "reports_error.txt"
+"""Written into the run directory by a report writer that failed: its traceback."""
+
+# Loads the core.reports package from its directory without running core/__init__.py; a
+# failure leaves its traceback next to the log (the parent may be gone by then).
 _CHILD = """
-import sys, types
+import sys, traceback, types
 from pathlib import Path
 package = types.ModuleType("core")
 package.__path__ = [sys.argv[1]]
 sys.modules["core"] = package
-from core.reports import write_reports
-write_reports(Path(sys.argv[2]))
+run_dir = Path(sys.argv[2])
+try:
+    from core.reports import write_reports
+    write_reports(run_dir)
+except BaseException:
+    (run_dir / sys.argv[3]).write_text(traceback.format_exc(), encoding="utf-8")
+    raise SystemExit(1)
 """
 
 
-def write_reports_apart(run_dir: Path, *, timeout_s: float = 600.0) -> list[Path]:
-    """:func:`~core.reports.write_reports` for ``run_dir`` in a child process; the files it
-    wrote. Where no child process can be started (no ``sys.executable``), the reports are
-    written here instead. Raises ``RuntimeError`` with the child's last words when it
-    fails, ``subprocess.TimeoutExpired`` after ``timeout_s``."""
-    run_dir = Path(run_dir)
+class ReportsFailed(RuntimeError):
+    """Raised by :meth:`ReportJob.wait` when the report writer failed (with its traceback)."""
+
+
+class ReportJob:
+    """One run's reports being written by a child process (or already written)."""
+
+    def __init__(self, run_dir: Path, process: subprocess.Popen[bytes] | None) -> None:
+        self.run_dir = run_dir
+        self._process = process
+        self._finished = threading.Event()
+        self._error: str | None = None
+        if process is None:
+            self._finished.set()
+
+    @classmethod
+    def done(cls, run_dir: Path) -> ReportJob:
+        """A job whose files were written already (in this process)."""
+        return cls(run_dir, None)
+
+    def _watch(self) -> None:
+        """On a daemon thread: reap the child, and say in the process's log if it failed."""
+        assert self._process is not None
+        code = self._process.wait()
+        if code != 0:
+            error = self.run_dir / ERROR_FILE
+            try:
+                detail = error.read_text(encoding="utf-8").strip()[-2000:]
+            except OSError:
+                detail = f"the report writer exited with {code}"
+            self._error = detail
+            _log.warning("reports_failed", run_dir=str(self.run_dir), error=detail)
+        self._finished.set()
+
+    @property
+    def finished(self) -> bool:
+        return self._finished.is_set()
+
+    def files(self) -> list[Path]:
+        """The report files present in the run directory now."""
+        return [self.run_dir / name for name in REPORT_FILES if (self.run_dir / name).exists()]
+
+    def wait(self, timeout_s: float | None = None) -> list[Path]:
+        """Wait for the writer (at most ``timeout_s``); the files it wrote. Raises
+        :class:`ReportsFailed` when it failed, ``TimeoutError`` when it is still writing."""
+        if not self._finished.wait(timeout_s):
+            raise TimeoutError(f"the reports of {self.run_dir} are still being written")
+        if self._error is not None:
+            raise ReportsFailed(f"the report writer of {self.run_dir} failed: {self._error}")
+        return self.files()
+
+
+_jobs: dict[Path, ReportJob] = {}
+_jobs_lock = threading.Lock()
+_plots_checked = False
+
+
+def _warn_once_without_matplotlib() -> None:
+    global _plots_checked  # noqa: PLW0603  (one warning per process)
+    if not _plots_checked:
+        _plots_checked = True
+        if importlib.util.find_spec("matplotlib") is None:
+            _log.warning(
+                "plots_unavailable", reason="matplotlib is not installed",
+                fix="pip install matplotlib (from a checkout: pip install -e '.[plots]')",
+            )  # fmt: skip
+
+
+def _spawn(run_dir: Path) -> subprocess.Popen[bytes]:
     package = Path(__file__).resolve().parent.parent
-    command = [sys.executable, "-c", _CHILD, str(package), str(run_dir)]
+    return subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(package), str(run_dir), ERROR_FILE],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,  # outlives this process; not reached by its Ctrl-C
+    )  # fmt: skip
+
+
+def start_reports(run_dir: Path) -> ReportJob:
+    """Start writing :func:`~core.reports.write_reports`'s files for ``run_dir`` in a child
+    process and return at once. Where no child process can be started (an embedded
+    interpreter without ``sys.executable``), the reports are written here instead."""
+    run_dir = Path(run_dir)
+    _warn_once_without_matplotlib()
+    (run_dir / ERROR_FILE).unlink(missing_ok=True)
     try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout_s, check=False
-        )
-    except OSError as exc:  # an embedded interpreter without a usable executable
+        process = _spawn(run_dir)
+    except OSError as exc:
         _log.info("reports_in_process", reason=f"{type(exc).__name__}: {exc}")
-        return write_reports(run_dir)
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"the report writer exited with {done.returncode}: {done.stderr.strip()[-2000:]}"
-        )
-    if "plots_unavailable" in done.stdout + done.stderr:
-        _log.warning("plots_unavailable", fix="pip install 'core[plots]'")
-    return [run_dir / name for name in REPORT_FILES if (run_dir / name).exists()]
+        write_reports(run_dir)
+        job = ReportJob.done(run_dir)
+    else:
+        job = ReportJob(run_dir, process)
+        threading.Thread(target=job._watch, name="core-reports", daemon=True).start()
+    with _jobs_lock:
+        _jobs[run_dir] = job
+    return job
+
+
+def wait_for_reports(run_dir: Path | None = None, timeout_s: float | None = 60.0) -> list[Path]:
+    """Wait until the reports this process started (of ``run_dir`` only, if given) are
+    written; the files written. ``train()`` returns while they are still being drawn (about
+    a second of matplotlib in a child process): call this where the files must exist now,
+    e.g. before uploading them. Raises :class:`ReportsFailed` for a writer that failed and
+    ``TimeoutError`` after ``timeout_s``.
+
+    >>> wait_for_reports(Path("logs/no-such-run"))
+    []
+    """
+    with _jobs_lock:
+        if run_dir is None:
+            jobs = list(_jobs.values())
+        else:
+            job = _jobs.get(Path(run_dir))
+            jobs = [] if job is None else [job]
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    written: list[Path] = []
+    for job in jobs:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        written += job.wait(left)
+    return written
+
+
+def write_reports_apart(run_dir: Path, *, timeout_s: float = 600.0) -> list[Path]:
+    """:func:`start_reports` and wait for it: the files written (``ReportsFailed`` with the
+    writer's traceback when it fails; ``TimeoutError`` after ``timeout_s``)."""
+    return start_reports(run_dir).wait(timeout_s)

@@ -10,7 +10,8 @@ order, never on the event loop):
 * ``_log_text(name, text)``: the model summary (``model_summary``, Markdown);
 * ``_log_scalars(rows)``: batches of :class:`~core.trackers.convert.Scalar` rows, x = the
   optimizer step: ``train/*`` per step, ``val/*`` per validation, ``epoch/*`` per epoch;
-* ``_log_artifact(path)``: the run's report files, once the run's files are complete;
+* ``_log_artifact(path)``: the run's report files, once the run's files are complete
+  (the tracker's thread waits for the report writer; ``train()`` waits for the tracker);
 * ``_close(status)``: last, ``"FINISHED"``, ``"FAILED"`` or ``"KILLED"``.
 
 Scalars are buffered and written every ``flush_every`` records, at each epoch end and at the
@@ -33,6 +34,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -46,6 +48,7 @@ from typing_extensions import override
 from core.callbacks import Callback, Record, RunInfo
 from core.checks import check_bool, is_int
 from core.errors import ConfigError, config_error
+from core.reports.apart import ReportsFailed, wait_for_reports
 from core.trackers.convert import ParamValue, Scalar, flatten_params, model_summary_text, scalars_of
 from core.trackers.worker import BackendThread
 
@@ -233,7 +236,10 @@ class Tracker(Callback, ABC):
         self._unflushed = 0
 
     def _log_reports(self, run_dir: Path) -> None:
-        """On the tracker's thread: the report files the run wrote, if any."""
+        """On the tracker's thread: the report files the run wrote, if any, once their
+        writer (a child process the run did not wait for) has finished."""
+        with contextlib.suppress(ReportsFailed):  # said in the process's log; log what exists
+            wait_for_reports(run_dir, timeout_s=None)
         for name in REPORT_FILES:
             if (run_dir / name).is_file():
                 self._log_artifact(run_dir / name)

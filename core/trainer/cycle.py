@@ -18,7 +18,7 @@ import torch
 from core.config import TrainingConfig
 from core.loop.epoch import EpochStats, ResumePoint
 from core.monitoring.bottleneck import epoch_verdict
-from core.reports.apart import write_reports_apart
+from core.reports.apart import start_reports
 from core.rng import seed_everything
 from core.telemetry.describe import run_end_fields, run_start_fields
 from core.telemetry.events import EventHub
@@ -136,13 +136,14 @@ class RunCycle:
                 self.hub.close()
 
     def _write_reports(self, log: RunLog) -> None:
-        """``training_metrics.png`` and ``performance_summary.txt`` from the closed log (rank
-        0), in a child process (it must not pause this one); a report that fails is said in
-        the process's log and never fails the run."""
+        """Start writing ``training_metrics.png`` and ``performance_summary.txt`` from the
+        closed log (rank 0) in a child process, and return at once: the run does not wait
+        for them (``core.wait_for_reports`` does). A report that fails is said in the
+        process's log and never fails the run."""
         if not (self.config.logging.reports and self.parts.strategy.is_global_zero):
             return
         try:
-            write_reports_apart(log.run_dir)
+            start_reports(log.run_dir)
         except Exception as exc:
             _process_log.warning(
                 "reports_failed", run_dir=str(log.run_dir), error=f"{type(exc).__name__}: {exc}"
