@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -155,10 +156,11 @@ class Recorder:
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeNvml]:
     # The fake's devices are not torch's: map torch indices to NVML by index, as without CUDA.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    return FakeNvml()
+    yield FakeNvml()
+    core_nvml.shutdown_idle_nvml()  # the fake's session, which the process would keep
 
 
 def monitor_threads() -> list[threading.Thread]:
@@ -200,6 +202,11 @@ def test_samples_land_in_their_fields_one_record_per_device(fake: FakeNvml) -> N
     assert fake.calls["nvmlInit"] == 1  # once, however many samples
     monitor.close()
     monitor.close()
+    assert fake.calls["nvmlShutdown"] == 0  # kept for the process's next run
+    monitor.sample()
+    assert fake.calls["nvmlInit"] == 1  # the next run reuses the process's session
+    monitor.close()
+    assert core_nvml.shutdown_idle_nvml() >= 1  # what the interpreter's exit does
     assert fake.calls["nvmlShutdown"] == 1
 
 
@@ -292,9 +299,15 @@ def test_monitors_share_one_nvml_session(fake: FakeNvml) -> None:
     second.sample()
     assert fake.calls["nvmlInit"] == 1
     first.close()
+    core_nvml.shutdown_idle_nvml()
     assert fake.calls["nvmlShutdown"] == 0  # the second still samples
     assert second.sample()["source"] == "nvml"
     second.close()
+    assert fake.calls["nvmlShutdown"] == 0  # idle, kept open for the next monitor
+    third = GPUMonitor(device_indices=[0], nvml=fake)
+    assert third.sample()["source"] == "nvml" and fake.calls["nvmlInit"] == 1
+    third.close()
+    core_nvml.shutdown_idle_nvml()
     assert fake.calls["nvmlShutdown"] == 1
 
 
@@ -342,15 +355,15 @@ def test_history_stays_bounded(fake: FakeNvml) -> None:
 # -- schedules and cleanup --------------------------------------------------------------------
 
 
-async def test_cancelling_run_stops_promptly_and_shuts_nvml_down(fake: FakeNvml) -> None:
+async def test_cancelling_run_stops_promptly_and_keeps_nvml_for_the_next(fake: FakeNvml) -> None:
     monitor = GPUMonitor(GPUMonitorConfig(interval_s=0.01), device_indices=[0, 1], nvml=fake)
     started = time.monotonic()
     with anyio.move_on_after(0.1):
         await monitor.run()
     assert time.monotonic() - started < 1.0
     assert len(monitor.get_metrics_history()) >= 1
-    assert fake.calls["nvmlInit"] == fake.calls["nvmlShutdown"] == 1
-    assert id(fake) not in core_nvml._session_users
+    assert fake.calls["nvmlInit"] == 1 and fake.calls["nvmlShutdown"] == 0
+    assert core_nvml._session_users[fake] == 0  # nobody uses it; open until exit
 
 
 async def test_async_with_runs_in_the_background_and_cleans_up(fake: FakeNvml) -> None:
@@ -359,7 +372,7 @@ async def test_async_with_runs_in_the_background_and_cleans_up(fake: FakeNvml) -
     ) as monitor:
         await anyio.sleep(0.05)
     assert len(monitor.get_metrics_history()) >= 2
-    assert fake.calls["nvmlShutdown"] == 1
+    assert core_nvml._session_users[fake] == 0  # released (the process keeps the session)
 
 
 @pytest.mark.parametrize(
@@ -397,7 +410,7 @@ def test_start_and_stop_monitoring_leave_no_thread(fake: FakeNvml) -> None:
     assert time.monotonic() - started < 1.0
     assert monitor_threads() == []
     assert len(monitor.get_metrics_history()) >= 2
-    assert fake.calls["nvmlShutdown"] == 1
+    assert core_nvml._session_users[fake] == 0  # released (the process keeps the session)
     with pytest.raises(ConfigError, match="interval=0 is invalid"):
         monitor.start_monitoring(interval=0)
 

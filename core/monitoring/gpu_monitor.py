@@ -115,21 +115,21 @@ class GPUMonitor:
                 raise RuntimeError("NVML sees 0 devices")
             self._reader = NvmlReader(nvml, indices, self._field_unsupported)
         except Exception as exc:
-            nvml_release(nvml)
+            nvml_release(nvml, failed=True)
             self._degrade(f"NVML device lookup failed ({type(exc).__name__}: {exc})")
             return
         self._nvml = nvml
 
     def _degrade(self, reason: str) -> None:
-        self._release_nvml()
+        self._release_nvml(failed=True)
         self._degraded_reason = reason
         self._notify("monitor_degraded", reason=reason, source="psutil")
 
-    def _release_nvml(self) -> None:
+    def _release_nvml(self, *, failed: bool = False) -> None:
         self._reader = None
         if self._nvml is not None:
             nvml, self._nvml = self._nvml, None
-            nvml_release(nvml)
+            nvml_release(nvml, failed=failed)
 
     def _field_unsupported(self, device: int, field: str, reason: str) -> None:
         self._notify("monitor_field_unsupported", device=device, field=field, reason=reason)
@@ -207,7 +207,8 @@ class GPUMonitor:
 
     # -- schedules -------------------------------------------------------------------------
     async def run(self) -> None:
-        """Sample every ``interval_s`` until cancelled, then release NVML.
+        """Sample every ``interval_s`` until cancelled, then release NVML (the process keeps
+        its session open for the next run).
 
         The sample runs in a worker thread so NVML never blocks the event loop.
         """
@@ -254,7 +255,8 @@ class GPUMonitor:
             thread.stop()
 
     def close(self) -> None:
-        """Release this monitor's NVML session (idempotent; a later sample reopens it)."""
+        """Release this monitor's use of NVML (idempotent; a later sample uses it again). The
+        process keeps the session open until it exits (``shutdown_idle_nvml``)."""
         with self._lock:
             self._release_nvml()
             self._opened = False

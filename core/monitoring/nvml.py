@@ -5,14 +5,18 @@ power, enforced power limit, clocks and current throttle reasons. Per-process qu
 (running processes, process utilisation) are never made: they take milliseconds and hold the
 driver lock that the training process's own CUDA calls need too.
 
-NVML is process-global state, so ``nvmlInit``/``nvmlShutdown`` are reference counted here
-(:func:`nvml_acquire`/:func:`nvml_release`): any number of monitors share one initialisation
-and the last one to close shuts it down. The count is kept per module object, so a test's
-fake library never touches the real one.
+NVML is process-global state and ``nvmlInit`` costs tens to hundreds of milliseconds (it
+enumerates the boards), so the process opens it once: :func:`nvml_acquire` initialises it
+for the first user, :func:`nvml_release` drops a user and keeps the session open for the
+next run, and it is shut down when the interpreter exits (or by :func:`shutdown_idle_nvml`).
+A session that failed (:func:`nvml_release` with ``failed=True``) is shut down as soon as
+no monitor uses it, so the next user starts afresh. Sessions are kept per module object, so
+a test's fake library never touches the real one.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import re
 import threading
@@ -28,6 +32,7 @@ __all__ = (
     "load_nvml",
     "nvml_acquire",
     "nvml_release",
+    "shutdown_idle_nvml",
     "throttle_reason_names",
     "torch_device_handle",
 )
@@ -36,6 +41,8 @@ _log = structlog.get_logger("core")
 
 _session_lock = threading.Lock()
 _session_users: dict[Any, int] = {}  # nvml module (held, so ids are never reused) -> users
+_failed_sessions: set[Any] = set()
+_exit_hook = False
 
 
 def load_nvml() -> Any:
@@ -46,25 +53,49 @@ def load_nvml() -> Any:
 
 
 def nvml_acquire(nvml: Any) -> None:
-    """``nvmlInit`` on the first user of this library in the process; raises what it raises."""
+    """``nvmlInit`` on the first user of this library in the process (once: the session is
+    kept between runs); raises what it raises."""
+    global _exit_hook  # noqa: PLW0603  (registered once per process)
     with _session_lock:
-        users = _session_users.get(nvml, 0)
-        if users == 0:
+        users = _session_users.get(nvml)
+        if users is None:
             nvml.nvmlInit()
+            users = 0
+            if not _exit_hook:
+                atexit.register(shutdown_idle_nvml)
+                _exit_hook = True
         _session_users[nvml] = users + 1
 
 
-def nvml_release(nvml: Any) -> None:
-    """Drop one user; ``nvmlShutdown`` when it was the last (errors there are ignored)."""
+def nvml_release(nvml: Any, *, failed: bool = False) -> None:
+    """Drop one user. The session stays open for the process's next user, unless it
+    ``failed`` (a driver error mid-run): then it is shut down once no one uses it."""
     with _session_lock:
-        users = _session_users.get(nvml, 0)
-        if users > 1:
-            _session_users[nvml] = users - 1
+        users = _session_users.get(nvml)
+        if users is None:
             return
-        if users == 1:
-            del _session_users[nvml]
-            with contextlib.suppress(nvml.NVMLError):  # a driver gone meanwhile: nothing held
-                nvml.nvmlShutdown()
+        _session_users[nvml] = max(0, users - 1)
+        if failed or nvml in _failed_sessions:
+            _failed_sessions.add(nvml)
+            if _session_users[nvml] == 0:
+                _shutdown(nvml)
+
+
+def shutdown_idle_nvml() -> int:
+    """``nvmlShutdown`` for every session no monitor uses (at interpreter exit); how many."""
+    with _session_lock:
+        idle = [nvml for nvml, users in _session_users.items() if users == 0]
+        for nvml in idle:
+            _shutdown(nvml)
+        return len(idle)
+
+
+def _shutdown(nvml: Any) -> None:
+    """Caller holds the lock."""
+    del _session_users[nvml]
+    _failed_sessions.discard(nvml)
+    with contextlib.suppress(nvml.NVMLError):  # a driver gone meanwhile: nothing held
+        nvml.nvmlShutdown()
 
 
 def _snake(camel: str) -> str:
