@@ -23,6 +23,8 @@ from core.transforms import (
     is_compiled,
     wants_compile,
 )
+from core.transforms.compile import compile_reason
+from core.transforms.payback import EXPECTED_COMPILE_S, EXPECTED_SAVING, CompileWhenItPays
 
 CPU = torch.device("cpu")
 
@@ -188,7 +190,9 @@ def test_the_fsdp2_path_compiles_each_block() -> None:
     report = apply_model_transforms(
         model, config, CPU, emit=emit, report_error=errors, compile_blocks=True
     )
-    assert report == TransformReport(compiled=("blocks.0", "blocks.1"))
+    assert report == TransformReport(
+        compiled=("blocks.0", "blocks.1"), compile="on: compile=True, before the first step"
+    )
     x, graphs = torch.randn(5, 4), graphs_compiled()
     out, expected = model(x), reference(x)
     assert graphs_compiled() > graphs
@@ -215,13 +219,19 @@ def test_on_cpu_the_defaults_only_checkpoint_what_was_asked() -> None:
         "activation_checkpointed": ["blocks.0", "blocks.1"],
         "channels_last": False,
         "compiled": [],
+        "compile": "off: compile=False (the default)",
     }
     assert not is_compiled(model)
 
 
-def test_auto_compiles_on_cuda_only_and_the_mode_is_checked() -> None:
-    assert not wants_compile("auto", CPU) and wants_compile("auto", torch.device("cuda", 0))
-    assert wants_compile(True, CPU) and not wants_compile(False, torch.device("cuda", 0))
+def test_only_true_compiles_before_the_first_step_and_the_mode_is_checked() -> None:
+    cuda = torch.device("cuda", 0)
+    assert not wants_compile("auto", CPU) and not wants_compile("auto", cuda)  # decided later
+    assert wants_compile(True, CPU) and not wants_compile(False, cuda)
+    assert ModelTransformsConfig().compile is False  # the default: no compile unless asked
+    assert compile_reason("auto", CPU, blocks=False).startswith("auto: off on CPU")
+    assert compile_reason("auto", cuda, blocks=True).startswith("auto: off with FSDP2")
+    assert compile_reason("auto", cuda, blocks=False).startswith("auto: decided after")
     with pytest.raises(ConfigError, match=r"^compile_mode='fast' is invalid; allowed: 'default'"):
         ModelTransformsConfig(compile_mode="fast")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"^compile=1 is invalid"):
@@ -232,15 +242,94 @@ def test_auto_compiles_on_cuda_only_and_the_mode_is_checked() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_auto_compiles_the_whole_model_on_cuda() -> None:
+def test_true_compiles_the_whole_model_on_cuda_and_the_default_does_not() -> None:
     device = torch.device("cuda", 0)
     model = Stack().to(device)
     reference = copy.deepcopy(model)
     emit = Recorder()
+    plain = apply_model_transforms(
+        copy.deepcopy(model), ModelTransformsConfig(), device, emit=emit, report_error=Recorder()
+    )
+    assert plain.compiled == () and not plain.compile_deferred
+    auto = apply_model_transforms(
+        copy.deepcopy(model), ModelTransformsConfig(compile="auto"), device, emit=emit,
+        report_error=Recorder(),
+    )  # fmt: skip
+    assert auto.compiled == () and auto.compile_deferred  # the step loop decides
     report = apply_model_transforms(
-        model, ModelTransformsConfig(), device, emit=emit, report_error=Recorder()
+        model, ModelTransformsConfig(compile=True), device, emit=emit, report_error=Recorder()
     )
     assert report.compiled == ("model",) and is_compiled(model)
     x = torch.randn(8, 4, device=device)
     assert torch.allclose(model(x), reference(x), atol=1e-5)
     assert [event for event, _ in emit.records] == ["compile"]
+
+
+# -- compile="auto": compile only when the planned run repays it --------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.mark.parametrize("step_s", [0.05, 0.5])
+def test_auto_times_eager_steps_and_compiles_only_when_it_pays(step_s: float) -> None:
+    clock, emit, compiled = Clock(), Recorder(), []
+    rule = CompileWhenItPays(
+        planned_steps=2000, compile_now=lambda: compiled.append(1) or ["model"], emit=emit,
+        warmup_steps=5, measure_steps=20, clock=clock,
+    )  # fmt: skip
+    for step in range(1, 2001):
+        clock.t += step_s if step > 1 else 30.0  # the first step is slow (warm-up)
+        rule(step)
+    ((event, decision),) = emit.records
+    pays = (2000 - 25) * step_s * EXPECTED_SAVING >= EXPECTED_COMPILE_S
+    assert event == "compile_decision" and decision["step"] == 25
+    assert decision["eager_step_s"] == pytest.approx(step_s)  # the warm-up is not timed
+    assert decision["remaining_steps"] == 1975 and decision["compile"] is pays
+    assert decision["compiled"] == (["model"] if pays else []) and len(compiled) == int(pays)
+    assert pays is (step_s == 0.5)  # 99 s of saving repays 60 s of compiling; 9.9 s does not
+
+
+def test_auto_says_so_when_the_run_ends_before_it_measured() -> None:
+    emit = Recorder()
+    rule = CompileWhenItPays(planned_steps=10, compile_now=lambda: ["model"], emit=emit)
+    for step in range(1, 11):
+        rule(step)
+    ((_, decision),) = emit.records
+    assert decision["compile"] is False and decision["eager_step_s"] is None
+
+
+def test_epochs_after_the_first_compile_nothing_new_for_training_or_validation(
+    tmp_path: Any,
+) -> None:
+    """A compiled model trained and validated by core (mode switches, a short last batch, a
+    larger validation batch): every graph exists after the first epoch."""
+    import anyio
+    from torch.utils.data import DataLoader
+
+    from core import Callback, create_optimized_training_optimizer
+    from tests.helpers import loaders, make_classification, make_model
+
+    torch._dynamo.reset()
+    model = make_model()
+    compile_model(model, backend="aot_eager", emit=Recorder(), report_error=Recorder())
+    train, _ = loaders(n=200, batch_size=32)  # 200 = 6 x 32 + 8: a short last batch
+    val = DataLoader(make_classification(64, seed=1), batch_size=50)  # 50 and 14
+    graphs: list[int] = []
+
+    class Count(Callback):
+        async def on_epoch_end(self, run: Any, record: Any) -> None:
+            graphs.append(counters["stats"]["unique_graphs"])
+
+    run = create_optimized_training_optimizer(
+        model=model, train_loader=train, val_loader=val, max_epochs=3, log_dir=tmp_path,
+        progress=False, reports=False, callbacks=[Count()],
+    )  # fmt: skip
+    before = counters["stats"]["unique_graphs"]
+    anyio.run(run.train)
+    assert graphs[0] > before and graphs[1] == graphs[2] == graphs[0]

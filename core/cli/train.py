@@ -148,7 +148,9 @@ async def _train(config: TrainingConfig, parts: dict[str, Any]) -> tuple[Trainin
         return results, run.rank
 
 
-def _outcome(results: TrainingResults, argv: Sequence[str], monitor_gpu: bool) -> None:
+def _outcome(
+    results: TrainingResults, argv: Sequence[str], monitor_gpu: bool, reports: bool
+) -> None:
     """Write ``results.json`` into the run directory and print the outcome."""
     run_dir = results.run_dir
     summary = results.to_dict() | {"command": ["core-train", *argv]}
@@ -168,9 +170,10 @@ def _outcome(results: TrainingResults, argv: Sequence[str], monitor_gpu: bool) -
             f"best checkpoint ({results.monitor}={show(results.best_value)}): "
             f"{results.best_checkpoint}"
         )
-    written = [run_dir / n for n in ("performance_summary.txt", "training_metrics.png")]
-    files = [str(p) for p in written if p.exists()] + [str(run_dir / "results.json")]
-    print("reports: " + ", ".join(files))
+    print(f"results: {run_dir / 'results.json'}")
+    if reports:
+        files = [run_dir / n for n in ("performance_summary.txt", "training_metrics.png")]
+        print("reports (written in the background): " + ", ".join(map(str, files)))
     if monitor_gpu:
         _print_gpu(run_dir)
 
@@ -222,5 +225,5 @@ def run_fit(argv: Sequence[str]) -> FitOutcome:
         print(f"core-train: {type(exc).__name__}: {exc}", file=sys.stderr)
         return FitOutcome(1)
     if rank == 0:
-        _outcome(results, argv, namespace.monitor_gpu)
+        _outcome(results, argv, namespace.monitor_gpu, config.logging.reports)
     return FitOutcome(0, results, rank)

@@ -10,7 +10,8 @@ from core.telemetry.device_records import GpuSample, MonitorDegraded, MonitorFie
 from core.telemetry.record_common import Common, Level, NotRequired
 
 __all__ = (
-    "AmpCompatibility", "CallbackLagging", "Checkpoint", "Common", "Compile", "DataStall",
+    "AmpCompatibility", "CallbackLagging", "Checkpoint", "Common", "Compile", "CompileDecision",
+    "DataStall",
     "EpochEnd", "Error", "ForcedExit", "GpuSample", "Level", "LogDegraded", "MonitorDegraded",
     "MonitorFieldUnsupported", "NonfiniteSkipped", "OomRecovered", "PrecisionFallback",
     "Profile", "RECORDS", "Resumed", "RunEnd", "RunStart", "SignalReceived",
@@ -103,6 +104,19 @@ class Compile(Common):
     fullgraph: Annotated[bool, "one graph without breaks was demanded"]
     seconds: Annotated[float, "wall time of the first call: tracing, both graphs, the forward"]
     graph_breaks: Annotated[int, "graph breaks this compilation added"]
+
+
+class CompileDecision(Common):
+    """Once, with compile='auto' on CUDA, after the eager steps it timed (or at the run's end)."""
+
+    step: Annotated[int, "the optimizer step after which it decided"]
+    eager_step_s: Annotated[float | None, "measured eager seconds per step (null: none timed)"]
+    remaining_steps: Annotated[int, "planned steps left after this one"]
+    expected_saving_s: Annotated[float | None, "remaining x eager_step_s x the saving"]
+    expected_compile_s: Annotated[float, "the compile time the rule assumes"]
+    compile: Annotated[bool, "whether it compiles now"]
+    rule: Annotated[str, "the rule, in words"]
+    compiled: Annotated[list[str], "what was compiled ('model' or block names); [] if not"]
 
 
 class OomRecovered(Common):
@@ -286,7 +300,7 @@ class Profile(Common):
 
 RECORDS: dict[str, type] = {
     "run_start": RunStart, "resumed": Resumed, "amp_compatibility": AmpCompatibility,
-    "compile": Compile, "train_step": TrainStep,
+    "compile": Compile, "compile_decision": CompileDecision, "train_step": TrainStep,
     "nonfinite_skipped": NonfiniteSkipped, "oom_recovered": OomRecovered,
     "precision_fallback": PrecisionFallback, "uneven_inputs": UnevenInputs,
     "data_stall": DataStall, "validation_start": ValidationStart, "validation": Validation,

@@ -55,7 +55,10 @@ from core.trainer.arguments import (
 )
 from core.trainer.early_stopping import EarlyStopping
 from core.trainer.model_setup import PreparedModel, optimizer_factory_like, prepare_model
+from core.trainer.plan import planned_steps
 from core.trainer.run_state import RunState
+from core.transforms.compile import compile_model
+from core.transforms.payback import CompileWhenItPays, payback_rule
 
 __all__ = ("Parts", "Runtime", "build")
 
@@ -181,11 +184,15 @@ def _build(
     profiler = (  # rank 0 traces: the ranks share the run directory
         StepProfiler(*steps, emit=emit) if steps is not None and strategy.is_global_zero else None
     )
+    compile_rule, prepared = _compile_rule(
+        config, prepared, strategy.unwrap(model), train_loader, emit, report_error
+    )
+    hooks = [hook for hook in (profiler, compile_rule) if hook is not None]
     loop = StepLoop(
         model=model, optimizer=optimizer, scheduler=scheduler, precision=precision,
         accumulation=accumulation, strategy=strategy, objective=objective, errors=errors,
         max_grad_norm=config.optim.max_grad_norm, emit=emit,
-        step_hooks=(on_step_end,) if profiler is None else (profiler, on_step_end),
+        step_hooks=(*hooks, on_step_end),
         device_fields=None if monitor is None else monitor.step_record_fields,
         prepare_batch=prepared.prepare_batch, max_steps=config.run.max_steps,
         terms=MoEProbe.of(strategy.unwrap(model)),
@@ -267,6 +274,35 @@ def _prefetched(loader: Iterable[Any], config: TrainingConfig, device: torch.dev
     if batches_in(loader) is None:
         return loader
     return prefetch_to_device(loader, device, config.data.loader)
+
+
+def _compile_rule(
+    config: TrainingConfig, prepared: PreparedModel, model: nn.Module,
+    train_loader: Iterable[Any], emit: Emit, report_error: Emit,
+) -> tuple[CompileWhenItPays | None, PreparedModel]:  # fmt: skip
+    """``compile="auto"`` on CUDA: the step hook that decides after timing eager steps (and
+    why, in ``run_start``); None elsewhere."""
+    transforms = prepared.transforms
+    if not transforms.compile_deferred:
+        return None, prepared
+    planned = planned_steps(config, train_loader)
+    if planned is None:
+        reason = "auto: off, the run's length is unknown (a stream without max_steps)"
+        return None, replace(prepared, transforms=replace(transforms, compile=reason))
+    settings = config.transforms
+
+    def compile_now() -> list[str]:
+        return compile_model(
+            model, mode=settings.compile_mode, fullgraph=settings.compile_fullgraph,
+            emit=emit, report_error=report_error,
+        )  # fmt: skip
+
+    rule = CompileWhenItPays(planned_steps=planned, compile_now=compile_now, emit=emit)
+    reason = (
+        f"auto: decided after {rule.warmup_steps + rule.measure_steps} eager steps of "
+        f"{planned} planned; {payback_rule()}"
+    )
+    return rule, replace(prepared, transforms=replace(transforms, compile=reason))
 
 
 def _scheduler(

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from core.hardware.device import device_of
 from core.transforms.activation_checkpointing import apply_activation_checkpointing, find_blocks
 from core.transforms.channels_last import apply_channels_last, wants_channels_last
-from core.transforms.compile import EventSink, compile_model, wants_compile
+from core.transforms.compile import EventSink, compile_model, compile_reason, wants_compile
 from core.transforms.config import ModelTransformsConfig
 
 __all__ = ("TransformReport", "apply_model_transforms")
@@ -31,6 +32,10 @@ class TransformReport:
     activation_checkpointed: tuple[str, ...] = ()
     channels_last: bool = False
     compiled: tuple[str, ...] = ()
+    compile: str = "off: compile=False (the default)"
+    """Why it is compiled or not (``core.transforms.compile.compile_reason``)."""
+    compile_deferred: bool = False
+    """``compile="auto"`` on CUDA: the step loop decides after timing eager steps."""
 
     def to_dict(self) -> dict[str, object]:
         """The report as JSON-ready values, for the ``run_start`` record.
@@ -42,6 +47,7 @@ class TransformReport:
             "activation_checkpointed": list(self.activation_checkpointed),
             "channels_last": self.channels_last,
             "compiled": list(self.compiled),
+            "compile": self.compile,
         }
 
 
@@ -93,4 +99,8 @@ def apply_model_transforms(
         activation_checkpointed=tuple(checkpointed),
         channels_last=channels_last,
         compiled=tuple(compiled),
+        compile=compile_reason(config.compile, device, blocks=compile_blocks),
+        compile_deferred=(
+            config.compile == "auto" and device_of(device).is_cuda and not compile_blocks
+        ),
     )

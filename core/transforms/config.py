@@ -37,9 +37,12 @@ class ModelTransformsConfig:
     NHWC memory format for 4-D weights and batches, which tensor cores prefer. Cost: one
     copy of each image batch; on CPU it is rarely faster.
 
-    ``compile`` (default ``"auto"``: on for CUDA, off on CPU): ``torch.compile`` in place,
-    keeping ``state_dict()`` keys. Cost: tens of seconds to minutes of compilation at the
-    first step (and at each new input shape); a compile failure falls back to eager mode.
+    ``compile`` (default ``False``): ``True`` runs ``torch.compile`` in place before the
+    first step, keeping ``state_dict()`` keys. Cost: tens of seconds to minutes of
+    compilation at the first step (and at each new input shape; evaluation compiles its own
+    graph once); a compile failure falls back to eager mode. ``"auto"`` compiles only when
+    it pays: on CUDA it times the first eager steps and compiles if the rest of the planned
+    run is long enough to repay the compile time (``core.transforms.payback``); never on CPU.
 
     ``compile_mode`` (default ``"default"``): ``torch.compile``'s mode. ``"reduce-overhead"``
     adds CUDA graphs (more memory, static shapes); the ``"max-autotune"`` modes benchmark
@@ -51,7 +54,7 @@ class ModelTransformsConfig:
 
     activation_checkpointing: bool | tuple[str, ...] = False
     channels_last: Literal["auto"] | bool = "auto"
-    compile: Literal["auto"] | bool = "auto"
+    compile: Literal["auto"] | bool = False
     compile_mode: CompileMode = "default"
     compile_fullgraph: bool = False
 

@@ -59,8 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--checkpoint-every-n-steps", type=int, default=None)
     parser.add_argument("--resume", default=None, help="'auto' or a checkpoint directory")
     switch = argparse.BooleanOptionalAction
-    parser.add_argument("--compile", action=switch, default=None,
-                        help="torch.compile (default: on for CUDA, off on CPU)")  # fmt: skip
+    parser.add_argument("--compile", action=switch, default=False,
+                        help="torch.compile before the first step (default: off)")  # fmt: skip
     parser.add_argument("--compile-mode", default="default",
                         help="default, reduce-overhead, max-autotune")  # fmt: skip
     parser.add_argument("--channels-last", action=switch, default=None,
@@ -102,7 +102,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         checkpoint_every_n_steps=args.checkpoint_every_n_steps,
         resume=args.resume,
         handle_signals=True,  # this script owns its process: SIGTERM/SIGINT stop gracefully
-        compile="auto" if args.compile is None else args.compile,
+        compile=args.compile,
         compile_mode=args.compile_mode,
         channels_last="auto" if args.channels_last is None else args.channels_last,
         activation_checkpointing=args.activation_checkpointing,
@@ -138,7 +138,7 @@ def report(summary: dict[str, Any]) -> None:
         f"{summary['majority_class_rate']:.4f}), val_f1={summary['val_metrics']['f1']:.4f}"
     )
     print(f"results: {run_dir / 'results.json'}")
-    print(f"plots:   {run_dir / 'training_metrics.png'}")
+    print(f"plots:   {run_dir / 'training_metrics.png'} (drawn in the background)")
 
 
 if __name__ == "__main__":
