@@ -21,6 +21,7 @@ import argparse
 import copy
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -93,6 +94,7 @@ def job(mode: str, model: torch.nn.Module, args: argparse.Namespace, log_dir: Pa
         log_dir=log_dir,
         experiment_name=f"bench_{mode}",
         multi_gpu_config=MultiGPUConfig(training_mode=mode),  # type: ignore[arg-type]
+        compile=False,  # the hand-written loops run eagerly: like for like
         **quiet,
     )
     results = anyio.run(optimizer.train)
@@ -122,17 +124,57 @@ def worker(args: argparse.Namespace) -> None:
     torch.distributed.destroy_process_group()
 
 
-def launch(nproc: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+def child_env(threads: int) -> dict[str, str]:
+    """The environment of the torchrun job: this one, with the repository root put in front
+    of ``PYTHONPATH``. Prepended, not replaced: a machine may name its installed packages
+    there (wheels unpacked into a directory), and the workers must still import them."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "OMP_NUM_THREADS": str(threads or 1), "PYTHONPATH": path}
+
+
+def launch(
+    nproc: int, args: argparse.Namespace, out: Path, timeout: float | None = None
+) -> dict[str, Any]:
+    """Run the worker under torchrun; its rank 0 writes ``out``. On a timeout (or the GPU
+    suite's budget alarm) torchrun is stopped with SIGTERM, which it forwards to its workers,
+    so none of them keeps the GPU busy while the next measurement runs."""
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
         str(Path(__file__)), "--worker", "--out", str(out), "--rounds", str(args.rounds),
         "--steps", str(args.steps), "--epochs", str(args.epochs), "--threads", str(args.threads),
         "--batch-size", str(args.batch_size), "--precision", args.precision,
     ] + (["--quiet"] if getattr(args, "quiet", False) else [])  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads or 1), "PYTHONPATH": str(ROOT)}
-    subprocess.run(command, env=env, check=True, capture_output=True)
+    with subprocess.Popen(
+        command,
+        env=child_env(args.threads),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except BaseException:  # a timeout, or the suite's budget alarm
+            _stop_torchrun(process)
+            raise
+    if process.returncode:
+        raise subprocess.CalledProcessError(process.returncode, command, stdout, stderr)
     result: dict[str, Any] = json.loads(out.read_text())
     return result
+
+
+def _stop_torchrun(process: subprocess.Popen[str]) -> None:
+    """SIGTERM to torchrun's process group (torchrun forwards it to its workers, which run
+    in sessions of their own), SIGKILL after 10 s."""
+    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(process.pid, sig)
+            process.wait(timeout=wait_s)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def main() -> None:

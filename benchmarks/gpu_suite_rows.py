@@ -1,12 +1,15 @@
-"""What the GPU suite's cases share: the run context, a table row, judging a figure against
-its goal, and one training run through ``core`` with its last-epoch throughput and peak memory.
+"""What the GPU suite's cases share: the run context (with the case's deadline), a table row,
+judging a figure against its goal, rounds that stop before the deadline, and one training
+run through ``core`` with its last-epoch throughput, peak memory and compile record.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
-from dataclasses import dataclass
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +19,31 @@ from torch import nn
 
 from core import Callback, MultiGPUConfig, create_optimized_training_optimizer
 
-__all__ = ("Ctx", "EpochRates", "Row", "core_run", "judged", "namespace", "skipped")
+__all__ = (
+    "CaseTimeout",
+    "Ctx",
+    "CoreRun",
+    "Row",
+    "RunWatch",
+    "core_run",
+    "judged",
+    "namespace",
+    "rounds",
+    "skipped",
+)
+
+ROUND_MARGIN_S = 3.0  # left after the last round for building rows and freeing memory
+
+
+class CaseTimeout(Exception):
+    """Raised in the main thread when a case spends its time budget (a code path that
+    catches a peer's or a run's errors must let it through)."""
 
 
 @dataclass(frozen=True)
 class Ctx:
-    """Where and how a case runs: ``dry_run`` means tiny sizes on any device, goals unjudged.
+    """Where and how a case runs: ``dry_run`` means tiny sizes on any device, goals unjudged;
+    ``deadline`` is the ``time.monotonic()`` at which the case's budget is spent.
 
     >>> Ctx(torch.device("cpu"), True, Path("/tmp")).cuda
     False
@@ -30,10 +52,15 @@ class Ctx:
     device: torch.device
     dry_run: bool
     tmp: Path
+    deadline: float = math.inf
 
     @property
     def cuda(self) -> bool:
         return self.device.type == "cuda"
+
+    def left(self) -> float:
+        """Seconds left of the case's budget."""
+        return self.deadline - time.monotonic()
 
 
 @dataclass
@@ -98,11 +125,37 @@ def namespace(**values: Any) -> argparse.Namespace:
     return argparse.Namespace(**values)
 
 
-class EpochRates(Callback):
-    """Collects each epoch's ``samples_per_s`` (the first epoch is the warm-up)."""
+def rounds(ctx: Ctx, want: int) -> Iterator[int]:
+    """Round numbers 0, 1, ... below ``want`` (one in a dry run). A round after the first
+    starts only when the slowest round so far still fits before the case's deadline, so a
+    slow device gives fewer rounds instead of a spent budget (the rows say how many ran).
+
+    >>> list(rounds(Ctx(torch.device("cpu"), False, Path(".")), 3))
+    [0, 1, 2]
+    """
+    slowest = 0.0
+    for number in range(1 if ctx.dry_run else want):
+        if number and ctx.left() < 1.05 * slowest + ROUND_MARGIN_S:
+            return
+        started = time.monotonic()
+        yield number
+        slowest = max(slowest, time.monotonic() - started)
+
+
+class RunWatch(Callback):
+    """Collects each epoch's ``samples_per_s`` (the first epoch holds the warm-up and any
+    compilation), the ``compile`` record and ``compile_failed`` errors of a run."""
 
     def __init__(self) -> None:
         self.rates: list[float] = []
+        self.compiles: list[dict[str, Any]] = []
+        self.compile_errors: list[str] = []
+
+    async def on_record(self, run: Any, record: dict[str, Any]) -> None:
+        if record.get("event") == "compile":
+            self.compiles.append(record)
+        elif record.get("event") == "error" and record.get("kind") == "compile_failed":
+            self.compile_errors.append(str(record.get("reason", "")))
 
     async def on_epoch_end(self, run: Any, record: dict[str, Any]) -> None:
         rate = record.get("samples_per_s")
@@ -110,19 +163,33 @@ class EpochRates(Callback):
             self.rates.append(float(rate))
 
 
+@dataclass
+class CoreRun:
+    """What :func:`core_run` measured: the last epoch's samples/s, the allocator's peak
+    bytes (None off CUDA), and the compile records and failures of the run."""
+
+    rate: float
+    peak: int | None
+    compiles: list[dict[str, Any]] = field(default_factory=list)
+    compile_errors: list[str] = field(default_factory=list)
+
+
 def core_run(
     ctx: Ctx, model: nn.Module, batches: Sequence[Any], epochs: int = 2, **settings: Any
-) -> tuple[float, int | None]:
-    """Train ``model`` through ``create_optimized_training_optimizer``: (samples/s of the last
-    epoch, the allocator's peak bytes on CUDA, None elsewhere). Monitor, checkpoints,
-    progress and reports are off: the figure is the training step.
+) -> CoreRun:
+    """Train ``model`` through ``create_optimized_training_optimizer`` and measure it.
 
-    >>> core_run(ctx, model, batches, amp_dtype="bf16")  # doctest: +SKIP
+    Monitor, checkpoints, progress and reports are off: the figure is the training step.
+    ``compile=False`` unless ``settings`` say otherwise, so that a case compares like with
+    like (core's default has been ``"auto"``, which compiles on CUDA).
+
+    >>> core_run(ctx, model, batches, amp_dtype="bf16").rate  # doctest: +SKIP
     """
-    rates = EpochRates()
+    watch = RunWatch()
     if ctx.cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    settings = {"compile": False, **settings}
     optimizer = create_optimized_training_optimizer(
         model=model,
         train_loader=batches,
@@ -134,10 +201,12 @@ def core_run(
         multi_gpu_config=MultiGPUConfig(enable_gpu_monitoring=False),
         progress=False,
         reports=False,
-        callbacks=[rates],
+        callbacks=[watch],
         **settings,
     )
-    anyio.run(optimizer.train)
-    optimizer.close()
+    try:
+        anyio.run(optimizer.train)
+    finally:
+        optimizer.close()
     peak = torch.cuda.max_memory_allocated() if ctx.cuda else None
-    return rates.rates[-1], peak
+    return CoreRun(watch.rates[-1], peak, watch.compiles, watch.compile_errors)

@@ -5,9 +5,12 @@ finder, the GPU monitor's cost, and DDP at world size 1 against one GPU.
 from __future__ import annotations
 
 import copy
+import math
 import statistics
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from benchmarks import activation_checkpointing as ac_bench
 from benchmarks import batch_size_finder as finder_bench
@@ -15,29 +18,34 @@ from benchmarks import compile as compile_bench
 from benchmarks import distributed as ddp_bench
 from benchmarks import monitor as monitor_bench
 from benchmarks import monitor_sample_cost
-from benchmarks.gpu_suite_rows import Ctx, Row, judged, namespace
+from benchmarks.gpu_suite_rows import Ctx, Row, judged, namespace, rounds
 from benchmarks.overhead import make_job
 
 __all__ = ("activation_checkpointing", "batch_size_finder", "compile_case", "ddp", "monitor")
 
 
 def compile_case(ctx: Ctx) -> list[Row]:
-    """Training steps/s compiled / eager on GPT-2 small in bf16 (``benchmarks.compile``)."""
+    """Training steps/s compiled / eager on GPT-2 small (8 x 1024) in bf16, the model
+    compiled as core's ``compile=True`` does (``benchmarks.compile``): fused AdamW, loss over
+    the flattened tokens, 3 alternating rounds of 10 steps after 3 to warm up."""
     args = namespace(
         dry_run=ctx.dry_run,
         batch_size=0,
         mode="default",
         precision="bf16" if ctx.cuda else "fp32",
         backend="eager" if ctx.dry_run else "inductor",
-        steps=2 if ctx.dry_run else 20,
+        steps=2 if ctx.dry_run else 10,
         warmup=1 if ctx.dry_run else 3,
         rounds=1 if ctx.dry_run else 3,
     )
+    if ctx.cuda:
+        torch.set_float32_matmul_precision("high")  # as core's tf32=True (restored after)
     row = compile_bench.measure("gpt", args, ctx.device)
+    batch = row["batch"] if ctx.dry_run else f"{row['batch']}x1024"
     note = (
-        f"{row['params_M']:.0f}M params, batch {row['batch']}, {args.precision}, "
-        f"backend {args.backend}, compile {row['compile_s']:.1f} s, "
-        f"graph breaks {row['graph_breaks']}"
+        f"{row['params_M']:.0f}M params, batch {batch}, {args.precision}, backend "
+        f"{args.backend}, compile {row['compile_s']:.1f} s, graph breaks "
+        f"{row['graph_breaks']}, {args.rounds}x{args.steps} timed steps"
     )
     if row["failed"]:
         note += f"; compile failed, ran eagerly: {row['failed']}"
@@ -113,28 +121,34 @@ def batch_size_finder(ctx: Ctx) -> list[Row]:
 
 
 def monitor(ctx: Ctx) -> list[Row]:
-    """Throughput with the monitor at 10 Hz / monitor off on the MLP (``benchmarks.monitor``),
-    and one monitor sample's cost (``benchmarks.monitor_sample_cost``)."""
+    """Throughput with the monitor at 10 Hz / monitor off on the MLP (``benchmarks.monitor``;
+    150 steps x 2 micro-batches x 2 epochs per run, up to 5 alternating rounds), and one
+    monitor sample's cost (``benchmarks.monitor_sample_cost``)."""
     args = namespace(
         model="mlp",
         precision="fp32",
         batch_size=8 if ctx.dry_run else 64,
         seq_len=0,
         accum=2,
-        steps=2 if ctx.dry_run else 500,
+        steps=2 if ctx.dry_run else 150,
         epochs=1 if ctx.dry_run else 2,
     )
-    rounds = 1 if ctx.dry_run else 5
-    quiet = {"progress": False, "reports": False, "checkpoint_every_n_epochs": None}
+    quiet = {
+        "progress": False,
+        "reports": False,
+        "checkpoint_every_n_epochs": None,
+        "compile": False,  # the figure is the monitor's cost, not compilation's
+    }
     model, batches = make_job(args, ctx.device)
     samples = args.epochs * sum(len(y) for _, y in batches)
     rates: dict[bool, list[float]] = {True: [], False: []}
     monitor_bench.job(copy.deepcopy(model), batches[:4], args, True, ctx.tmp, **quiet)  # warm
-    for round_ in range(rounds):
+    for round_ in rounds(ctx, 5):
         for monitored in (True, False) if round_ % 2 == 0 else (False, True):
             replica = copy.deepcopy(model)
             seconds = monitor_bench.job(replica, batches, args, monitored, ctx.tmp, **quiet)
             rates[monitored].append(samples / seconds)
+    done = len(rates[True])
     ratio = statistics.median(rates[True]) / statistics.median(rates[False])
     cost = monitor_sample_cost.measure(100 if ctx.dry_run else 2000, None)
     source = f"source {cost['source']}, devices {cost['devices']}"
@@ -148,7 +162,7 @@ def monitor(ctx: Ctx) -> list[Row]:
             ratio,
             0.998,
             digits=4,
-            note=f"{args.steps}x{args.accum} steps, {args.epochs} epochs, {rounds} rounds",
+            note=f"{args.steps}x{args.accum} steps, {args.epochs} epochs, {done} rounds",
         ),
         judged(
             ctx,
@@ -162,18 +176,21 @@ def monitor(ctx: Ctx) -> list[Row]:
 
 
 def ddp(ctx: Ctx) -> list[Row]:
-    """DDP at world size 1 / the single-device path, both through core, under torchrun
-    (``benchmarks.distributed`` launches it)."""
+    """DDP at world size 1 / the single-device path, both through core (``compile=False``),
+    under torchrun (``benchmarks.distributed`` launches it, PYTHONPATH kept): the MLP, 100
+    steps x 2 epochs per job, 3 alternating rounds."""
     args = namespace(
         rounds=1 if ctx.dry_run else 3,
-        steps=2 if ctx.dry_run else 200,
+        steps=2 if ctx.dry_run else 100,
         epochs=1 if ctx.dry_run else 2,
         threads=1 if not ctx.cuda else 0,
         batch_size=8 if ctx.dry_run else 64,
         precision="auto",
         quiet=True,
     )
-    one = ddp_bench.launch(1, args, Path(ctx.tmp) / "ddp_one.json")
+    left = ctx.left()  # torchrun is stopped (workers too) before the budget's alarm
+    timeout = max(1.0, left - 2) if math.isfinite(left) else None
+    one = ddp_bench.launch(1, args, Path(ctx.tmp) / "ddp_one.json", timeout=timeout)
     single = "single_gpu" if "single_gpu" in one else "cpu"
     note = (
         f"MLP, batch {args.batch_size}, {args.steps} steps x {args.epochs} epochs, "

@@ -120,7 +120,8 @@ def launch(nproc: int, args: argparse.Namespace, out: Path) -> list[dict[str, An
                    f"--nproc_per_node={nproc}", *script, "--parallel"]  # fmt: skip
     else:
         command = [sys.executable, *script]
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads or 1), "PYTHONPATH": str(ROOT)}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads or 1), "PYTHONPATH": path}
     done = subprocess.run(command, check=False, env=env, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-4000:]}")

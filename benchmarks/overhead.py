@@ -106,8 +106,15 @@ def hand_epoch(
 
 
 def ours(
-    model: nn.Module, batches: Sequence[Batch], args: argparse.Namespace, log_dir: Path
+    model: nn.Module,
+    batches: Sequence[Batch],
+    args: argparse.Namespace,
+    log_dir: Path,
+    **settings: Any,
 ) -> None:
+    """One ``train()`` call through core, start-up and close included. ``compile=False``:
+    the hand-written loop runs eagerly, so core must too (like for like); ``settings`` go
+    to the factory as well (the GPU suite passes ``tf32=``)."""
     optimizer = create_optimized_training_optimizer(
         model=model,
         train_loader=batches,
@@ -122,8 +129,13 @@ def ours(
         multi_gpu_config=MultiGPUConfig(enable_gpu_monitoring=not args.no_monitor),
         progress=args.user_surface,
         reports=args.user_surface,
+        compile=False,
+        **settings,
     )
-    anyio.run(optimizer.train)
+    try:
+        anyio.run(optimizer.train)
+    finally:
+        optimizer.close()
 
 
 def peer_run(

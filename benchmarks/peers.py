@@ -93,7 +93,17 @@ def accelerate_loop(
     device: torch.device,
 ) -> None:
     from accelerate import Accelerator  # type: ignore[import-untyped, unused-ignore]
+    from accelerate.state import (  # type: ignore[import-untyped, unused-ignore]
+        AcceleratorState,
+        GradientState,
+    )
 
+    # Accelerate keeps its state in process-wide singletons and refuses a second Accelerator
+    # with another precision (the GPU suite runs bf16 GPT-2, then the fp32 MLP). Clearing
+    # them (what its own tests do) makes each round build Accelerate afresh, as a new
+    # process would, the way each round builds Fabric and core afresh.
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
     accelerator = Accelerator(
         cpu=device.type != "cuda", mixed_precision=_ACCELERATE_PRECISION[precision]
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,15 @@ class TokenModel(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.head(self.embed(tokens)).transpose(1, 2)
         return out
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pythonpath() -> str:
+    """``PYTHONPATH`` for a child process: the project first, then what the parent had (a
+    machine may name its installed packages there: never replace it)."""
+    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
 
 
 def eventually(path: Path, timeout_s: float = 60.0) -> Path:

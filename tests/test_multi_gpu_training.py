@@ -39,8 +39,8 @@ from core.multi_gpu_training import (
     optimize_model_for_multi_gpu,
 )
 from tests.distributed_jobs import IndexedData, interleaved, run_job
-from tests.helpers import TokenModel, loaders, make_model, padded_sequences
-from tests.torchrun import JOBS, ROOT, assert_same_weights, load, torchrun
+from tests.helpers import TokenModel, loaders, make_model, padded_sequences, pythonpath
+from tests.torchrun import JOBS, assert_same_weights, load, torchrun
 
 TORCHRUN_ENV = {
     "RANK": "0",
@@ -420,7 +420,7 @@ def test_two_nodes_on_localhost_equal_one_node(jobs: Path, tmp_path: Path) -> No
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint=127.0.0.1:{port}",
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath()}
     command = [
         sys.executable,
         "-m",

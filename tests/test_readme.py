@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import eventually
+from tests.helpers import eventually, pythonpath
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,7 +29,7 @@ def quick_start_blocks() -> list[str]:
 def run_program(program: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", program], check=False, cwd=cwd, capture_output=True, text=True,
-        timeout=180, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(cwd)},
+        timeout=180, env={"PYTHONPATH": pythonpath(), "PATH": "/usr/bin:/bin", "HOME": str(cwd)},
     )  # fmt: skip
 
 

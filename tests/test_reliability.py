@@ -27,11 +27,11 @@ from torch.utils.data import DataLoader
 from core import GradientAccumulationConfig, create_optimized_training_optimizer
 from core.checkpointing.store import CheckpointStore
 from core.errors import NonFiniteLossError, UnsafeCheckpointError
-from tests.helpers import make_classification
+from tests.helpers import make_classification, pythonpath
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "tests" / "fault_jobs.py"
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath()}
 
 
 def job(out: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from tests.helpers import pythonpath
+
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = ROOT / "tests" / "distributed_jobs.py"
 SCENARIOS = (
@@ -38,7 +40,7 @@ def torchrun(
         str(out),
         *scenarios,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath()}
     done = subprocess.run(
         command, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
