@@ -25,9 +25,6 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
@@ -41,7 +38,13 @@ __all__ = ("ExpertParallelStrategy", "TokenExchangeChoice")
 
 TokenExchangeChoice = Literal["auto", "all_to_all", "all_gather"]
 
-_FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+
+def _flat() -> Any:
+    """Flattened optimizer state (``torch.distributed.checkpoint`` is imported on first use:
+    half a second that a run without expert parallelism never pays)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 class ExpertParallelStrategy(DDPStrategy):
@@ -149,17 +152,23 @@ class ExpertParallelStrategy(DDPStrategy):
         return {}
 
     def save_sharded(self, model: nn.Module, optimizer: Optimizer, path: Path) -> None:
-        model_state, optim_state = get_state_dict(self.unwrap(model), optimizer, options=_FLAT)
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+        from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+        model_state, optim_state = get_state_dict(self.unwrap(model), optimizer, options=_flat())
         dcp_save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(path))
 
     def load_checkpoint_state(
         self, model: nn.Module, optimizer: Optimizer, payload: dict[str, Any], sharded: Path
     ) -> None:
-        module = self.unwrap(model)
-        model_state, optim_state = get_state_dict(module, optimizer, options=_FLAT)
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
+        module, flat = self.unwrap(model), _flat()
+        model_state, optim_state = get_state_dict(module, optimizer, options=flat)
         dcp_load({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(sharded))
         set_state_dict(module, optimizer, model_state_dict=model_state,
-                       optim_state_dict=optim_state, options=_FLAT)  # fmt: skip
+                       optim_state_dict=optim_state, options=flat)  # fmt: skip
 
 
 def _divide_by(size: int) -> Any:

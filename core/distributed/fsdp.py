@@ -19,16 +19,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.optim import Optimizer
 
 from core.distributed.process_group import ProcessGroupStrategy
@@ -79,6 +69,9 @@ class FSDPStrategy(ProcessGroupStrategy):
     def wrap_model(
         self, model: nn.Module, *, compute_dtype: torch.dtype = torch.float32
     ) -> nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
         module = self._prepare_module(model)
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         policy = (
@@ -109,6 +102,8 @@ class FSDPStrategy(ProcessGroupStrategy):
         return found_inf
 
     def model_state_dict(self, model: nn.Module) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(model, options=options)
 
@@ -117,12 +112,18 @@ class FSDPStrategy(ProcessGroupStrategy):
         return {}
 
     def save_sharded(self, model: nn.Module, optimizer: Optimizer, path: Path) -> None:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+        from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
         model_state, optim_state = get_state_dict(model, optimizer)
         dcp_save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(path))
 
     def load_checkpoint_state(
         self, model: nn.Module, optimizer: Optimizer, payload: dict[str, Any], sharded: Path
     ) -> None:
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
         model_state, optim_state = get_state_dict(model, optimizer)
         dcp_load({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(sharded))
         set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
@@ -130,6 +131,8 @@ class FSDPStrategy(ProcessGroupStrategy):
 
 @contextmanager
 def _gradient_sync_off(model: nn.Module) -> Iterator[None]:
+    from torch.distributed.fsdp import FSDPModule
+
     assert isinstance(model, FSDPModule)
     model.set_requires_gradient_sync(False)
     try:
