@@ -14,7 +14,8 @@ from core.precision.policy import fallback_precision, resolve_precision
 def test_a_cpu_device_has_no_accelerator_extras() -> None:
     cpu = device_of("cpu")
     assert type(cpu) is Device and not cpu.is_cuda
-    assert cpu.indices() == [] and cpu.allocated() is None and cpu.max_allocated() is None
+    assert cpu.indices() == [] and cpu.allocated_and_peak() == (None, None)
+    assert cpu.max_allocated() is None
     assert cpu.auto_dtype() == torch.float32 and cpu.supports_bf16()
     cpu.make_current()
     cpu.empty_cache()  # nothing to do, and no error
@@ -35,7 +36,9 @@ def test_a_cuda_device_names_its_index_without_touching_a_gpu() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_cuda_device_reads_its_allocator_and_bf16_support() -> None:
     cuda = device_of(torch.device("cuda", 0))
-    before = cuda.allocated()
+    before, _ = cuda.allocated_and_peak()
     block = torch.empty(1 << 20, device="cuda")
-    assert cuda.allocated() is not None and cuda.allocated() >= (before or 0) + block.numel() * 4
+    allocated, peak = cuda.allocated_and_peak()
+    assert allocated == torch.cuda.memory_allocated() >= (before or 0) + block.numel() * 4
+    assert peak == torch.cuda.max_memory_allocated() >= allocated
     assert cuda.auto_dtype() == (torch.bfloat16 if cuda.supports_bf16() else torch.float16)

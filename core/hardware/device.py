@@ -5,7 +5,7 @@ asked here (memory counters, the cache, bf16 support, current device), not in
 Example::
 
     device = device_of(torch.device("cuda", 0))
-    device.make_current(); device.allocated()   # no synchronisation
+    device.make_current(); device.allocated_and_peak()   # no synchronisation
 """
 
 from __future__ import annotations
@@ -43,12 +43,13 @@ class Device:
         """What ``dtype="auto"`` means here: fp32 on CPU (autocast there rarely pays)."""
         return torch.float32
 
-    def allocated(self) -> int | None:
-        """Allocator bytes in use (host-side bookkeeping, no sync); None without statistics."""
-        return None
+    def allocated_and_peak(self) -> tuple[int | None, int | None]:
+        """Allocator bytes in use and their peak, in one read of the allocator's counters
+        (host-side bookkeeping, no sync); None without statistics."""
+        return None, None
 
     def max_allocated(self) -> int | None:
-        return None
+        return self.allocated_and_peak()[1]
 
     def rng_state(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The generators a forward draws from (dropout): torch's CPU one and, on CUDA, the
@@ -85,11 +86,12 @@ class CudaDevice(Device):
         """bf16 where supported (Ampere and newer), else fp16 with loss scaling."""
         return torch.bfloat16 if self.supports_bf16() else torch.float16
 
-    def allocated(self) -> int | None:
-        return torch.cuda.memory_allocated(self.torch)
-
-    def max_allocated(self) -> int | None:
-        return torch.cuda.max_memory_allocated(self.torch)
+    def allocated_and_peak(self) -> tuple[int | None, int | None]:
+        # One nested read: torch.cuda.memory_allocated() and max_memory_allocated() each
+        # flatten every allocator counter in Python (~120), about 0.15 ms apiece.
+        counters = torch.cuda.memory_stats_as_nested_dict(self.torch)
+        allocated = counters.get("allocated_bytes", {}).get("all", {})
+        return allocated.get("current", 0), allocated.get("peak", 0)
 
     def rng_state(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         return torch.get_rng_state(), torch.cuda.get_rng_state(self.torch)

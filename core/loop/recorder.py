@@ -139,6 +139,7 @@ class StepRecorder:
         stats.data_time_s += pending.data_time_s
 
     def _record(self, pending: StepOutcome, scalars: StepScalars) -> None:
+        allocated, peak = self.device.allocated_and_peak()
         self.emit(
             "train_step",
             epoch=pending.epoch,
@@ -153,8 +154,8 @@ class StepRecorder:
             step_time_s=pending.step_time_s,
             data_time_s=pending.data_time_s,
             samples_per_s=pending.samples / pending.step_time_s if pending.step_time_s else None,
-            mem_allocated_bytes=self.device.allocated(),
-            max_mem_allocated_bytes=self.device.max_allocated(),
+            mem_allocated_bytes=allocated,
+            max_mem_allocated_bytes=peak,
             **self.device_fields(),
             **scalars.extra,
         )
