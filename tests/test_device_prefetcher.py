@@ -97,6 +97,31 @@ class FakeStream:
         self.log.append(f"{self.name} waits for {other.name}")
 
 
+def fake_cuda(
+    monkeypatch: pytest.MonkeyPatch, log: list[str], on_stream: Any, consumer: FakeStream
+) -> None:
+    monkeypatch.setattr(prefetch, "device_of", lambda device: CudaDevice(torch.device(device)))
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: FakeStream(log, "side"))
+    monkeypatch.setattr(torch.cuda, "stream", on_stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: consumer)
+
+
+def test_batches_already_on_the_device_pass_without_stream_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log: list[str] = []
+
+    @contextmanager
+    def on_stream(stream: FakeStream) -> Iterator[None]:
+        log.append(f"copy on {stream.name}")
+        yield
+
+    fake_cuda(monkeypatch, log, on_stream, FakeStream(log, "main"))
+    source = nested_batches(1)  # on the CPU, which is the prefetcher's device here
+    assert all(a is b for a, b in zip(DevicePrefetcher(source, CPU), source, strict=True))
+    assert log == []  # no copy, no wait_stream, no record_stream
+
+
 def test_the_cuda_path_copies_one_batch_ahead_and_waits_before_each_use(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -108,10 +133,8 @@ def test_the_cuda_path_copies_one_batch_ahead_and_waits_before_each_use(
         log.append(f"copy on {stream.name}")
         yield
 
-    monkeypatch.setattr(prefetch, "device_of", lambda device: CudaDevice(torch.device(device)))
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device: FakeStream(log, "side"))
-    monkeypatch.setattr(torch.cuda, "stream", on_stream)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: consumer)
+    fake_cuda(monkeypatch, log, on_stream, consumer)
+    monkeypatch.setattr(prefetch, "_resident", lambda batch, device: False)  # as from a loader
     source = nested_batches(1)
 
     def loader() -> Iterator[Any]:

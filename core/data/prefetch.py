@@ -37,6 +37,19 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
             yield from _tensors(item)
 
 
+def _indexed(device: torch.device) -> torch.device:
+    """``device`` with its index, as tensors name it (``cuda:0``, never plain ``cuda``)."""
+    index: int | None = device.index
+    if device.type != "cuda" or index is not None:
+        return device
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _resident(batch: Any, device: torch.device) -> bool:
+    """Whether every tensor of ``batch`` is on ``device`` already."""
+    return all(tensor.device == device for tensor in _tensors(batch))
+
+
 class DevicePrefetcher:
     """Iterate over ``loader`` with each batch already on ``device``.
 
@@ -46,8 +59,9 @@ class DevicePrefetcher:
     (``wait_stream``, a device-side wait, no host sync), and each of its tensors is marked as
     used on that stream (``record_stream``) so the allocator does not hand its memory to
     another tensor while kernels queued on the consumer's stream may still read it. Costs one
-    extra batch of device memory. Off CUDA, the loader's batches pass through unchanged: no
-    copies, no threads.
+    extra batch of device memory. Batches already on ``device`` (a dataset cached on the GPU)
+    pass through without any stream work, and off CUDA every batch does: no copies, no
+    threads.
 
     Batches may be tensors or nested tuples, lists and dicts of tensors (the structure rules
     of ``core.loop.batches.to_device``); other leaves pass through. ``len()`` is the
@@ -85,26 +99,29 @@ class DevicePrefetcher:
         return self._cuda_batches()
 
     def _cuda_batches(self) -> Iterator[Any]:
-        device = self.device
+        device = _indexed(self.device)
         side = torch.cuda.Stream(device=device)
         batches = iter(self.loader)
 
-        def start_copy() -> tuple[bool, Any]:
+        def start_copy() -> tuple[bool, tuple[Any, bool]]:
             try:
                 batch = next(batches)
             except StopIteration:
-                return False, None
+                return False, (None, False)
+            if _resident(batch, device):
+                return True, (batch, False)  # a cached dataset's batch: as it is
             with torch.cuda.stream(side):
-                return True, to_device(batch, device)
+                return True, (to_device(batch, device), True)
 
         more, upcoming = start_copy()
         while more:
-            consumer = torch.cuda.current_stream(device)
-            consumer.wait_stream(side)  # queued on the GPU; the host does not wait
-            batch = upcoming
-            for tensor in _tensors(batch):
-                if tensor.is_cuda:
-                    tensor.record_stream(consumer)
+            batch, copied = upcoming
+            if copied:  # else already on the device: no stream to wait for, nothing to mark
+                consumer = torch.cuda.current_stream(device)
+                consumer.wait_stream(side)  # queued on the GPU; the host does not wait
+                for tensor in _tensors(batch):
+                    if tensor.is_cuda:
+                        tensor.record_stream(consumer)
             more, upcoming = start_copy()  # overlaps with the caller's use of `batch`
             yield batch
 
