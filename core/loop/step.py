@@ -143,7 +143,10 @@ class OptimizerStep:
                         loss, epoch=epoch, batch_index=window.first_batch_index
                     )
                     aux = None if self.terms is None else self.terms.auxiliary_loss()
-                    precision.backward((loss if aux is None else loss + aux) * weight)
+                    total = loss if aux is None else loss + aux
+                    # A window of one micro-batch has weight 1.0: no multiply to launch.
+                    unweighted = type(weight) is float and weight == 1.0
+                    precision.backward(total if unweighted else total * weight)
                 losses.append(loss.detach().float())
             except Exception as exc:
                 if not self.retry.recoverable(exc):
