@@ -8,6 +8,7 @@ them; ``record_property`` keeps them in the JUnit XML), never asserted.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import random
@@ -220,6 +221,9 @@ def test_every_n_new_events_starts_a_run_and_shutdown_cancels_it(tmp_path: Path)
             await asyncio.sleep(0.05)
         small = await ok(client.post("/events", json=again.payload()[:10]), 202)
         assert not small["retraining_started"]  # 10 new events, not 1000
+        # The second run must still be training when the service shuts down: a long one.
+        retrainer = app.state.retrainer
+        retrainer.settings = dataclasses.replace(retrainer.settings, max_epochs=10_000)
         rest = await ok(client.post("/events", json=again.payload()[10:]), 202)
         assert rest["retraining_started"]
         in_flight.append(app.state.retrainer.current)

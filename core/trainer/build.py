@@ -54,11 +54,13 @@ from core.trainer.arguments import (
     is_scheduler_instance,
 )
 from core.trainer.early_stopping import EarlyStopping
-from core.trainer.model_setup import PreparedModel, optimizer_factory_like, prepare_model
-from core.trainer.plan import planned_steps
+from core.trainer.model_setup import (
+    PreparedModel,
+    compile_rule_for,
+    optimizer_factory_like,
+    prepare_model,
+)
 from core.trainer.run_state import RunState
-from core.transforms.compile import compile_model
-from core.transforms.payback import CompileWhenItPays, payback_rule
 
 __all__ = ("Parts", "Runtime", "build")
 
@@ -184,8 +186,8 @@ def _build(
     profiler = (  # rank 0 traces: the ranks share the run directory
         StepProfiler(*steps, emit=emit) if steps is not None and strategy.is_global_zero else None
     )
-    compile_rule, prepared = _compile_rule(
-        config, prepared, strategy.unwrap(model), train_loader, emit, report_error
+    compile_rule, prepared = compile_rule_for(
+        config, prepared, strategy.unwrap(model), batches_in(train_loader), emit, report_error
     )
     hooks = [hook for hook in (profiler, compile_rule) if hook is not None]
     loop = StepLoop(
@@ -274,35 +276,6 @@ def _prefetched(loader: Iterable[Any], config: TrainingConfig, device: torch.dev
     if batches_in(loader) is None:
         return loader
     return prefetch_to_device(loader, device, config.data.loader)
-
-
-def _compile_rule(
-    config: TrainingConfig, prepared: PreparedModel, model: nn.Module,
-    train_loader: Iterable[Any], emit: Emit, report_error: Emit,
-) -> tuple[CompileWhenItPays | None, PreparedModel]:  # fmt: skip
-    """``compile="auto"`` on CUDA: the step hook that decides after timing eager steps (and
-    why, in ``run_start``); None elsewhere."""
-    transforms = prepared.transforms
-    if not transforms.compile_deferred:
-        return None, prepared
-    planned = planned_steps(config, train_loader)
-    if planned is None:
-        reason = "auto: off, the run's length is unknown (a stream without max_steps)"
-        return None, replace(prepared, transforms=replace(transforms, compile=reason))
-    settings = config.transforms
-
-    def compile_now() -> list[str]:
-        return compile_model(
-            model, mode=settings.compile_mode, fullgraph=settings.compile_fullgraph,
-            emit=emit, report_error=report_error,
-        )  # fmt: skip
-
-    rule = CompileWhenItPays(planned_steps=planned, compile_now=compile_now, emit=emit)
-    reason = (
-        f"auto: decided after {rule.warmup_steps + rule.measure_steps} eager steps of "
-        f"{planned} planned; {payback_rule()}"
-    )
-    return rule, replace(prepared, transforms=replace(transforms, compile=reason))
 
 
 def _scheduler(

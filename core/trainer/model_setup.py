@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -31,8 +31,10 @@ from core.precision.policy import MixedPrecisionTrainer
 from core.rng import capture_rng, restore_rng
 from core.transforms.apply import TransformReport, apply_model_transforms
 from core.transforms.channels_last import channels_last_batch
+from core.transforms.compile import compile_model
+from core.transforms.payback import CompileWhenItPays, payback_rule, planned_steps
 
-__all__ = ("PreparedModel", "optimizer_factory_like", "prepare_model")
+__all__ = ("PreparedModel", "compile_rule_for", "optimizer_factory_like", "prepare_model")
 
 Emit = Callable[..., None]
 
@@ -137,3 +139,35 @@ def optimizer_factory_like(optimizer: object) -> OptimizerFactory | None:
         return kind(params, **defaults)
 
     return build
+
+
+def compile_rule_for(
+    config: TrainingConfig, prepared: PreparedModel, model: nn.Module,
+    batches_per_epoch: int | None, emit: Emit, report_error: Emit,
+) -> tuple[CompileWhenItPays | None, PreparedModel]:  # fmt: skip
+    """``compile="auto"`` on CUDA: the step hook that decides after timing eager steps (and
+    why, in ``run_start``); None elsewhere."""
+    transforms = prepared.transforms
+    if not transforms.compile_deferred:
+        return None, prepared
+    run = config.run
+    planned = planned_steps(
+        batches_per_epoch, config.accumulation.accumulation_steps, run.max_epochs, run.max_steps
+    )
+    if planned is None:
+        reason = "auto: off, the run's length is unknown (a stream without max_steps)"
+        return None, replace(prepared, transforms=replace(transforms, compile=reason))
+    settings = config.transforms
+
+    def compile_now() -> list[str]:
+        return compile_model(
+            model, mode=settings.compile_mode, fullgraph=settings.compile_fullgraph,
+            emit=emit, report_error=report_error,
+        )  # fmt: skip
+
+    rule = CompileWhenItPays(planned_steps=planned, compile_now=compile_now, emit=emit)
+    reason = (
+        f"auto: decided after {rule.warmup_steps + rule.measure_steps} eager steps of "
+        f"{planned} planned; {payback_rule()}"
+    )
+    return rule, replace(prepared, transforms=replace(transforms, compile=reason))

@@ -9,7 +9,6 @@ model built before the run: :func:`core.seed_everything` does).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +19,7 @@ from core.telemetry.init_hash import HASH_METHOD, previous_init_hash
 if TYPE_CHECKING:
     from core.trainer.build import Parts
 
-__all__ = ("lineage", "plan", "planned_steps")
+__all__ = ("lineage", "plan")
 
 
 def plan(config: TrainingConfig, parts: Parts) -> dict[str, Any]:
@@ -44,21 +43,6 @@ def plan(config: TrainingConfig, parts: Parts) -> dict[str, Any]:
         "monitor": config.checkpoint.monitor,
         "mode": config.checkpoint.mode,
     }
-
-
-def planned_steps(config: TrainingConfig, loader: Iterable[Any]) -> int | None:
-    """Optimizer steps the whole run plans (``max_steps`` caps it); None when unknown (a
-    streamed loader without ``max_steps``).
-
-    >>> planned_steps(TrainingConfig(), [0] * 10)  # 10 batches x 10 epochs
-    100
-    """
-    batches = batches_in(loader)
-    cap = config.run.max_steps
-    if batches is None:
-        return cap
-    total = math.ceil(batches / config.accumulation.accumulation_steps) * config.run.max_epochs
-    return total if cap is None else min(total, cap)
 
 
 def lineage(parts: Parts, run_dir: Path, run_id: str) -> dict[str, Any]:

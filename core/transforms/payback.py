@@ -26,7 +26,9 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
-__all__ = ("EXPECTED_COMPILE_S", "EXPECTED_SAVING", "CompileWhenItPays", "payback_rule")
+__all__ = (
+    "CompileWhenItPays", "EXPECTED_COMPILE_S", "EXPECTED_SAVING", "payback_rule", "planned_steps"
+)  # fmt: skip
 
 EXPECTED_SAVING = 0.10
 """The fraction of an eager step a compiled step is expected to save."""
@@ -34,6 +36,21 @@ EXPECTED_COMPILE_S = 60.0
 """The seconds a compilation is expected to take (forward and backward graphs)."""
 
 Emit = Callable[..., None]
+
+
+def planned_steps(
+    batches_per_epoch: int | None, accumulation_steps: int, max_epochs: int, max_steps: int | None
+) -> int | None:
+    """Optimizer steps the whole run plans (``max_steps`` caps it); None when unknown (a
+    streamed loader without ``max_steps``).
+
+    >>> planned_steps(10, 1, 10, None), planned_steps(10, 2, 10, 30)
+    (100, 30)
+    """
+    if batches_per_epoch is None:
+        return max_steps
+    total = -(-batches_per_epoch // accumulation_steps) * max_epochs
+    return total if max_steps is None else min(total, max_steps)
 
 
 def payback_rule() -> str:
