@@ -11,6 +11,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -71,7 +72,9 @@ def write_reports(run_dir: Path, *, events_file: str = "events.jsonl") -> list[P
             f"Performance summary of {run_dir.name}: could not be built from {events_file} "
             f"({type(exc).__name__}: {exc}).\n"
         )
-    summary.write_text(content, encoding="utf-8")
+    partial = summary.with_name(f".{summary.name}.partial")
+    partial.write_text(content, encoding="utf-8")
+    os.replace(partial, summary)  # whole or absent, for a reader beside the writer
     written = [summary]
     _figure(write_training_plot, records, run_dir / PLOT_FILE, written)
     _figure(write_expert_activations, records, run_dir / ACTIVATIONS_FILE, written)
@@ -83,12 +86,17 @@ def _figure(
     draw: Callable[[Records, Path], Path | None], records: Records, path: Path, written: list[Path]
 ) -> bool | None:
     """Draw one figure into ``path``, appended to ``written``: True when drawn, False when
-    nothing was drawn, None when it failed (logged; no half-written PNG is left behind)."""
+    nothing was drawn, None when it failed (logged; no half-written PNG is left behind).
+    It is drawn under a temporary name and renamed: a reader (the report writer runs beside
+    the training process, or after it) never sees a partly written file."""
+    partial = path.with_name(f".{path.stem}.partial{path.suffix}")
     try:
-        drawn = draw(records, path) is not None
+        drawn = draw(records, partial) is not None
+        if drawn:
+            os.replace(partial, path)
     except Exception as exc:  # a report must never fail the run that asked for it
         _log.warning("report_failed", report=path.name, error=f"{type(exc).__name__}: {exc}")
-        path.unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)
         return None
     if drawn:
         written.append(path)
