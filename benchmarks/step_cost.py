@@ -116,24 +116,40 @@ def _in_a_thread(body: Callable[[], Spans]) -> Spans:
     return out[0]
 
 
+def _timed_loop(
+    batches: Sequence[Batch],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    backward: Callable[[torch.Tensor], None],
+    clip: Callable[[], None],
+    spans: Spans,
+) -> Spans:
+    """The hand-written loop's steps (forward, loss, backward, clip, step, zero_grad), with
+    the calling thread's and the process's CPU time over them."""
+    loss_fn = nn.CrossEntropyLoss()
+    model.train()
+    thread, process = time.thread_time(), time.process_time()
+    for x, y in batches:
+        backward(loss_fn(model(x), y))
+        clip()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    spans.step_thread_cpu_s = time.thread_time() - thread
+    spans.process_cpu_s = time.process_time() - process
+    spans.steps = len(batches)
+    return spans
+
+
 def hand_job(model: nn.Module, batches: Sequence[Batch]) -> Spans:
     def body() -> Spans:
-        spans = Spans()
-        asked = time.perf_counter()
+        spans, asked = Spans(), time.perf_counter()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-        loss_fn = nn.CrossEntropyLoss()
-        model.train()
         spans.before_s = time.perf_counter() - asked
-        thread, process = time.thread_time(), time.process_time()
-        for x, y in batches:
-            loss_fn(model(x), y).backward()
+
+        def clip() -> None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        spans.step_thread_cpu_s = time.thread_time() - thread
-        spans.process_cpu_s = time.process_time() - process
-        spans.steps = len(batches)
-        return spans
+
+        return _timed_loop(batches, model, optimizer, torch.Tensor.backward, clip, spans)
 
     return _in_a_thread(body)
 
@@ -141,10 +157,9 @@ def hand_job(model: nn.Module, batches: Sequence[Batch]) -> Spans:
 def peer_job(name: str, model: nn.Module, batches: Sequence[Batch]) -> Spans:
     """The peer's own set-up (its object, ``setup``/``prepare``) counts as before the first
     step; its loop is timed like the hand-written one."""
-    spans = Spans()
 
     def body() -> Spans:
-        asked = time.perf_counter()
+        spans, asked = Spans(), time.perf_counter()
         if name == "fabric":
             from lightning.fabric import Fabric
 
@@ -168,19 +183,8 @@ def peer_job(name: str, model: nn.Module, batches: Sequence[Batch]) -> Spans:
             def clip() -> None:
                 accelerator.clip_grad_norm_(wrapped.parameters(), 1.0)
 
-        loss_fn = nn.CrossEntropyLoss()
-        wrapped.train()
         spans.before_s = time.perf_counter() - asked
-        thread, process = time.thread_time(), time.process_time()
-        for x, y in batches:
-            backward(loss_fn(wrapped(x), y))
-            clip()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        spans.step_thread_cpu_s = time.thread_time() - thread
-        spans.process_cpu_s = time.process_time() - process
-        spans.steps = len(batches)
-        return spans
+        return _timed_loop(batches, wrapped, optimizer, backward, clip, spans)
 
     return _in_a_thread(body)
 
