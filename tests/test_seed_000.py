@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+pytest.importorskip("trio", reason="seed 000's trio case needs pip install -e .[dev]")
+
 import torch
 import trio
 from torch import nn
