@@ -55,10 +55,13 @@ class RunConfig:
     :func:`core.seed_everything` before building it).
 
     ``handle_signals=True`` turns SIGTERM/SIGINT into a graceful stop (scripts that own
-    their process want it). A stop waits at most ``stop_grace_s`` for the step thread to
-    reach a step boundary; past that the run is abandoned (``run_end`` status
-    ``abandoned``, naming the last good checkpoint). A loader that has not delivered a batch
-    for ``data_stall_warn_s`` gets a ``data_stall`` warning record, repeated with backoff.
+    their process want it). A stop waits at most ``stop_grace_s`` for a running step to
+    end; past that the run is abandoned (``run_end`` status ``abandoned``, naming the last
+    good checkpoint). A stop that finds the step thread waiting for the train loader (outside
+    any step) waits at most ``loader_grace_s`` for it, then parks the thread at that step
+    boundary and writes the stop checkpoint from there (several ranks: abandoned instead). A
+    loader that has not delivered a batch for ``data_stall_warn_s`` gets a ``data_stall``
+    warning record, repeated with backoff.
     """
 
     experiment_name: str = "experiment"
@@ -71,7 +74,8 @@ class RunConfig:
     log_dir: str | Path = "logs"
     handle_signals: bool = False
     stop_grace_s: float = 30.0
-    data_stall_warn_s: float = 60.0
+    loader_grace_s: float = 1.0
+    data_stall_warn_s: float = 10.0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.experiment_name, str) and _SAFE_NAME.match(self.experiment_name)):
@@ -92,7 +96,7 @@ class RunConfig:
                 "log_dir", self.log_dir, "a non-empty str or pathlib.Path", "e.g. log_dir='logs'."
             )
         check_bool_fields(self)
-        for name in ("stop_grace_s", "data_stall_warn_s"):
+        for name in ("stop_grace_s", "loader_grace_s", "data_stall_warn_s"):
             seconds = getattr(self, name)
             if not (is_finite_number(seconds) and seconds > 0):
                 raise config_error(name, seconds, "a finite number of seconds > 0")

@@ -41,6 +41,7 @@ FLAT_KEYWORDS: dict[str, str] = {
     "log_dir": "run.log_dir",
     "handle_signals": "run.handle_signals",
     "stop_grace_s": "run.stop_grace_s",
+    "loader_grace_s": "run.loader_grace_s",
     "data_stall_warn_s": "run.data_stall_warn_s",
     "learning_rate": "optim.learning_rate",
     "weight_decay": "optim.weight_decay",

@@ -31,6 +31,7 @@ class FlatSettings(TypedDict, total=False):
     log_dir: str | Path
     handle_signals: bool
     stop_grace_s: float
+    loader_grace_s: float
     data_stall_warn_s: float
     learning_rate: float
     weight_decay: float

@@ -138,22 +138,51 @@ def run_jobs(log_dir: Path) -> None:
     with pytest.raises(TrainingStepError, match="a corrupt sample"):
         train(log_dir, "faults", model=Flaky(), amp_dtype=torch.float32, val_loader=val_loader,
               train_loader=DataLoader(make_classification(160), 32), max_epochs=2)  # fmt: skip
-    # A loader that hangs through a stop: the step thread is abandoned.
+    # A loader that hangs through a stop: the step thread is parked at the step boundary.
     hanging = Pausing(DataLoader(make_classification(64), 8), 3, 30.0)
+    stop_while(
+        log_dir, hanging.waiting, model=make_model(), train_loader=hanging, experiment_name="hung"
+    )
+    hanging.release.set()
+    # A step that hangs through a stop: the step thread is abandoned.
+    stuck = Stuck()
+    stop_while(log_dir, stuck.waiting, model=stuck, experiment_name="stuck",
+               train_loader=DataLoader(make_classification(64), 8))  # fmt: skip
+    stuck.release.set()
+
+
+class Stuck(nn.Module):
+    """A model whose third training forward waits until released (or 30 s)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net, self.calls = make_model(), 0
+        self.waiting, self.release = threading.Event(), threading.Event()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.training and self.calls == 3:
+            self.waiting.set()
+            self.release.wait(30.0)
+        out: torch.Tensor = self.net(x)
+        return out
+
+
+def stop_while(log_dir: Path, waiting: threading.Event, **kwargs: Any) -> None:
+    """Cancel a run once ``waiting`` is set (a stop grace of 0.3 s)."""
     optimizer = create_optimized_training_optimizer(
-        model=make_model(), train_loader=hanging, experiment_name="hung", max_epochs=1,
-        log_dir=log_dir, checkpoint_every_n_steps=2, stop_grace_s=0.3, monitor_interval_s=0.05,
+        max_epochs=1, log_dir=log_dir, checkpoint_every_n_steps=2,
+        stop_grace_s=0.3, loader_grace_s=0.1, monitor_interval_s=0.05, **kwargs,
     )  # fmt: skip
 
-    async def stop_while_hung() -> None:
+    async def stop() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(optimizer.train)
-            while not hanging.waiting.is_set():
+            while not waiting.is_set():
                 await anyio.sleep(0.01)
             tg.cancel_scope.cancel()
 
-    anyio.run(stop_while_hung)
-    hanging.release.set()
+    anyio.run(stop)
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +190,7 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     log_dir = tmp_path_factory.mktemp("schema") / "logs"
     run_jobs(log_dir)
     files = sorted(log_dir.rglob("events*.jsonl"))
-    assert len(files) == 6
+    assert len(files) == 7
     return [json.loads(line) for f in files for line in f.read_text().splitlines()]
 
 
@@ -189,7 +218,8 @@ def test_the_runs_wrote_every_record_a_single_process_can(records: list[dict[str
 
     kinds = {"checkpoint_invalid", "nonfinite_validation_loss", "callback_failed"}
     assert values("error", "kind") == kinds
-    assert values("run_end", "status") == {"completed", "failed", "abandoned"}
+    assert values("run_end", "status") == {"completed", "failed", "cancelled", "abandoned"}
+    assert values("step_thread_abandoned", "waiting_for") == {"step"}
     assert {"step", "epoch", "best", "error"} <= values("checkpoint", "reason")
     assert values("checkpoint", "best") == {True, False}
     assert values("gpu_sample", "source") >= {"nvml"}

@@ -24,6 +24,7 @@ from core.distributed import Strategy
 from core.errors import EmptyLoaderError
 from core.hardware.device import device_of
 from core.loop.accumulation import GradientAccumulation
+from core.loop.data_wait import DataWait
 from core.loop.objective import Objective
 from core.loop.recorder import DeviceFields, EpochStats, Scheduler, StepRecorder
 from core.loop.recovery import ErrorHandler
@@ -99,7 +100,7 @@ class StepLoop:
         self.epoch = 0
         self.batches_done = 0
         self.epoch_rng: dict[str, Any] = {}
-        self.waiting_for_data_since: float | None = None
+        self.data_wait = DataWait()  # replaced every epoch: read by watchdogs and stops
 
     # -- an epoch -------------------------------------------------------------------------
     def run_epoch(
@@ -118,14 +119,17 @@ class StepLoop:
         stats = self.recorder.stats
         windows = self.accumulation.windows(batches, start_index=self.batches_done)
         started = tick = perf_counter()
+        wait = self.data_wait = DataWait()
         while True:
-            self.waiting_for_data_since = tick  # read by the data-stall watchdog
+            wait.begin(tick)
             try:
                 window = next(windows, None)
             except Exception as exc:
+                if not wait.end():  # parked by a stop: the run has moved on without us
+                    return EpochStats(epoch=epoch, interrupted=True)
                 raise self._failure(exc, "loading a batch", self.batches_done) from exc
-            finally:
-                self.waiting_for_data_since = None
+            if not wait.end():  # parked by a stop, whose checkpoint holds this boundary
+                return EpochStats(epoch=epoch, interrupted=True)
             # Streams: every rank ends the epoch where the first one runs out (lengths known:
             # no collective, they end together).
             uneven = lockstep.uneven_end(0 if window is None else len(window.batches))
@@ -194,6 +198,18 @@ class StepLoop:
             exc, epoch=self.epoch, step=self.global_step + 1, batch_index=batch_index,
             rank=self.strategy.rank, timeout_s=timeout, phase=phase,
         )  # fmt: skip
+
+    @property
+    def waiting_for_data_since(self) -> float | None:
+        """``perf_counter()`` when the loop asked its loader for the next batch, if it waits."""
+        return self.data_wait.since
+
+    def waiting_for_data(self) -> bool:
+        return self.data_wait.since is not None
+
+    def park(self) -> bool:
+        """From another thread: stop this loop for good if it waits for data (``DataWait``)."""
+        return self.data_wait.park()
 
     def flush(self) -> None:
         """Settle the last step (end of epoch, before a checkpoint or a stop)."""

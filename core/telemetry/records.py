@@ -9,6 +9,12 @@ from typing import Annotated, Literal
 from core.telemetry.compile_records import Compile, CompileDecision
 from core.telemetry.device_records import GpuSample, MonitorDegraded, MonitorFieldUnsupported
 from core.telemetry.record_common import Common, Level, NotRequired
+from core.telemetry.stop_records import (
+    ForcedExit,
+    SignalReceived,
+    StepThreadAbandoned,
+    StepThreadParked,
+)
 
 __all__ = (
     "AmpCompatibility", "CallbackLagging", "Checkpoint", "Common", "Compile", "CompileDecision",
@@ -16,7 +22,8 @@ __all__ = (
     "EpochEnd", "Error", "ForcedExit", "GpuSample", "Level", "LogDegraded", "MonitorDegraded",
     "MonitorFieldUnsupported", "NonfiniteSkipped", "OomRecovered", "PrecisionFallback",
     "Profile", "RECORDS", "Resumed", "RunEnd", "RunStart", "SignalReceived",
-    "StepThreadAbandoned", "TrainStep", "UnevenInputs", "Validation", "ValidationStart",
+    "StepThreadAbandoned", "StepThreadParked", "TrainStep", "UnevenInputs", "Validation",
+    "ValidationStart",
 )  # fmt: skip
 
 _Reason = Literal["step", "epoch", "best", "signal", "cancel", "stopped_by_peer", "error"]
@@ -223,30 +230,6 @@ class LogDegraded(Common):
     effect: Annotated[str, "what follows, in words"]
 
 
-class SignalReceived(Common):
-    """When a second SIGTERM/SIGINT arrives during a stop (a third one exits at once)."""
-
-    signal: Annotated[str, "SIGTERM or SIGINT"]
-    action: Annotated[Literal["hurry"], "what the signal does"]
-    note: Annotated[str, "what happens next, in words"]
-
-
-class StepThreadAbandoned(Common):
-    """Error: at a stop, the step thread did not reach a step boundary within stop_grace_s."""
-
-    stop_grace_s: Annotated[float, "the seconds waited"]
-    last_checkpoint: Annotated[str | None, "the last good checkpoint"]
-    step: Annotated[int, "optimizer steps completed"]
-    reason: Annotated[str, "what happened, in words"]
-
-
-class ForcedExit(Common):
-    """Error: a third stop signal; the process exits without waiting for the checkpoint."""
-
-    signal: Annotated[str, "SIGTERM or SIGINT"]
-    last_checkpoint: Annotated[str | None, "the last good checkpoint"]
-
-
 class RunEnd(Common):
     """Once, last, however the run ended (level error when failed or abandoned)."""
 
@@ -286,7 +269,8 @@ RECORDS: dict[str, type] = {
     "checkpoint": Checkpoint, "gpu_sample": GpuSample, "monitor_degraded": MonitorDegraded,
     "monitor_field_unsupported": MonitorFieldUnsupported, "error": Error,
     "callback_lagging": CallbackLagging, "log_degraded": LogDegraded,
-    "signal_received": SignalReceived, "step_thread_abandoned": StepThreadAbandoned,
+    "signal_received": SignalReceived, "step_thread_parked": StepThreadParked,
+    "step_thread_abandoned": StepThreadAbandoned,
     "forced_exit": ForcedExit, "run_end": RunEnd,
 }  # fmt: skip
 """Every record a run writes, by ``event`` name, in the order a run meets them."""

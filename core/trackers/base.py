@@ -63,6 +63,9 @@ __all__ = (
 
 Status = Literal["FINISHED", "FAILED", "KILLED"]
 REPORT_FILES = ("training_metrics.png", "performance_summary.txt")
+# A stopped run gives control back without waiting for its reports' writer: the files are
+# in the run directory, not in the tracker.
+_STOPPED = ("stopped", "cancelled", "abandoned")
 _STATUS: dict[object, Status] = {
     "completed": "FINISHED",
     "stopped": "KILLED",
@@ -168,13 +171,14 @@ class Tracker(Callback, ABC):
 
     @override
     async def on_run_closed(self, run: RunInfo) -> None:
-        """Write what is buffered, log the report files, close the backend and wait for it."""
+        """Write what is buffered, log the report files (not of a stopped run: a stop does not
+        wait for their writer), close the backend and wait for it."""
         if not self._tracks(run) or self._thread is None:
             return
         self._done = True
         try:
             self._write()
-            if run.run_dir is not None:
+            if run.run_dir is not None and self._ended not in _STOPPED:
                 self._thread.submit(self._log_reports, run.run_dir)
             await self._thread.finish(self._close, self._status or "FAILED")
         except BaseException as exc:
@@ -187,6 +191,7 @@ class Tracker(Callback, ABC):
         self._rows: list[Scalar] = []
         self._unflushed = 0  # records with scalars since the last write
         self._status: Status | None = None  # from run_end
+        self._ended: object = None  # run_end's own status
         self._done = False
 
     def _tracks(self, run: RunInfo) -> bool:
@@ -200,7 +205,8 @@ class Tracker(Callback, ABC):
             self._rows.extend(rows)
             self._unflushed += 1
         if event == "run_end":
-            self._status = _STATUS.get(record.get("status"), "FAILED")
+            self._ended = record.get("status")
+            self._status = _STATUS.get(self._ended, "FAILED")
         if event in _FLUSH_AT or self._unflushed >= self.flush_every:
             self._write()
         await thread.settle(everything=event == "run_end")

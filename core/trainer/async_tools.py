@@ -29,8 +29,11 @@ class WaitsForData(Protocol):
 
     epoch: int
     batches_done: int
-    waiting_for_data_since: float | None
-    """``perf_counter()`` when the loop asked the loader for its next batch; None otherwise."""
+
+    @property
+    def waiting_for_data_since(self) -> float | None:
+        """``perf_counter()`` when the loop asked the loader for its next batch; None otherwise."""
+        ...
 
 
 async def watch_data_stalls(loop: WaitsForData, log: RunLog, warn_after_s: float) -> None:

@@ -131,7 +131,8 @@ class RunCycle:
             try:
                 if log is not None:
                     log.close()
-                    self._write_reports(log)
+                    if not abandoned:  # control goes back first: nothing more is started
+                        self._write_reports(log)
             finally:
                 self.hub.close()
 

@@ -45,13 +45,21 @@ class Run:
         self.cycle = cycle
         self.hub = hub
         self.observers = observers
-        self.worker = StepThread(cycle.new_stop(), grace_s=config.run.stop_grace_s)
+        loop, settings = parts.loop, config.run
+        self.worker = StepThread(
+            cycle.new_stop(), grace_s=settings.stop_grace_s,
+            loader_grace_s=settings.loader_grace_s,
+            waiting_for_data=loop.waiting_for_data,
+            # One rank only: a stop checkpoint under several is a collective that a rank
+            # parked in its loader cannot join.
+            park=loop.park if parts.strategy.world_size == 1 else None,
+        )  # fmt: skip
         self.end = RunEnding()
         log = cycle.current
         self.stopping = Stopping(
             checkpointer=parts.checkpointer, save=cycle.save,
-            global_step=lambda: parts.loop.global_step, grace_s=config.run.stop_grace_s,
-            emit=log.emit, error=log.error,
+            global_step=lambda: loop.global_step, grace_s=settings.stop_grace_s,
+            emit=log.emit, warning=log.warning, error=log.error,
             close_log=lambda: cycle.log.close() if cycle.log is not None else None,
         )  # fmt: skip
 
@@ -105,7 +113,8 @@ class Run:
             if run.handle_signals:
                 tg.start_soon(functools.partial(
                     watch_stop_signals, run_scope, end.signals,
-                    on_hurry=stopping.hurry, on_force=stopping.force_exit,
+                    on_hurry=functools.partial(stopping.hurry, worker),
+                    on_force=stopping.force_exit,
                 ))  # fmt: skip
             if parts.monitor is not None:
                 tg.start_soon(parts.monitor.run)

@@ -6,8 +6,9 @@ its stop checkpoint:
 
 1. the first signal cancels the run's scope: the step thread stops at its next step
    boundary and the stop checkpoint is written;
-2. a second one means "hurry": acknowledged with a record; the stop already skips the rest
-   of the epoch and validation, and still checkpoints at the boundary;
+2. a second one means "hurry": a step thread waiting for its loader is parked at once, a
+   running step gets at most a few more seconds (``core.trainer.step_thread``); the stop
+   still checkpoints at the boundary when it gets one;
 3. a third one means "force": ``on_force`` ends the process at once (it says why, and
    where the last good checkpoint is).
 

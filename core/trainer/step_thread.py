@@ -8,15 +8,26 @@ interpreter's exit, and a stop never races a step that is still running.
 awaiting task (an anyio cancel scope, ``task.cancel()``, ``asyncio.wait_for``,
 ``asyncio.timeout``, Ctrl-C under ``asyncio.run``), ``call`` first sets the run's stop flag
 and waits, shielded, for the job to return at a step boundary; only then does the
-interruption go on. So a stop checkpoint is always written by an idle thread, and its step,
-optimizer state and weights agree. If the job does not return within ``grace_s`` (a hung
-loader, a stuck collective), the thread is *abandoned*: ``call`` lets the interruption
-through, :attr:`StepThread.abandoned` turns true, and no later job is accepted.
+interruption go on. So a stop checkpoint is always written from a step boundary, and its
+step, optimizer state and weights agree. How long it waits depends on where the thread is:
+
+- waiting for its loader (outside any step), at most ``loader_grace_s``: then the thread is
+  *parked* (``core.loop.data_wait``): it will never step again, the run's state is that of
+  the last boundary, and later jobs (the stop checkpoint, closing) run on a helper thread.
+  Where parking is not possible (several ranks: a checkpoint is a collective the stuck rank
+  cannot join), the thread is abandoned instead;
+- inside a step, at most ``grace_s``: then the thread is *abandoned* (a stuck collective, a
+  kernel that never returns): ``call`` lets the interruption through,
+  :attr:`StepThread.abandoned` turns true, and no later job is accepted.
+
+:meth:`StepThread.hurry` (a second stop signal) shortens both: a thread waiting for data is
+parked at once, and a step gets at most ``HURRY_S`` more.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import queue
 import threading
 from collections.abc import Callable
@@ -25,11 +36,16 @@ from typing import Any, Generic, TypeVar
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
+import anyio.to_thread
 
 from core.errors import CoreError
 from core.hardware.openmp import release_thread_pool
 
-__all__ = ("StepThread", "StepThreadAbandoned")
+__all__ = ("HURRY_S", "StepThread", "StepThreadAbandoned")
+
+HURRY_S = 5.0
+"""After a second stop signal, the most a stop still waits for a running step."""
+_POLL_S = 0.05  # how often a stop looks at where the thread is
 
 R = TypeVar("R")
 
@@ -69,12 +85,31 @@ class _Job(Generic[R]):
 
 
 class StepThread:
-    """A daemon thread running a run's synchronous jobs one at a time."""
+    """A daemon thread running a run's synchronous jobs one at a time.
 
-    def __init__(self, stop: threading.Event, *, grace_s: float, name: str = "core-step") -> None:
+    ``waiting_for_data`` says whether the thread waits for its loader now; ``park`` stops
+    it there for good (True when it did), or is None where that is not allowed."""
+
+    def __init__(
+        self,
+        stop: threading.Event,
+        *,
+        grace_s: float,
+        loader_grace_s: float | None = None,
+        waiting_for_data: Callable[[], bool] = lambda: False,
+        park: Callable[[], bool] | None = None,
+        name: str = "core-step",
+    ) -> None:
         self.stop = stop
         self.grace_s = grace_s
+        self.loader_grace_s = grace_s if loader_grace_s is None else min(loader_grace_s, grace_s)
         self.abandoned = False
+        self.parked = False
+        self.waited_s = 0.0  # how long the last stop waited for the thread
+        self.waited_for_data = False  # parked or abandoned while waiting for the loader
+        self._waiting_for_data = waiting_for_data
+        self._park = park
+        self._hurried_at: float | None = None
         self._jobs: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
@@ -89,14 +124,16 @@ class StepThread:
     async def call(self, fn: Callable[..., R], *args: Any) -> R:
         """Run ``fn(*args)`` on the thread and return its result (or raise its error).
 
-        Interrupted while waiting, it sets ``stop``, waits up to ``grace_s`` for ``fn`` to
-        return, then re-raises the interruption; the thread is abandoned if ``fn`` is still
-        running then."""
+        Interrupted while waiting, it sets ``stop``, waits for ``fn`` to return (see the
+        module's docstring for how long), then re-raises the interruption. Once the thread
+        is parked, jobs run on a helper thread (the parked one holds nothing)."""
         if self.abandoned:
             raise StepThreadAbandoned(
                 "the step thread is still stuck in an earlier job (it did not reach a step "
                 "boundary within stop_grace_s); nothing more can run on it"
             )
+        if self.parked:
+            return await anyio.to_thread.run_sync(functools.partial(fn, *args))
         release_thread_pool()  # the event loop thread's, before the step thread uses its own
         job: _Job[R] = _Job(fn, args)
         self._jobs.put(job)
@@ -108,16 +145,39 @@ class StepThread:
             raise
         return job.outcome()
 
+    def hurry(self) -> None:
+        """A second stop signal: park a thread that waits for data at once, and give a
+        running step at most ``HURRY_S`` more."""
+        if self._hurried_at is None:
+            self._hurried_at = anyio.current_time()
+
     async def _settle(self, job: _Job[Any]) -> None:
-        """Wait, whatever else is cancelled meanwhile, until ``job`` returns or the grace ends."""
-        deadline = anyio.current_time() + self.grace_s
+        """Wait, whatever else is cancelled meanwhile, until ``job`` returns, or park or
+        abandon the thread (see the module's docstring)."""
+        began = anyio.current_time()
+        data_since: float | None = None  # when this stop first saw the thread wait for data
         while not job.finished.is_set():
-            remaining = deadline - anyio.current_time()
-            if remaining <= 0:
+            now = anyio.current_time()
+            self.waited_s = now - began
+            deadline = began + self.grace_s
+            if self._hurried_at is not None:
+                deadline = min(deadline, self._hurried_at + HURRY_S)
+            if self._waiting_for_data():
+                data_since = now if data_since is None else data_since
+                if self._hurried_at is not None or now - data_since >= self.loader_grace_s:
+                    self.waited_for_data = True
+                    if self._park is not None and self._park():
+                        self.parked = True
+                    else:
+                        self.abandoned = True
+                    return
+            else:
+                data_since = None
+            if now >= deadline:
                 self.abandoned = True
                 return
             try:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(remaining):
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_POLL_S):
                     await job.done.wait()
             except anyio.get_cancelled_exc_class():  # a repeated native cancellation
                 continue  # the first one is re-raised by call()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import anyio
 
 from core.checkpointing.checkpointer import Checkpointer
-from core.trainer.step_thread import StepThread
+from core.trainer.step_thread import HURRY_S, StepThread
 
 __all__ = ("RunEnding", "Stopping")
 
@@ -45,6 +45,7 @@ class Stopping:
         global_step: Callable[[], int],
         grace_s: float,
         emit: Emit,
+        warning: Emit,
         error: Emit,
         close_log: Callable[[], None],
     ) -> None:
@@ -53,6 +54,7 @@ class Stopping:
         self._global_step = global_step
         self.grace_s = grace_s
         self._emit = emit
+        self._warning = warning
         self._error = error
         self._close_log = close_log
 
@@ -65,8 +67,11 @@ class Stopping:
         Stops honour ``save_on_cancel``; a failure in a step (``always``) checkpoints the
         last completed step regardless."""
         if worker.abandoned:
-            self._report_abandoned()
-        elif self._global_step() > 0 and (always or self.checkpointer.config.save_on_cancel):
+            self._report_abandoned(worker)
+            return self.checkpointer.last_path
+        if worker.parked:
+            self._report_parked(worker)
+        if self._global_step() > 0 and (always or self.checkpointer.config.save_on_cancel):
             with anyio.CancelScope(shield=True):
                 try:
                     return await worker.call(self._save, reason)
@@ -77,21 +82,39 @@ class Stopping:
                     )  # fmt: skip
         return self.checkpointer.last_path
 
-    def _report_abandoned(self) -> None:
+    def _report_abandoned(self, worker: StepThread) -> None:
+        in_data = worker.waited_for_data
         self._error(
-            "step_thread_abandoned", stop_grace_s=self.grace_s,
+            "step_thread_abandoned", stop_grace_s=self.grace_s, waited_s=round(worker.waited_s, 3),
+            waiting_for="data" if in_data else "step",
             last_checkpoint=self.checkpointer.last_path, step=self._global_step(),
-            reason="the step thread did not reach a step boundary within stop_grace_s (a hung "
-            "loader or collective); it is left running as a daemon thread, and nothing it "
-            "holds was saved",
+            reason=(
+                "the step thread still waited for its train loader after loader_grace_s, and "
+                "with several ranks it cannot be parked there (the stop checkpoint is a "
+                "collective)" if in_data else
+                "the step thread did not reach a step boundary within stop_grace_s (a "
+                "collective or a kernel that never returns)"
+            ) + "; it is left running as a daemon thread, and nothing it holds was saved",
         )  # fmt: skip
 
-    def hurry(self, signum: int) -> None:
-        """A second stop signal: acknowledged; the stop already goes straight to the boundary."""
+    def _report_parked(self, worker: StepThread) -> None:
+        self._warning(
+            "step_thread_parked", loader_grace_s=worker.loader_grace_s,
+            waited_s=round(worker.waited_s, 3), step=self._global_step(),
+            note="the train loader had not returned a batch; the step thread is parked at "
+            "this step boundary (it never steps again, even if the loader returns) and the "
+            "stop checkpoint is written from here",
+        )  # fmt: skip
+
+    def hurry(self, worker: StepThread, signum: int) -> None:
+        """A second stop signal: a thread waiting for data is parked at once, a running step
+        gets at most ``HURRY_S`` more; the checkpoint is still written at the boundary."""
+        worker.hurry()
         self._emit(
             "signal_received", signal=signal.Signals(signum).name, action="hurry",
-            note="the stop skips the rest of the epoch and validation, and still writes the "
-            "checkpoint at the step boundary; a third signal exits at once",
+            note=f"the stop no longer waits for the loader and waits at most {HURRY_S:g} s "
+            "more for a running step; it still writes the checkpoint at the step boundary "
+            "when it gets one; a third signal exits at once",
         )  # fmt: skip
 
     def force_exit(self, signum: int) -> None:
