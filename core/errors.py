@@ -32,6 +32,9 @@ __all__ = (
 class CoreError(Exception):
     """Base class of every error raised by `core` itself."""
 
+    rank: int | None = None
+    """Under several ranks, when every rank raises what one of them ran into: that rank."""
+
 
 class ConfigError(CoreError, ValueError):
     """Raised before training starts when an argument or config field has a bad value.
@@ -67,7 +70,14 @@ class LossFormatError(CoreError, TypeError):
 
 class NonFiniteLossError(CoreError, FloatingPointError):
     """Raised when ``max_consecutive_nonfinite`` optimizer steps in a row had a non-finite
-    loss or gradient norm (each was skipped, leaving weights and optimizer state untouched)."""
+    loss or gradient norm (each was skipped, leaving weights and optimizer state untouched).
+
+    Under several ranks every rank raises it at the same step; ``ranks`` names those whose
+    own loss was not finite (the others' gradients were, through the all-reduce)."""
+
+    own_loss_nonfinite: bool = False
+    """This process's own loss was non-finite in the streak (not only its gradients)."""
+    ranks: tuple[int, ...] = ()
 
 
 class OutOfMemoryError(CoreError, MemoryError):
@@ -105,12 +115,18 @@ class SignalReceived(CoreError):
     ``stop_grace_s`` (a hung loader): nothing new was saved, and ``checkpoint`` is the last
     good one."""
 
-    def __init__(self, signum: int, checkpoint: str | None, *, abandoned: bool = False) -> None:
+    def __init__(
+        self, signum: int, checkpoint: str | None, *, abandoned: bool = False,
+        rank: int | None = None,
+    ) -> None:  # fmt: skip
         self.signum = signum
         self.exit_code = 128 + signum
         self.checkpoint = checkpoint
         self.abandoned = abandoned
+        self.rank = rank  # under several ranks: the one the signal reached (all stop)
         name = signal.Signals(signum).name
+        if rank is not None:
+            name = f"{name} (sent to rank {rank})"
         if abandoned:
             kept = f"the last good checkpoint is {checkpoint}" if checkpoint else "none was saved"
             message = (

@@ -11,6 +11,10 @@ the same functions below.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -27,7 +31,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from core import GradientAccumulationConfig, MultiGPUConfig, create_optimized_training_optimizer  # noqa: E402
-from core.errors import UnevenLoadersError  # noqa: E402
+from core.errors import (  # noqa: E402
+    CoreError,
+    SignalReceived,
+    UnevenLoadersError,
+)
 from core.loop.recovery import ErrorHandlerConfig  # noqa: E402
 from core.multi_gpu_training import MultiGPUTrainer, setup_distributed_environment  # noqa: E402
 from tests.helpers import TokenModel, padded_sequences  # noqa: E402
@@ -353,6 +361,61 @@ def uneven_len(out: Path, rank: int) -> None:
         (out / f"uneven_len.rank{rank}.txt").write_text("\n".join(messages))
         torch.distributed.barrier()  # the group survived: both ranks wrote before either exits
         raise
+
+
+class FaultOnRank1(Recorder):
+    """Rank 1's ``at``-th training forward and every later one return NaN (``nan``), or
+    the ``at``-th sends its own process SIGTERM (``sigterm``); rank 0 never does."""
+
+    def __init__(self, rank: int, fault: str, at: int = 5) -> None:
+        super().__init__()
+        self.rank, self.fault, self.at, self.calls = rank, fault, at, 0
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        out = super().forward(inputs)
+        if self.training and self.rank == 1:
+            self.calls += 1
+            if self.fault == "nan" and self.calls >= self.at:
+                out = out * float("nan")
+            if self.fault == "sigterm" and self.calls == self.at:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+
+def fault_job(out: Path, rank: int, fault: str) -> None:
+    """Trains with a fault on rank 1; each rank writes what its ``train()`` raised to
+    ``<fault>_rank1.rank<R>.json``, then re-raises it (no barrier: nothing holds the ranks
+    together here but core)."""
+    optimizer = create_optimized_training_optimizer(
+        model=FaultOnRank1(rank, fault), train_loader=DataLoader(IndexedData(192), batch_size=4),
+        max_epochs=2, learning_rate=1e-2, log_dir=out / "logs",
+        experiment_name=f"{fault}_rank1", checkpoint_every_n_steps=2, seed=0,
+        handle_signals=fault == "sigterm",
+    )  # fmt: skip
+    try:
+        anyio.run(optimizer.train)
+    except CoreError as exc:
+        said = {
+            "type": type(exc).__name__, "message": str(exc), "rank": exc.rank,
+            "ranks": list(getattr(exc, "ranks", ())),
+            "exit_code": getattr(exc, "exit_code", None),
+            "checkpoint": getattr(exc, "checkpoint", None),
+        }  # fmt: skip
+        (out / f"{fault}_rank1.rank{rank}.json").write_text(json.dumps(said))
+        raise
+    finally:
+        optimizer.close()
+
+
+@scenario
+def sigterm_rank1(out: Path, rank: int) -> None:
+    with contextlib.suppress(SignalReceived):  # the next scenario runs in these processes
+        fault_job(out, rank, "sigterm")
+
+
+@scenario
+def nan_rank1(out: Path, rank: int) -> None:
+    fault_job(out, rank, "nan")  # raises NonFiniteLossError on every rank
 
 
 class LateAtEpochEnd(torch.optim.lr_scheduler.LambdaLR):

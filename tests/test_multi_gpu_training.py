@@ -496,3 +496,41 @@ def test_the_batch_size_search_agrees_on_the_smallest_answer(jobs: Path) -> None
     assert rank0["micro"] == rank1["micro"] == 12  # the loader's 16 are split
     assert any(not t["fits"] for t in rank1["search"]["trials"])
     assert all(t["fits"] for t in rank0["search"]["trials"])
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_every_rank_raises_the_same_error_naming_the_rank_that_caused_it(tmp_path: Path) -> None:
+    """A SIGTERM that reaches rank 1 only, then a loss that turns NaN on rank 1 only: both
+    ranks' ``train()`` raise the same error naming rank 1 and the last good checkpoint, and
+    neither is torn down before its user code saw it (the job re-raises without a barrier;
+    rank 0 writes the reports)."""
+    from core import load_weights
+    from tests.distributed_jobs import Recorder
+
+    done = torchrun(tmp_path, "sigterm_rank1", "nan_rank1", check=False)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output[-3000:]
+    said = {
+        (fault, rank): json.loads((tmp_path / f"{fault}_rank1.rank{rank}.json").read_text())
+        for fault in ("sigterm", "nan")
+        for rank in (0, 1)
+    }
+    for rank in (0, 1):
+        stop = said["sigterm", rank]
+        assert stop["type"] == "SignalReceived" and stop["rank"] == 1, stop
+        assert stop["exit_code"] == 143 and "SIGTERM (sent to rank 1)" in stop["message"]
+        assert stop["checkpoint"] == said["sigterm", 0]["checkpoint"] is not None
+        nan = said["nan", rank]
+        assert nan["type"] == "NonFiniteLossError" and nan["rank"] == 1, nan
+        assert nan["ranks"] == [1] and "the loss was not finite on rank 1" in nan["message"]
+        assert nan["message"] == said["nan", 0]["message"]
+    last = re.search(r"Last good checkpoint: (\S+)\.$", said["nan", 0]["message"])
+    assert last is not None, said["nan", 0]["message"]
+    loaded = load_weights(last.group(1), Recorder())  # verified: sizes and hashes
+    assert loaded.step >= 2
+    for fault, status in (("sigterm", "stopped"), ("nan", "failed")):
+        (run_dir,) = (tmp_path / "logs" / f"{fault}_rank1").glob("2*")
+        for name in ("events.jsonl", "events.rank1.jsonl"):
+            end = json.loads((run_dir / name).read_text().splitlines()[-1])
+            assert end["event"] == "run_end" and end["status"] == status, end

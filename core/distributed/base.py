@@ -17,6 +17,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from core.distributed.lockstep import Lockstep
+from core.distributed.outcome import RankOutcome
 from core.hardware.device import device_of
 
 __all__ = ("Strategy",)
@@ -177,6 +178,10 @@ class Strategy:
     def gather_object(self, obj: T) -> list[T]:
         """Every rank's ``obj``, in rank order, on rank 0 (others get an empty list)."""
         return [obj]
+
+    def exchange_outcomes(self, mine: RankOutcome, timeout_s: float) -> list[RankOutcome]:
+        """Every rank's end of the run (``core.distributed.outcome``); one process: its own."""
+        return [mine]
 
     def barrier(self) -> None:
         """Wait for every rank."""

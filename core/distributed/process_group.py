@@ -36,6 +36,7 @@ from core.distributed.lockstep import (
     batches_in,
     uneven_loaders_error,
 )
+from core.distributed.outcome import RankOutcome, exchange_outcomes
 from core.distributed.samplers import shard_loader
 from core.errors import ConfigError
 
@@ -254,6 +255,10 @@ class ProcessGroupStrategy(Strategy):
             obj, gathered if self.is_global_zero else None, dst=0, group=self._control
         )
         return cast(list[T], gathered)
+
+    def exchange_outcomes(self, mine: RankOutcome, timeout_s: float) -> list[RankOutcome]:
+        store = dist.distributed_c10d._get_default_store()
+        return exchange_outcomes(store, mine, self.world_size, timeout_s)
 
     def barrier(self) -> None:
         dist.barrier(group=self._control)

@@ -18,6 +18,7 @@ settling step N then
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal, NamedTuple
@@ -168,6 +169,7 @@ class StepRecorder:
         fall_back = self.errors.after_step(
             step=pending.step, skipped=scalars.skipped, overflow=scalars.overflow,
             loss_scale=scalars.loss_scale, min_scale=self.precision.min_scale,
+            loss_finite=math.isfinite(scalars.loss),
         )  # fmt: skip
         if fall_back:
             before, after = self.precision.fall_back()

@@ -102,6 +102,7 @@ class ErrorHandler:
     def __init__(self, config: ErrorHandlerConfig | None = None) -> None:
         self.config = config or ErrorHandlerConfig()
         self.consecutive_nonfinite = 0
+        self.own_nonfinite_losses = 0  # of those, steps where this rank's own loss was
         self.overflows_at_min_scale = 0
 
     # -- user input -----------------------------------------------------------------------
@@ -130,20 +131,25 @@ class ErrorHandler:
     # -- decisions after a step (from the lagged readback) -------------------------------
     def after_step(
         self, *, step: int, skipped: bool, overflow: bool, loss_scale: float | None,
-        min_scale: float,
+        min_scale: float, loss_finite: bool = True,
     ) -> bool:  # fmt: skip
         """Count one step's outcome; True when fp16 should fall back. Raises
-        NonFiniteLossError after too many non-finite steps in a row."""
+        NonFiniteLossError after too many non-finite steps in a row (``loss_finite``: this
+        rank's own loss, which names the culprit under several ranks)."""
         nonfinite = skipped and not overflow
         self.consecutive_nonfinite = self.consecutive_nonfinite + 1 if nonfinite else 0
+        own = self.own_nonfinite_losses + (not loss_finite) if nonfinite else 0
+        self.own_nonfinite_losses = own
         if self.consecutive_nonfinite >= self.config.max_consecutive_nonfinite:
-            raise NonFiniteLossError(
+            error = NonFiniteLossError(
                 f"{self.consecutive_nonfinite} optimizer steps in a row, the last at step "
                 f"{step}, had a non-finite loss or gradient norm; each was skipped, so the "
                 "weights are those of the last finite step (and the last checkpoint holds "
                 "them). Fix: lower the learning rate, check the data for NaN/inf, or use "
                 "bf16/fp32 if this is fp16."
             )
+            error.own_loss_nonfinite = own > 0
+            raise error
         at_min = overflow and loss_scale is not None and loss_scale <= min_scale
         self.overflows_at_min_scale = self.overflows_at_min_scale + 1 if at_min else 0
         limit = self.config.overflows_at_min_scale_before_fallback

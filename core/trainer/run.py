@@ -19,6 +19,7 @@ from core.config import TrainingConfig
 from core.errors import NonFiniteLossError, OutOfMemoryError, SignalReceived, TrainingStepError
 from core.loop.epoch import ResumePoint
 from core.telemetry.events import EventHub
+from core.trainer.agreement import agree_on_outcome
 from core.trainer.async_tools import drain_periodically, watch_data_stalls
 from core.trainer.build import Parts
 from core.trainer.cycle import RunCycle, monotonic
@@ -55,6 +56,7 @@ class Run:
             park=loop.park if parts.strategy.world_size == 1 else None,
         )  # fmt: skip
         self.end = RunEnding()
+        self.agreed: BaseException | None = None  # what train() raises, agreed by every rank
         log = cycle.current
         self.stopping = Stopping(
             checkpointer=parts.checkpointer, save=cycle.save,
@@ -80,14 +82,15 @@ class Run:
             finally:
                 if worker.abandoned:
                     end.status = "abandoned"
-                await _to_the_end(watchers, self._close)
-        if failure is not None:
-            raise failure
+                await _to_the_end(watchers, functools.partial(self._close, failure))
+        if self.agreed is not None:  # every rank raises the same error (core.trainer.agreement)
+            raise self.agreed
         assert results is not None
         return results
 
-    async def _close(self) -> None:
-        """``run_end``, the files, the hub; then the callbacks' last records and hooks."""
+    async def _close(self, failure: Exception | None) -> None:
+        """``run_end``, the files, the hub; then the callbacks' last records and hooks; then
+        how every rank ended."""
         worker, cycle, observers = self.worker, self.cycle, self.observers
         if cycle.log is not None:  # callbacks see every record before run_end
             await anyio.to_thread.run_sync(cycle.log.drain)
@@ -97,6 +100,10 @@ class Run:
         )
         worker.close()
         await observers.finish()
+        last, wait_s = self.parts.checkpointer.last_path, self.config.logging.callback_grace_s + 10
+        self.agreed = await anyio.to_thread.run_sync(
+            agree_on_outcome, self.parts.strategy, failure, last and str(last), wait_s
+        )
 
     async def _run(
         self, description: dict[str, Any], on_open: Callable[[Path], None]

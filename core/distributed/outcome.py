@@ -1,0 +1,60 @@
+"""How each rank's run ended, exchanged through the job's key-value store.
+
+At the end of every ``train()`` each rank publishes its outcome and waits, up to a timeout,
+for every other rank's. A store is point to point: unlike a collective it cannot be matched
+against a collective a stuck peer is still inside, and a peer that never publishes (stuck
+in a step) only costs the timeout. What the ranks then do with the outcomes (raise the same
+error everywhere) is decided in ``core.trainer.agreement``; waiting for each other here is
+also what keeps a rank that fails first from exiting, and torchrun from tearing the others
+down, while they are still closing their run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import json
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+__all__ = ("RankOutcome", "exchange_outcomes")
+
+_exchanges = itertools.count(1)  # this process's exchanges so far
+
+
+@dataclass(frozen=True)
+class RankOutcome:
+    """One rank's end of a run: no error, or the error's class, message and details."""
+
+    rank: int
+    error_type: str | None = None
+    message: str = ""
+    signum: int | None = None  # SignalReceived: the signal this rank received
+    own_loss_nonfinite: bool = False  # NonFiniteLossError: this rank's own loss was
+    last_checkpoint: str | None = None
+
+    def encode(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def decode(cls, text: bytes | str) -> RankOutcome:
+        fields: dict[str, Any] = json.loads(text)
+        return cls(**fields)
+
+
+def exchange_outcomes(
+    store: Any, mine: RankOutcome, world_size: int, timeout_s: float
+) -> list[RankOutcome]:
+    """Publish ``mine``, wait up to ``timeout_s`` for every rank's; the outcomes of the ranks
+    that published, in rank order (a stuck rank is missing).
+
+    The key counts the exchanges of this process: every rank ends as many runs, in order,
+    whatever strategy object each run had."""
+    exchange = next(_exchanges)
+    keys = [f"core/outcome/{exchange}/{rank}" for rank in range(world_size)]
+    store.set(keys[mine.rank], mine.encode())
+    with contextlib.suppress(Exception):  # a rank that never published: go on without it
+        store.wait(keys, timedelta(seconds=timeout_s))
+    return [RankOutcome.decode(store.get(k)) for k in keys if store.check([k])]
