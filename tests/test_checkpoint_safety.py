@@ -221,8 +221,14 @@ def wide_model() -> Any:
     return torch.nn.Sequential(torch.nn.Linear(8, 1024), torch.nn.Tanh(), torch.nn.Linear(1024, 2))
 
 
+# How much room a checkpoint finds, in checkpoints: the write fails in different places
+# (staging, torch.save's zip writer mid-file or at its end, the manifest, the rename).
+ROOM = (0.0, 0.25, 0.6, 0.95, 1.5)
+
+
+@pytest.mark.parametrize("room", ROOM)
 def test_a_full_checkpoint_disk_names_path_space_and_last_good_checkpoint(
-    tmp_path: Path, small_disk: Path
+    tmp_path: Path, small_disk: Path, room: float
 ) -> None:
     optimizer = create_optimized_training_optimizer(
         model=wide_model(), train_loader=DataLoader(make_classification(96), batch_size=16),
@@ -230,22 +236,56 @@ def test_a_full_checkpoint_disk_names_path_space_and_last_good_checkpoint(
         checkpoint_every_n_steps=2, keep_last_n=1,
     )  # fmt: skip
     state_bytes = 3 * 4 * (8 * 1024 + 1024 + 1024 * 2 + 2)  # weights + two AdamW moments
-    fill(small_disk, leave_bytes=int(state_bytes * 1.5))  # room for one checkpoint, not two
+    fill(small_disk, leave_bytes=int(state_bytes * room))
 
     with pytest.raises(CheckpointError) as raised:
         anyio.run(optimizer.train)
     message = str(raised.value)
-    assert re.search(rf"in {small_disk}: the disk is (probably )?full", message), message
-    assert "MiB free there" in message
+    assert re.search(rf"cannot write .+ in {small_disk}: the disk is full", message), message
+    assert re.search(r"\d+\.\d MiB free there", message), message
+    assert "Fix: free space or point checkpoint_dir at a writable disk" in message
     good = optimizer.last_checkpoint
-    assert good is not None and f"the last good checkpoint is {good}" in message
+    if room > 1:
+        assert good is not None and f"the last good checkpoint is {good}" in message
+    else:
+        assert good is None and "no checkpoint was saved" in message
     leftovers = [p.name for p in small_disk.iterdir() if ".staging-" in p.name]
     assert leftovers == []  # the partial write was removed
     store = CheckpointStore(small_disk, keep_last_n=1)
-    assert store.newest_valid(lambda p, r: pytest.fail(r)) == Path(good)
-    assert store.load_state(Path(good))["trainer"]["global_step"] == 2
+    assert store.newest_valid(lambda p, r: pytest.fail(r)) == (Path(good) if good else None)
+    if good is not None:
+        assert store.load_state(Path(good))["trainer"]["global_step"] == 2
     (end,) = [r for r in events(optimizer) if r["event"] == "run_end"]
     assert end["status"] == "failed" and end["last_checkpoint"] == good
+
+
+def test_every_form_of_a_full_disk_reads_the_same(small_disk: Path) -> None:
+    """torch.save's OSError, its zip writer's "unexpected pos" (no errno), and a distributed
+    checkpoint's CheckpointException (a BaseException wrapping either) on a real full disk."""
+    import torch.distributed.checkpoint as dcp
+
+    from core.checkpointing.disk import disk_error, is_write_failure
+
+    big = {"w": torch.randn(512, 1024)}  # 2 MiB: more than the disk holds
+    failures: list[BaseException] = []
+    for attempt in range(2):
+        try:
+            with (small_disk / f"state{attempt}.pt").open("wb") as handle:
+                torch.save(big, handle)
+        except BaseException as exc:
+            failures.append(exc)
+    try:
+        with pytest.warns(UserWarning):  # no process group: DCP saves in this process
+            dcp.save(big, checkpoint_id=small_disk / "sharded", no_dist=True)
+    except BaseException as exc:
+        failures.append(exc)
+    assert any(type(f).__name__ == "CheckpointException" for f in failures), failures
+    short = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1259136 vs 1")
+    for failure in [*failures, short]:
+        assert is_write_failure(failure)
+        message = disk_error(failure, small_disk, "the checkpoint of step 2", None, 0)
+        start = f"cannot write the checkpoint of step 2 in {small_disk}: the disk is full"
+        assert message.startswith(start) and "(0.0 MiB free there" in message, message
 
 
 def test_a_full_log_disk_degrades_logging_but_checkpoints_and_events_go_on(

@@ -25,11 +25,13 @@ from torch import nn
 from torch.optim import Optimizer
 
 from core.checkpointing.config import CheckpointConfig
-from core.checkpointing.store import CheckpointStore, disk_error
+from core.checkpointing.disk import disk_error, free_bytes, is_write_failure
+from core.checkpointing.store import CheckpointStore
 from core.distributed import Strategy
 from core.errors import CheckpointError, IncompatibleCheckpointError
 from core.rng import capture_rng
 
+_FIX = "Fix: free space or point checkpoint_dir at a writable disk, then resume with resume='auto'."
 __all__ = ("CheckpointConfig", "Checkpointer", "TrainerState")  # (the config re-exported)
 
 FORMAT = 1
@@ -128,9 +130,11 @@ class Checkpointer:
         staging = Path(
             strategy.broadcast_object(str(self._stage(step)) if strategy.is_global_zero else "")
         )
+        final: Path | None = None
+        failure: str | None = None
+        cause: BaseException | None = None
         try:
             strategy.save_sharded(self.model, self.optimizer, staging / "sharded")
-            final: Path | None = None
             if strategy.is_global_zero:
                 payload = {
                     "format": FORMAT,
@@ -141,15 +145,17 @@ class Checkpointer:
                 }
                 self.store.write_state(staging, payload)
                 final = self.store.commit(staging, step, {"epoch": epoch, "reason": reason})
-        except (OSError, RuntimeError) as exc:
-            self.store.discard(staging)
-            what = f"the checkpoint of step {step}"
-            raise CheckpointError(
-                disk_error(exc, self.store.directory, what, self.last_path)
-                + ". Fix: free space or point checkpoint_dir at a writable disk, then resume "
-                "with resume='auto'."
-            ) from exc
-        final = Path(strategy.broadcast_object(str(final) if final else None) or staging)
+        except BaseException as exc:
+            if not is_write_failure(exc):
+                raise
+            failure, cause = self._failed(exc, staging, step), exc
+        # Rank 0 wrote alone: every rank learns how it went (none waits for a commit that
+        # failed); a distributed checkpoint's failure is known to every rank already.
+        outcome = strategy.broadcast_object((str(final) if final else None, failure))
+        failure = failure or outcome[1]
+        if failure is not None:
+            raise CheckpointError(f"{failure}. {_FIX}") from cause
+        final = Path(outcome[0] or staging)
         self.last_saved_step = step
         self.last_path = str(final)
         self.emit(
@@ -163,13 +169,19 @@ class Checkpointer:
         )
         return final
 
+    def _failed(self, exc: BaseException, staging: Path, step: int) -> str:
+        """Remove the partial checkpoint; say why it failed, and the free space it found."""
+        free_at_failure = free_bytes(self.store.directory)
+        self.store.discard(staging)
+        what = f"the checkpoint of step {step}"
+        return disk_error(exc, self.store.directory, what, self.last_path, free_at_failure)
+
     def _stage(self, step: int) -> Path:
         try:
             return self.store.stage(step)
         except OSError as exc:
-            raise CheckpointError(
-                disk_error(exc, self.store.directory, "a checkpoint", self.last_path)
-            ) from exc
+            message = disk_error(exc, self.store.directory, "a checkpoint", self.last_path)
+            raise CheckpointError(f"{message}. {_FIX}") from exc
 
     # -- resuming -------------------------------------------------------------------------
     def find(self) -> Path | None:

@@ -26,7 +26,6 @@ runs.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import pickle
@@ -45,18 +44,11 @@ from core.checkpointing.dcp_metadata import check_metadata
 from core.checkpointing.manifest import MANIFEST, VERSION, file_entries, read_verified
 from core.errors import CheckpointError, UnsafeCheckpointError
 
-__all__ = ("CheckpointStore", "disk_error")
+__all__ = ("CheckpointStore",)
 
 STATE = "state.pt"
 _COMMITTED = re.compile(r"^step-(\d{9})(?:-([A-Za-z0-9._-]+))?$")
 _STAGING = re.compile(r"^\.step-\d{9}.*\.staging-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]+$")
-_DISK_ERRORS = {
-    errno.ENOSPC: "the disk is full",
-    errno.EDQUOT: "the disk quota is exhausted",
-    errno.EROFS: "the file system is read-only",
-    errno.EACCES: "permission denied",
-    errno.EPERM: "operation not permitted",
-}
 
 
 def _fsync_path(path: Path) -> None:
@@ -75,21 +67,6 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def disk_error(exc: BaseException, directory: Path, what: str, last_good: str | None) -> str:
-    """One sentence for a failed write: the path, why, the free space, the last good checkpoint."""
-    reason = _DISK_ERRORS.get(getattr(exc, "errno", None) or -1)
-    try:
-        free = shutil.disk_usage(directory).free
-        free_text = f"{free / 2**20:.1f} MiB free there"
-    except OSError:
-        free, free_text = None, "free space unknown"
-    if reason is None:
-        full = free is not None and free < 2**20
-        reason = "the disk is probably full" if full else f"{type(exc).__name__}: {exc}"
-    kept = f"the last good checkpoint is {last_good}" if last_good else "no checkpoint was saved"
-    return f"cannot write {what} in {directory}: {reason} ({free_text}); {kept}"
 
 
 class CheckpointStore:
