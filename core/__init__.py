@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from core.callbacks import Callback, RunInfo
 from core.checkpointing.config import CheckpointConfig
+from core.checkpointing.lineage import CheckpointInfo, Checkpoints
 from core.checkpointing.weights import LoadedWeights, load_weights
 from core.config import DataConfig, EarlyStoppingConfig, OptimConfig, RunConfig, TrainingConfig
 from core.console import ProgressBar, summarize_model
@@ -97,6 +98,8 @@ __all__ = (
     "Callback",
     "CheckpointConfig",
     "CheckpointError",
+    "CheckpointInfo",
+    "Checkpoints",
     "ConfigError",
     "CoreError",
     "DataConfig",

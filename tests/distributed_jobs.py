@@ -497,7 +497,7 @@ def ddp_oom_rank1(out: Path, rank: int) -> None:
     )  # fmt: skip
     results = anyio.run(optimizer.train)
     weights = optimizer._built.strategy.model_state_dict(optimizer.model)
-    micro = optimizer._built.accumulation.micro_batch_size
+    micro = optimizer.describe()["gradient_accumulation"]["micro_batch_size"]
     optimizer.close()
     torch.save(
         {"weights": weights, "results": results.to_dict(), "micro_batch_size": micro},
@@ -516,7 +516,7 @@ def ddp_auto_batch(out: Path, rank: int) -> None:
     )  # fmt: skip
     anyio.run(optimizer.train)
     search = optimizer.describe()["model_setup"]["batch_size_search"]
-    micro = optimizer._built.accumulation.micro_batch_size
+    micro = optimizer.describe()["gradient_accumulation"]["micro_batch_size"]
     optimizer.close()
     torch.save({"search": search, "micro": micro}, out / f"ddp_auto_batch.rank{rank}.pt")
 

@@ -117,7 +117,7 @@ def test_resume_with_an_incompatible_config_names_the_fields(log_dir: Path) -> N
 def test_resume_from_an_explicit_path_and_training_longer(log_dir: Path) -> None:
     first = build(log_dir, max_epochs=1)
     anyio.run(first.train)
-    (path,) = first._built.checkpointer.store.committed()
+    (path,) = [c.path for c in first.checkpoints]
     longer = build(log_dir, max_epochs=3, resume=str(path))
     results = anyio.run(longer.train)
     assert results.epochs_completed == 3 and results.global_step == 3 * 6

@@ -69,7 +69,11 @@ def test_auto_batch_size_splits_a_loader_batch_that_does_not_fit(log_dir: Path) 
     resolved = run_start(results)["resolved"]["model_setup"]
     chosen = resolved["batch_size_search"]["batch_size"]
     assert small <= chosen < 128
-    assert resolved["micro_batch_size"] == chosen == searched._built.accumulation.micro_batch_size
+    assert (
+        resolved["micro_batch_size"]
+        == chosen
+        == searched.describe()["gradient_accumulation"]["micro_batch_size"]
+    )
     assert len(resolved["batch_size_search"]["trials"]) <= 12
     # The effective batch is unchanged: the same weights as a run told that micro-batch.
     told, _ = train(log_dir, Blocks(), loader, micro_batch_size=chosen)

@@ -67,6 +67,12 @@ def test_train_reload_predict_runs_as_written(tmp_path: Path) -> None:
     best = re.search(r"best val_top1 ([0-9.]+)", done.stdout)
     reloaded = re.search(r"test accuracy ([0-9.]+)", done.stdout)
     assert best and reloaded and float(reloaded[1]) > 0.7, done.stdout
+    inspected = re.search(r"^(cpu|single_gpu) \[(.+)\] latest (\d+) best (\d+) (\d+) steps/epoch",
+                          done.stdout, flags=re.M)  # fmt: skip
+    assert inspected, done.stdout
+    steps = [int(step) for step in inspected[2].split(", ")]
+    assert steps[0] == int(inspected[3]) == 65 and int(inspected[4]) in steps
+    assert int(inspected[5]) == 13
 
 
 @pytest.mark.slow

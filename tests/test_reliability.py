@@ -162,7 +162,7 @@ async def test_2_12_cancel_mid_epoch_then_resume_gives_identical_losses_and_weig
     await reference.train()
     interrupted = build(tmp_path / "run", accumulation)
     await cancel_after(interrupted, stop_at)
-    saved = interrupted._built.checkpointer.store.committed()[0]
+    saved = interrupted.checkpoints[0].path
     assert int(saved.name.split("-")[1]) == interrupted.global_step  # a step boundary
     assert interrupted.epochs_completed < 3
     resumed = build(tmp_path / "run", accumulation, resume="auto")
@@ -380,7 +380,7 @@ def test_8_oom_halves_the_micro_batch_and_matches_a_run_started_there(tmp_path: 
         return optimizer, anyio.run(optimizer.train)
 
     recovered, results = run(OOMAbove(limit=10), None)
-    assert recovered._built.accumulation.micro_batch_size == 8  # 32 -> 16 -> 8
+    assert recovered.describe()["gradient_accumulation"]["micro_batch_size"] == 8  # 32 -> 16 -> 8
     log = [json.loads(x) for x in (results.run_dir / "events.jsonl").read_text().splitlines()]
     assert [r["micro_batch_size"] for r in log if r["event"] == "oom_recovered"] == [16, 8]
     reference, _ = run(OOMAbove(limit=10), 8)

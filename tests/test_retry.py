@@ -54,7 +54,7 @@ def test_a_recovered_run_equals_a_run_started_at_the_smaller_micro_batch_with_dr
     log_dir: Path,
 ) -> None:
     recovered, results = run(DropoutOOMAbove(limit=10), None, log_dir)
-    assert recovered._built.accumulation.micro_batch_size == 8  # 32 -> 16 -> 8
+    assert recovered.describe()["gradient_accumulation"]["micro_batch_size"] == 8  # 32 -> 16 -> 8
     log = [json.loads(x) for x in (results.run_dir / "events.jsonl").read_text().splitlines()]
     assert [r["micro_batch_size"] for r in log if r["event"] == "oom_recovered"] == [16, 8]
     reference, _ = run(DropoutOOMAbove(limit=10), 8, log_dir)

@@ -19,7 +19,6 @@ with ``status="cancelled"``) and the cancellation propagates. With
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -29,13 +28,13 @@ import torch
 from torch import nn
 
 from core.callbacks import Callback
+from core.checkpointing.lineage import Checkpoints
 from core.config import TrainingConfig
 from core.integrated.distribution import MonitoredDistribution
 from core.loop.epoch import Scheduler
 from core.loop.objective import LossFn
 from core.metrics import Metric, MetricFn
 from core.precision.policy import MixedPrecisionTrainer
-from core.telemetry.describe import Fixed, resolved
 from core.telemetry.events import EventHub, EventStream
 from core.telemetry.run_log import CurrentLog
 from core.trainer.arguments import check_runtime
@@ -43,6 +42,7 @@ from core.trainer.benchmark import benchmark_performance, optimal_batch_size
 from core.trainer.build import OptimizerArgument, Parts, Runtime, SchedulerArgument, build
 from core.trainer.cycle import RunCycle
 from core.trainer.inference import evaluate_with, predict_with
+from core.trainer.inspection import checkpoints_of, describe
 from core.trainer.observers import Observers, with_default_callbacks
 from core.trainer.results import TrainingResults
 from core.trainer.run import Run
@@ -163,6 +163,18 @@ class OptimizedTrainingOptimizer:
         return self._built.checkpointer.last_path
 
     @property
+    def checkpoints(self) -> Checkpoints:
+        """The checkpoint directory's checkpoints: ``.latest``, ``.best``, ``verify``,
+        ``load``, ``lineage`` (``core.checkpointing.lineage``)."""
+        return checkpoints_of(self._config, self._built)
+
+    @property
+    def strategy_name(self) -> str:
+        """How the job is distributed: ``cpu``, ``single_gpu``, ``data_parallel``,
+        ``distributed`` (DDP), ``fsdp`` or ``expert_parallel``."""
+        return self._built.strategy.name
+
+    @property
     def train_loader(self) -> Iterable[Any]:
         """This rank's training loader (under DDP/FSDP2 re-sharded with a sampler)."""
         return self._built.train_loader
@@ -209,21 +221,9 @@ class OptimizedTrainingOptimizer:
         return self._hub.subscribe(capacity or self._config.logging.event_buffer_size)
 
     def describe(self) -> dict[str, Any]:
-        """What the config resolved to: each part's own description (``run_start``)."""
-        parts = self._built
-        return resolved(
-            {
-                "strategy": parts.strategy,
-                "precision": parts.precision,
-                "checkpoints": parts.checkpointer,
-                "device_settings": Fixed(parts.device_settings),
-                "model_setup": Fixed(parts.prepared.describe()),
-                "gradient_accumulation": Fixed(asdict(self._config.accumulation)),
-                "error_handling": Fixed(asdict(self._config.errors)),
-            },
-            model=parts.strategy.unwrap(parts.model), optimizer=parts.optimizer,
-            scheduler=parts.scheduler, loss_fn=parts.objective.loss_fn,
-        )  # fmt: skip
+        """What the config resolved to (each part's description, as in ``run_start``) and the
+        plan: steps per epoch, effective batch, micro-batches as they stand now."""
+        return describe(self._config, self._built)
 
     # -- using the trained model ----------------------------------------------------------
     async def evaluate(self, loader: Iterable[Any] | None = None) -> dict[str, float | None]:
