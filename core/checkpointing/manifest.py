@@ -19,7 +19,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -58,13 +58,19 @@ def _walk(root: Path) -> Iterator[tuple[str, Path]]:
             yield path.relative_to(root).as_posix(), path
 
 
-def file_entries(root: Path) -> dict[str, dict[str, Any]]:
-    """The ``files`` section for a freshly written checkpoint directory."""
+def file_entries(
+    root: Path, known: Mapping[Path, dict[str, Any]] | None = None
+) -> dict[str, dict[str, Any]]:
+    """The ``files`` section for a freshly written checkpoint directory; ``known`` holds the
+    entries of files hashed as they were written (not read again)."""
+    known = known or {}
     return {
-        name: {"sha256": hash_file(path), "bytes": path.stat().st_size}
+        name: dict(known[path]) if path in known else {
+            "sha256": hash_file(path), "bytes": path.stat().st_size
+        }
         for name, path in sorted(_walk(root))
         if path.is_file() and name != MANIFEST
-    }
+    }  # fmt: skip
 
 
 def _invalid(path: Path, why: str) -> CheckpointError:

@@ -26,6 +26,7 @@ runs.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import pickle
@@ -36,7 +37,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, BinaryIO, cast
 
 import torch
 
@@ -69,6 +70,21 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+class _HashingWriter:
+    """A file that hashes what ``torch.save`` writes through it (it writes sequentially)."""
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self.handle, self.digest, self.size = handle, hashlib.sha256(), 0
+
+    def write(self, data: bytes | memoryview) -> int:
+        self.digest.update(data)
+        self.size += memoryview(data).nbytes
+        return self.handle.write(data)
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
 class CheckpointStore:
     """Writes, lists, verifies, loads and prunes the checkpoints in one directory.
 
@@ -89,6 +105,7 @@ class CheckpointStore:
         self.safe_globals = list(safe_globals)
         self.run_id = run_id or secrets.token_hex(3)
         self.parent: str | None = None
+        self._synced: dict[Path, dict[str, Any]] = {}  # hashed and fsynced as written
         self.kept: set[str] = set()
         """Names of this run's checkpoints kept apart from ``keep_last_n`` (the best one)."""
         self.before_commit: Callable[[Path], None] | None = None
@@ -108,19 +125,23 @@ class CheckpointStore:
         staging.mkdir()
         return staging
 
-    @staticmethod
-    def write_state(staging: Path, state: dict[str, Any]) -> None:
+    def write_state(self, staging: Path, state: dict[str, Any]) -> None:
+        """Write and fsync ``state.pt``, hashing it on the way (commit does not read it again)."""
         target = staging / STATE
         with target.open("wb") as handle:
-            torch.save(state, handle)
+            writer = _HashingWriter(handle)
+            torch.save(state, cast(IO[bytes], writer))  # only write() is called
             handle.flush()
             os.fsync(handle.fileno())
+        self._synced[target] = {"sha256": writer.digest.hexdigest(), "bytes": writer.size}
 
     def commit(self, staging: Path, step: int, meta: dict[str, Any]) -> Path:
         """Hash, sync and atomically publish ``staging`` as this run's checkpoint of ``step``."""
-        files = file_entries(staging)
+        files = file_entries(staging, self._synced)
         for name in files:
-            _fsync_path(staging / name)
+            if staging / name not in self._synced:
+                _fsync_path(staging / name)
+        self._synced = {}
         manifest = {
             "manifest_version": VERSION, **meta, "step": step, "run_id": self.run_id,
             "parent": self.parent, "committed_at_ns": time.time_ns(), "files": files,

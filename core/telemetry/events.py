@@ -4,7 +4,9 @@ The step thread (and the async side) call :meth:`EventHub.publish`, which only a
 bounded per-subscriber buffer under a short lock: it never waits for a consumer and never
 touches the event loop. A consumer that falls behind loses its oldest records, counted in
 :attr:`EventStream.dropped`. Consumers poll their buffer from the event loop, so the hub
-works the same under asyncio and trio.
+works the same under asyncio and trio. A waiting consumer is woken at once when its stream
+closes or when :meth:`EventStream.wake` asks (the end of a run is never a poll interval late);
+records themselves never wake it (publishing stays free of the event loop).
 
 Example::
 
@@ -16,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -23,6 +26,9 @@ from types import TracebackType
 from typing import Any
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
+from anyio.lowlevel import EventLoopToken
 
 __all__ = ("EventHub", "EventStream")
 
@@ -42,6 +48,7 @@ class EventStream:
         self._lock = threading.Lock()
         self._poll_interval_s = poll_interval_s
         self._closed = False
+        self._waiting: tuple[anyio.Event, EventLoopToken, int] | None = None  # +thread
         self.dropped = 0
         """Records this consumer lost because it fell more than ``capacity`` behind."""
 
@@ -62,6 +69,19 @@ class EventStream:
     def close(self) -> None:
         """No more records will come; iteration ends once the buffer is drained."""
         self._closed = True
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake the consumer now if it waits for records (any thread; cheap when it does not)."""
+        waiting = self._waiting
+        if waiting is None:
+            return
+        event, token, thread = waiting
+        if threading.get_ident() == thread:
+            event.set()
+            return
+        with contextlib.suppress(Exception):  # the consumer's event loop may be gone
+            anyio.from_thread.run_sync(event.set, token=token)
 
     def __aiter__(self) -> EventStream:
         return self
@@ -73,7 +93,13 @@ class EventStream:
                     return self._buffer.popleft()
                 if self._closed:
                     raise StopAsyncIteration
-            await anyio.sleep(self._poll_interval_s)
+                event = anyio.Event()
+                self._waiting = (event, anyio.lowlevel.current_token(), threading.get_ident())
+            try:
+                with anyio.move_on_after(self._poll_interval_s):
+                    await event.wait()
+            finally:
+                self._waiting = None
 
     async def aclose(self) -> None:
         self._hub.unsubscribe(self)

@@ -95,7 +95,10 @@ class Observers:
         the run's own log. Shielded; at most half of ``grace_s``."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(self.grace_s / 2):
             while not self._done.is_set() and (self._busy or any(s.backlog for s in self._streams)):
-                await anyio.sleep(0.005)
+                for stream in self._streams:
+                    if stream.backlog:
+                        stream.wake()  # its consumer drains now, not at its next poll
+                await anyio.sleep(0.002)
 
     async def finish(self) -> None:
         """After the hub closed (the run's files complete): let callbacks finish their
