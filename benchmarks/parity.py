@@ -16,8 +16,10 @@ Lightning's own protocol (its ``parity_pytorch`` tests), kept here:
 
 `core` runs with its **default settings** (checkpoint at every epoch's end, the run log, the
 reports, the progress lines, the device monitor): only the optimizer is given, the same as
-the plain loop's. Lightning disables its own checkpoints, logger and progress bar in that
-test; ``core, lean`` does the same for comparison. Runs of the kinds alternate (Lightning
+the plain loop's, and on CUDA the plain loop's arithmetic (``enable_amp=False, tf32=False``:
+core's CUDA defaults are bf16 autocast and TF32 matmuls, which change the losses).
+Lightning disables its own checkpoints, logger and progress bar in that test; ``core, lean``
+does the same for comparison. Runs of the kinds alternate (Lightning
 runs all of one kind, then the other), so a slow spell of the machine hits both.
 
 ``--rss`` adds the measure a fault-injection pass used: each kind in a fresh process, its
@@ -159,7 +161,7 @@ def core_run(lean: bool) -> Callable[[str, int, int, torch.device, Path], float]
         )  # fmt: skip
         optimizer = create_optimized_training_optimizer(
             model=model, train_loader=loader, optimizer=_optimizer, max_epochs=epochs,
-            max_grad_norm=None, log_dir=logs, **lean_settings,
+            max_grad_norm=None, log_dir=logs, enable_amp=False, tf32=False, **lean_settings,
         )  # fmt: skip
         anyio.run(optimizer.train)
         optimizer.close()

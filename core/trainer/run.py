@@ -100,7 +100,10 @@ class Run:
         )
         worker.close()
         await observers.finish()
-        last, wait_s = self.parts.checkpointer.last_path, self.config.logging.callback_grace_s + 10
+        # Peers close within their callbacks' grace; a stop that gave up on its step thread
+        # gives control back first, and waits for the others briefly.
+        wait_s = 5.0 if worker.abandoned else self.config.logging.callback_grace_s + 10
+        last = self.parts.checkpointer.last_path
         self.agreed = await anyio.to_thread.run_sync(
             agree_on_outcome, self.parts.strategy, failure, last and str(last), wait_s
         )
