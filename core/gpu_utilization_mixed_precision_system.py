@@ -32,13 +32,13 @@ from core.errors import config_error
 from core.flat import config_from_flat
 from core.integrated.config import GPUConfig, training_config
 from core.integrated.manager import GPUManager
-from core.integrated.monitor import GPUPerformanceMonitor
 from core.integrated.setup import setup_training
 from core.integrated.sync import running_event_loop
 from core.loop.objective import LossFn
 from core.memory import GPUMemoryOptimizer
 from core.metrics import Metric, MetricFn
 from core.mixed_precision_training import MixedPrecisionConfig, MixedPrecisionTrainer
+from core.monitoring.performance import GPUPerformanceMonitor
 from core.trainer.build import OptimizerArgument, SchedulerArgument
 from core.trainer.orchestrator import OptimizedTrainingOptimizer
 from core.trainer.results import TrainingResults

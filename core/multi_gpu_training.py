@@ -35,9 +35,9 @@ from core.distributed.launch import (
 from core.distributed.selection import Machine
 from core.errors import ConfigError
 from core.flat import config_from_flat
-from core.integrated.distribution import MonitoredDistribution
 from core.loop.objective import LossFn
 from core.metrics import Metric, MetricFn
+from core.monitoring.distribution import MonitoredDistribution
 from core.trainer.orchestrator import OptimizedTrainingOptimizer
 from core.trainer.results import TrainingResults
 

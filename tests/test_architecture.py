@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "core"
 FACES = {
     "core",
+    "core.__main__",
     "core.optimized_training_optimizer",
     "core.mixed_precision_training",
     "core.gradient_accumulation",
@@ -22,10 +23,12 @@ FACES = {
     "core.cli",
     "core.gpu_utilization_mixed_precision_system",
 }
-"""The seed faces: modules, or packages (``core.cli``) whose every module is a face."""
+FACE_PACKAGES = ("core.cli", "core.integrated", "core.eager")
+"""The seed faces: modules, and packages whose every module is a face (seed 000's integrated
+system, the synchronous per-batch faces, the command line)."""
 COMPONENTS = ("loop", "precision", "distributed", "checkpointing", "telemetry", "monitoring",
               "hardware", "memory", "transforms", "data", "metrics", "console", "reports",
-              "trackers", "eager", "losses", "integrated", "moe")  # fmt: skip
+              "trackers", "losses", "moe")  # fmt: skip
 MAX_LINES = 300
 
 
@@ -57,7 +60,7 @@ def in_package(module: str, package: str) -> bool:
 
 
 def is_face(module: str) -> bool:
-    return module in FACES or in_package(module, "core.cli")
+    return module in FACES or any(in_package(module, p) for p in FACE_PACKAGES)
 
 
 def arrows(source: str, target: str) -> list[str]:
@@ -102,6 +105,33 @@ def test_only_the_faces_import_the_async_shell() -> None:
         if in_package(m, "core.trainer")
     ]
     assert outside == []
+
+
+def test_faces_sit_on_top_no_module_outside_them_imports_one() -> None:
+    under = sorted(
+        f"{name} -> {m}"
+        for name, targets in GRAPH.items()
+        if not is_face(name)
+        for m in targets
+        if is_face(m)
+    )
+    assert under == []
+
+
+def package_of(module: str) -> str:
+    """The layer a module belongs to: ``core.loop.step`` -> ``core.loop``."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_two_layers_point_both_ways() -> None:
+    layers = {
+        (package_of(name), package_of(m))
+        for name, targets in GRAPH.items()
+        for m in targets
+        if package_of(name) != package_of(m) and m in GRAPH
+    }
+    both_ways = sorted(f"{a} <-> {b}" for a, b in layers if (b, a) in layers and a < b)
+    assert both_ways == []
 
 
 def test_distribution_does_not_import_monitoring() -> None:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from core import BatchFormatError
-from core.loop.batches import count_samples, split_batch, to_device
+from core.data.batches import count_samples, split_batch, to_device
 
 
 def test_count_samples_prefers_targets_and_handles_dicts() -> None:

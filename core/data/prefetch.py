@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
+from core.data.batches import to_device
 from core.data.config import LoaderConfig
 from core.hardware.device import device_of
-from core.loop.batches import to_device
 
 __all__ = ("DevicePrefetcher", "prefetch_to_device")
 
@@ -64,7 +64,7 @@ class DevicePrefetcher:
     threads.
 
     Batches may be tensors or nested tuples, lists and dicts of tensors (the structure rules
-    of ``core.loop.batches.to_device``); other leaves pass through. ``len()`` is the
+    of ``core.data.batches.to_device``); other leaves pass through. ``len()`` is the
     loader's, and ``sampler``, ``batch_size``, ``dataset`` (also ``batch_sampler``,
     ``drop_last``) are read from the loader, which stays available as ``.loader``.
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from core.eager.emit import emit_to
 from core.eager.epochs import EagerEpochs
 from core.eager.manual import ManualSteps
-from core.eager.memory import measure_amp_savings
 from core.eager.steps import EagerSteps
+from core.memory.amp_savings import measure_amp_savings
 
 __all__ = ("EagerEpochs", "EagerSteps", "ManualSteps", "emit_to", "measure_amp_savings")

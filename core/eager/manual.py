@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from core.data.batches import to_device
 from core.distributed.base import Strategy
 from core.eager.emit import Emit
 from core.hardware.device import device_of
-from core.loop.batches import to_device
 from core.loop.readback import Readback, StepScalars
 from core.loop.recorder import StepOutcome, StepRecorder
 from core.loop.recovery import ErrorHandler

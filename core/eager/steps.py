@@ -15,17 +15,17 @@ from typing import Any
 import torch
 from torch import nn
 
+from core.data.batches import count_samples, to_device
 from core.distributed.base import Strategy
 from core.eager.emit import Emit
-from core.eager.memory import measure_amp_savings
 from core.hardware.device import device_of
 from core.loop.accumulation import GradientAccumulation, Window
-from core.loop.batches import count_samples, to_device
 from core.loop.objective import DefaultObjective, LossFn, Objective
 from core.loop.readback import StepScalars
 from core.loop.recorder import EpochStats, Scheduler, StepRecorder
 from core.loop.recovery import ErrorHandler
 from core.loop.step import OptimizerStep
+from core.memory.amp_savings import measure_amp_savings
 from core.moe.probe import MoEProbe
 from core.precision.plugins import FP32, Precision
 from core.precision.policy import MixedPrecisionTrainer
@@ -76,7 +76,7 @@ class EagerSteps:
     """One optimizer step per :meth:`train_step` call, read back before it returns.
 
     With ``track_memory`` the first call first measures AMP's peak-memory saving on its
-    batch (``core.eager.memory``) and hands it to ``amp.note_memory_savings``.
+    batch (``core.memory.amp_savings``) and hands it to ``amp.note_memory_savings``.
 
     Example::
 
@@ -118,7 +118,7 @@ class EagerSteps:
         )  # fmt: skip
         self.steps_done = 0
         self.track_memory = track_memory
-        """Measure AMP's memory saving on the next batch (once; ``core.eager.memory``)."""
+        """Measure AMP's memory saving on the next batch (once; ``core.memory.amp_savings``)."""
         self.correct = 0.0
         """Correct predictions since :meth:`begin_epoch` (with ``counted``: the accuracy)."""
         self.counted = 0.0

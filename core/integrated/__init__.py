@@ -6,11 +6,11 @@ distribution. The face, ``core.gpu_utilization_mixed_precision_system``, adds tr
 from __future__ import annotations
 
 from core.integrated.config import GPUConfig, training_config
-from core.integrated.distribution import MonitoredDistribution
 from core.integrated.manager import GPUManager, default_device
-from core.integrated.monitor import GPUPerformanceMonitor, seed_metrics, seed_summary
 from core.integrated.setup import setup_training
 from core.integrated.sync import running_event_loop
+from core.monitoring.distribution import MonitoredDistribution
+from core.monitoring.performance import GPUPerformanceMonitor, seed_metrics, seed_summary
 
 __all__ = (
     "GPUConfig",

@@ -30,8 +30,8 @@ from typing import Any, Literal, NamedTuple, Protocol
 import torch
 
 from core.checks import is_int
+from core.data.batches import count_samples, count_tokens, split_batch
 from core.errors import config_error
-from core.loop.batches import count_samples, count_tokens, split_batch
 
 __all__ = (
     "GradientAccumulation",

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from core.data.batches import count_samples, take_samples, to_device
 from core.distributed import Strategy
 from core.errors import EmptyLoaderError
-from core.loop.batches import count_samples, take_samples, to_device
 from core.loop.objective import Objective
 from core.loop.recovery import ErrorHandler
 from core.metrics import MetricSet

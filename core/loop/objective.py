@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from core.data.batches import describe
 from core.errors import LossFormatError
-from core.loop.batches import describe
 from core.metrics import logits_of
 
 __all__ = ("DefaultObjective", "LossFn", "Objective")

@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from core.data.batches import count_samples, describe, take_samples, to_device
 from core.distributed import Strategy
 from core.errors import BatchFormatError
-from core.loop.batches import count_samples, describe, take_samples, to_device
 from core.precision.plugins import Precision
 
 __all__ = ("predict",)

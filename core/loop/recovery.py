@@ -33,6 +33,7 @@ from typing import Any, Literal
 import torch
 
 from core.checks import check_bool_fields, is_int
+from core.data.batches import describe
 from core.errors import (
     BatchFormatError,
     CoreError,
@@ -43,7 +44,6 @@ from core.errors import (
     TrainingStepError,
     config_error,
 )
-from core.loop.batches import describe
 
 __all__ = ("ErrorHandler", "ErrorHandlerConfig")
 

@@ -35,10 +35,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from core.data.batches import to_device
 from core.distributed import Strategy
 from core.hardware.device import device_of
 from core.loop.accumulation import GradientAccumulation, Window
-from core.loop.batches import to_device
 from core.loop.objective import Objective
 from core.loop.readback import Readback
 from core.loop.recorder import StepOutcome, StepRecorder

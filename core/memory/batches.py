@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from core.checks import is_int
+from core.data.batches import count_samples
 from core.errors import config_error
-from core.loop.batches import count_samples
 
 __all__ = ("BatchMaker", "batch_maker_for_shape", "batch_maker_from", "check_input_shape")
 

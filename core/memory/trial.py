@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from core.data.batches import describe, is_pair, to_device
 from core.errors import LossFormatError
 from core.hardware.device import device_of
-from core.loop.batches import describe, is_pair, to_device
 from core.loop.recovery import is_out_of_memory
 from core.memory.batches import BatchMaker
 from core.memory.meter import MemoryMeter

@@ -32,7 +32,7 @@ import torch
 from typing_extensions import override
 
 from core.checks import is_number
-from core.loop.batches import count_samples, describe
+from core.data.batches import count_samples, describe
 
 __all__ = ("MeanOf", "Metric", "MetricFn")
 

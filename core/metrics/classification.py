@@ -16,8 +16,8 @@ import torch
 from typing_extensions import override
 
 from core.checks import is_int
+from core.data.batches import describe
 from core.errors import config_error
-from core.loop.batches import describe
 from core.metrics.base import Metric
 
 __all__ = ("Accuracy", "F1Score")

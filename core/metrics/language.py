@@ -11,8 +11,8 @@ from torch.nn import functional as F
 from typing_extensions import override
 
 from core.checks import check_bool, is_int
+from core.data.batches import describe
 from core.errors import config_error
-from core.loop.batches import describe
 from core.metrics.base import Metric
 
 __all__ = ("Perplexity",)

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from typing_extensions import override
 
-from core.loop.batches import describe
+from core.data.batches import describe
 from core.metrics.base import Metric
 
 __all__ = ("MeanAbsoluteError",)

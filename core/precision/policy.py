@@ -144,7 +144,7 @@ class MixedPrecisionTrainer:
 
     def note_memory_savings(self, saved_bytes: int | None, note: str) -> None:
         """Keep the measured peak-memory saving of AMP over fp32 (``None``: not measured,
-        ``note`` says why; see ``core.eager.memory``)."""
+        ``note`` says why; see ``core.memory.amp_savings``)."""
         self._memory_savings, self._memory_note = saved_bytes, note
 
     def epoch_fields(self) -> dict[str, Any]:

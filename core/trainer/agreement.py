@@ -19,7 +19,7 @@ A rank that never publishes (stuck inside a step) is waited for ``wait_s``, then
 
 from __future__ import annotations
 
-from core import errors
+import core.errors
 from core.distributed import Strategy
 from core.distributed.outcome import RankOutcome
 from core.errors import CoreError, NonFiniteLossError, SignalReceived
@@ -78,7 +78,7 @@ def _same_error(
         nonfinite.ranks = culprits
         nonfinite.rank = culprits[0] if culprits else first.rank
         return _chained(nonfinite, failure)
-    kind = getattr(errors, first.error_type or "", None)
+    kind = getattr(core.errors, first.error_type or "", None)
     if not (isinstance(kind, type) and issubclass(kind, CoreError)) or kind is SignalReceived:
         kind = CoreError
     said = f"rank {first.rank} failed ({first.error_type}): {first.message}{kept}"

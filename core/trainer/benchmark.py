@@ -25,9 +25,9 @@ import torch
 
 from core.checks import is_int, is_number
 from core.config import TrainingConfig
+from core.data.batches import count_samples
 from core.errors import config_error
 from core.hardware.device import device_of
-from core.loop.batches import count_samples
 from core.loop.stepper import stepper_for
 from core.memory.batches import batch_maker_from
 from core.memory.finder import find_batch_size

@@ -29,17 +29,17 @@ from core.console.model_summary import summarize_model
 from core.data.prefetch import prefetch_to_device
 from core.distributed.base import Strategy
 from core.distributed.lockstep import batches_in
-from core.eager.memory import measure_amp_savings
 from core.hardware.settings import GPUManager
-from core.integrated.distribution import MonitoredDistribution
 from core.loop.accumulation import GradientAccumulation
 from core.loop.epoch import Scheduler, StepLoop
 from core.loop.objective import DefaultObjective, LossFn, Objective
 from core.loop.recovery import ErrorHandler
 from core.loop.stepper import default_optimizer
+from core.memory.amp_savings import measure_amp_savings
 from core.memory.trial import OptimizerFactory
 from core.metrics import MetricSet
 from core.moe import MoEProbe
+from core.monitoring.distribution import MonitoredDistribution
 from core.monitoring.gpu_monitor import GPUMonitor
 from core.precision.compatibility import check_amp_compatibility
 from core.precision.policy import MixedPrecisionTrainer

@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from core.config import TrainingConfig
+from core.data.batches import count_samples, to_device
 from core.distributed.base import Strategy
-from core.loop.batches import count_samples, to_device
 from core.loop.objective import Objective
 from core.memory.batches import batch_maker_from
 from core.memory.finder import BatchSizeSearch, find_batch_size

@@ -30,10 +30,10 @@ from torch import nn
 from core.callbacks import Callback
 from core.checkpointing.lineage import Checkpoints
 from core.config import TrainingConfig
-from core.integrated.distribution import MonitoredDistribution
 from core.loop.epoch import Scheduler
 from core.loop.objective import LossFn
 from core.metrics import Metric, MetricFn
+from core.monitoring.distribution import MonitoredDistribution
 from core.precision.policy import MixedPrecisionTrainer
 from core.telemetry.events import EventHub, EventStream
 from core.telemetry.run_log import CurrentLog

@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from core.distributed.trainer import Distribution
-from core.integrated.monitor import GPUPerformanceMonitor
 from core.monitoring.gpu_monitor import GPUMonitor
+from core.monitoring.performance import GPUPerformanceMonitor
 
 __all__ = ("MonitoredDistribution",)
 

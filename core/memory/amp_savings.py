@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from core.loop.batches import count_samples, to_device
+from core.data.batches import count_samples, to_device
 from core.loop.objective import Objective
 from core.memory.meter import meter_for
 from core.memory.trial import preserved
