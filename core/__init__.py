@@ -46,6 +46,7 @@ from core.gpu_utilization_mixed_precision_system import (
     IntegratedGPUTrainingSystem,
 )
 from core.gradient_accumulation import GradientAccumulation, GradientAccumulationConfig
+from core.hardware.heap import set_aside_import_heap
 from core.hardware.settings import GPUManagerConfig
 from core.loop.recovery import ErrorHandler, ErrorHandlerConfig
 from core.losses import FocalLoss, Mixup, MixupCollate
@@ -173,3 +174,5 @@ __all__ = (
     "wait_for_reports",
     "write_reports",
 )
+
+set_aside_import_heap()  # last: torch and core are loaded (see core.hardware.heap)
