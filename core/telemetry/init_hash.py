@@ -50,7 +50,13 @@ def _sampled(tensor: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(k, device=tensor.device, dtype=torch.int64)
         if k > 1:
             positions = positions * (count - 1) // (k - 1)
-        picked = tensor[torch.unravel_index(positions, tensor.shape)]
+        # A contiguous tensor is indexed through a flat view: the same values as the
+        # unravelled index, without its per-tensor Python work (the factory builds on the
+        # caller's thread, an event loop's included).
+        if tensor.is_contiguous():
+            picked = tensor.view(-1)[positions]
+        else:
+            picked = tensor[torch.unravel_index(positions, tensor.shape)]
     return picked.contiguous().view(-1).view(torch.uint8)
 
 
