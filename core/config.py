@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from core.checkpointing.checkpointer import CheckpointConfig
 from core.checks import check_bool_fields, is_finite_number, is_int, is_path
@@ -62,6 +62,9 @@ class RunConfig:
     boundary and writes the stop checkpoint from there (several ranks: abandoned instead). A
     loader that has not delivered a batch for ``data_stall_warn_s`` gets a ``data_stall``
     warning record, repeated with backoff.
+
+    ``isolation``: the step loop runs in a worker thread (``"thread"``) or in a supervised
+    child process (``"process"``: a service that must never flinch; ``core.trainer.process``).
     """
 
     experiment_name: str = "experiment"
@@ -76,6 +79,7 @@ class RunConfig:
     stop_grace_s: float = 30.0
     loader_grace_s: float = 1.0
     data_stall_warn_s: float = 10.0
+    isolation: Literal["thread", "process"] = "thread"
 
     def __post_init__(self) -> None:
         if not (isinstance(self.experiment_name, str) and _SAFE_NAME.match(self.experiment_name)):
@@ -100,6 +104,11 @@ class RunConfig:
             seconds = getattr(self, name)
             if not (is_finite_number(seconds) and seconds > 0):
                 raise config_error(name, seconds, "a finite number of seconds > 0")
+        if self.isolation not in ("thread", "process"):
+            raise config_error(
+                "isolation", self.isolation, "'thread' or 'process'",
+                "use 'process' to train in a child process a service's event loop never waits on.",
+            )  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,6 +205,13 @@ class TrainingConfig:
     def monitoring_enabled(self) -> bool:
         """The monitor runs unless either switch turns it off."""
         return self.monitor.enabled and self.distributed.enable_gpu_monitoring
+
+    @property
+    def checkpoint_directory(self) -> Path:
+        """Where checkpoints go: ``checkpoint.checkpoint_dir``, or the experiment's
+        ``<log_dir>/<experiment_name>/checkpoints`` (shared by its runs)."""
+        run, chosen = self.run, self.checkpoint.checkpoint_dir
+        return Path(chosen) if chosen else Path(run.log_dir) / run.experiment_name / "checkpoints"
 
     def replace(self, values: Mapping[str, object]) -> TrainingConfig:
         """A new tree with each dotted path set (``{"precision.scaler.hysteresis": 2}``);

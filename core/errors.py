@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterable
+from typing import Any
 
 __all__ = (
     "BatchFormatError",
@@ -22,6 +23,7 @@ __all__ = (
     "NonFiniteLossError",
     "OutOfMemoryError",
     "SignalReceived",
+    "TrainingProcessDied",
     "TrainingStepError",
     "UnevenLoadersError",
     "UnsafeCheckpointError",
@@ -34,6 +36,18 @@ class CoreError(Exception):
 
     rank: int | None = None
     """Under several ranks, when every rank raises what one of them ran into: that rank."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt as raised, whatever its constructor takes: an error crosses from a training
+        # process (``isolation="process"``) to the one that awaits ``train()``.
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuild(cls: type[CoreError], args: tuple[Any, ...], state: dict[str, Any]) -> CoreError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class ConfigError(CoreError, ValueError):
@@ -138,6 +152,30 @@ class SignalReceived(CoreError):
             kept = f"checkpoint {checkpoint} written" if checkpoint else "no checkpoint written"
             message = f"stopped by {name} at a step boundary; {kept}."
         super().__init__(f"{message} Resume with resume='auto'.")
+
+
+class TrainingProcessDied(CoreError, RuntimeError):
+    """Raised by ``train()`` under ``run.isolation="process"`` when the training process
+    ended without reporting how its run ended: killed by a signal (the OOM killer's SIGKILL,
+    a segfault), ``os._exit``, or killed after not stopping within ``stop_grace_s``.
+    ``exit_code`` and ``signal_name`` say how it ended (one is None); ``checkpoint`` is the
+    last good checkpoint, from which ``resume="auto"`` continues."""
+
+    def __init__(
+        self, exit_code: int | None, signal_name: str | None, checkpoint: str | None,
+        *, why: str = "",
+    ) -> None:  # fmt: skip
+        self.exit_code, self.signal_name, self.checkpoint = exit_code, signal_name, checkpoint
+        how = f"was killed by {signal_name}" if signal_name else f"exited with code {exit_code}"
+        kept = (
+            f"the last good checkpoint is {checkpoint}; resume='auto' continues from it"
+            if checkpoint
+            else "no checkpoint was written yet; resume='auto' starts over"
+        )
+        super().__init__(
+            f"the training process {how}{why} before its run ended; the service is unharmed. "
+            f"{kept}."
+        )
 
 
 def _short_repr(value: object) -> str:

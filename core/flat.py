@@ -43,6 +43,7 @@ FLAT_KEYWORDS: dict[str, str] = {
     "stop_grace_s": "run.stop_grace_s",
     "loader_grace_s": "run.loader_grace_s",
     "data_stall_warn_s": "run.data_stall_warn_s",
+    "isolation": "run.isolation",
     "learning_rate": "optim.learning_rate",
     "weight_decay": "optim.weight_decay",
     "max_grad_norm": "optim.max_grad_norm",

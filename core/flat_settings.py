@@ -33,6 +33,7 @@ class FlatSettings(TypedDict, total=False):
     stop_grace_s: float
     loader_grace_s: float
     data_stall_warn_s: float
+    isolation: Literal["thread", "process"]
     learning_rate: float
     weight_decay: float
     max_grad_norm: float | None

@@ -7,6 +7,8 @@ Trains a small model with dropout on shuffled data in fp16 with an LR schedule a
 checkpoints every ``--every-n-steps`` steps; then writes its final state to
 ``DIR/final.rank<R>.pt``. Faults are injected from inside the process, at a chosen forward
 call: SIGKILL itself, stall between a checkpoint's write and its commit, exit once, or hang.
+With ``--isolation process`` the model trains in a child process, where the faults strike;
+the final state's optimizer, scheduler and scaler then come from the run's last checkpoint.
 """
 
 from __future__ import annotations
@@ -30,7 +32,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from core import MultiGPUConfig, create_optimized_training_optimizer  # noqa: E402
-from core.errors import CoreError, SignalReceived  # noqa: E402
+from core.checkpointing.store import CheckpointStore  # noqa: E402
+from core.errors import CoreError, SignalReceived, TrainingProcessDied  # noqa: E402
+
+
+def step_lr(optimizer: torch.optim.Optimizer) -> Any:
+    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.9)
 
 
 class Faulty(nn.Module):
@@ -100,6 +107,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--runner", choices=("anyio", "asyncio"), default="anyio")
     p.add_argument("--hang-loader-at-batch", type=int, default=-1)
     p.add_argument("--stop-grace-s", type=float, default=30.0)
+    p.add_argument("--isolation", choices=("thread", "process"), default="thread")
     return p.parse_args(argv)
 
 
@@ -139,7 +147,7 @@ def main(args: argparse.Namespace) -> int:
         learning_rate=1e-2,
         amp_dtype=args.precision,
         amp_init_scale=2.0**8,
-        scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=3, gamma=0.9),
+        scheduler=step_lr,
         gradient_accumulation_config=GradientAccumulationConfig(args.accum),
         log_dir=args.out / "logs",
         experiment_name="faults",
@@ -150,6 +158,7 @@ def main(args: argparse.Namespace) -> int:
         handle_signals=args.runner == "anyio",  # asyncio.run: the defaults a newcomer keeps
         stop_grace_s=args.stop_grace_s,
         multi_gpu_config=MultiGPUConfig(timeout_s=args.timeout_s),
+        isolation=args.isolation,
     )
     if args.stall_commit_from_step > 0:
         optimizer._built.checkpointer.store.before_commit = stall_before_commit(
@@ -160,6 +169,9 @@ def main(args: argparse.Namespace) -> int:
             results = asyncio.run(optimizer.train())
         else:
             results = anyio.run(optimizer.train)
+    except TrainingProcessDied as exc:
+        print(f"rank {rank}: TrainingProcessDied: {exc}", flush=True)
+        return 3
     except SignalReceived as exc:
         print(f"rank {rank}: {exc}", flush=True)
         return exc.exit_code
@@ -171,6 +183,8 @@ def main(args: argparse.Namespace) -> int:
         return 1
     finally:
         optimizer.close()
+    if args.isolation == "process":
+        return save_from_last_checkpoint(optimizer, args.out, results)
     inner = optimizer._built.strategy.unwrap(optimizer.model)
     torch.save(
         {
@@ -182,6 +196,26 @@ def main(args: argparse.Namespace) -> int:
             "results": results.to_dict(),
         },
         args.out / f"final.rank{rank}.pt",
+    )
+    return 0
+
+
+def save_from_last_checkpoint(optimizer: Any, out: Path, results: Any) -> int:
+    """The final state of a run trained in a child process: the service's model (loaded with
+    the trained weights) and the rest from the checkpoint the run wrote at its last step."""
+    last = Path(optimizer.last_checkpoint)
+    state = CheckpointStore(last.parent, keep_last_n=1).load_state(last)
+    assert state["trainer"]["global_step"] == optimizer.global_step == results.global_step
+    torch.save(
+        {
+            "model": optimizer.model.state_dict(),
+            "optimizer": state["optimizer"],
+            "scheduler": state["trainer"]["scheduler"],
+            "precision": state["trainer"]["precision"],
+            "global_step": optimizer.global_step,
+            "results": results.to_dict(),
+        },
+        out / "final.rank0.pt",
     )
     return 0
 

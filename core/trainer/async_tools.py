@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from time import perf_counter
 from typing import Protocol
 
 import anyio
+import anyio.abc
 
 from core.telemetry.run_log import RunLog
 
-__all__ = ("drain_periodically", "watch_data_stalls")
+__all__ = ("drain_periodically", "to_the_end", "watch_data_stalls")
 
 
 async def drain_periodically(log: RunLog, interval_s: float) -> None:
@@ -59,3 +61,29 @@ async def watch_data_stalls(loop: WaitsForData, log: RunLog, warn_after_s: float
             )  # fmt: skip
             await anyio.to_thread.run_sync(log.drain)
             next_warning_s *= 2
+
+
+async def to_the_end(tg: anyio.abc.TaskGroup, closing: Callable[[], Awaitable[None]]) -> None:
+    """Run ``closing`` to its end in a shielded task of its own, and wait for it. A native
+    asyncio cancellation may reach the waiting task again, even through a shield (a second
+    ``task.cancel()``, a timeout): the wait resumes, and the first one propagates after."""
+    done, failed = anyio.Event(), list[Exception]()
+
+    async def close() -> None:
+        try:
+            with anyio.CancelScope(shield=True):
+                await closing()
+        except Exception as exc:  # raised by the waiting task, not by the task group
+            failed.append(exc)
+        finally:
+            done.set()
+
+    tg.start_soon(close)
+    while not done.is_set():
+        try:
+            with anyio.CancelScope(shield=True):
+                await done.wait()
+        except anyio.get_cancelled_exc_class():
+            continue
+    if failed:
+        raise failed[0]

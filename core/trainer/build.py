@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -210,13 +209,9 @@ def _build(
             world_size=strategy.world_size, train_loader=train_loader,
         ),
     )  # fmt: skip
-    run = config.run
-    directory = config.checkpoint.checkpoint_dir or (
-        Path(run.log_dir) / run.experiment_name / "checkpoints"
-    )
     checkpointer = Checkpointer(
-        config.checkpoint, Path(directory), strategy=strategy, model=model, optimizer=optimizer,
-        state=state, emit=emit, report_error=report_error,
+        config.checkpoint, config.checkpoint_directory, strategy=strategy, model=model,
+        optimizer=optimizer, state=state, emit=emit, report_error=report_error,
     )  # fmt: skip
     return Parts(
         trainer=trainer, strategy=strategy, device_settings=device_settings,

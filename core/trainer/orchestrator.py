@@ -24,17 +24,12 @@ from types import TracebackType
 from typing import Any
 
 import anyio
-import torch
 from torch import nn
 
 from core.callbacks import Callback
-from core.checkpointing.lineage import Checkpoints
 from core.config import TrainingConfig
-from core.loop.epoch import Scheduler
 from core.loop.objective import LossFn
 from core.metrics import Metric, MetricFn
-from core.monitoring.distribution import MonitoredDistribution
-from core.precision.policy import MixedPrecisionTrainer
 from core.telemetry.events import EventHub, EventStream
 from core.telemetry.run_log import CurrentLog
 from core.trainer.arguments import check_runtime
@@ -42,15 +37,18 @@ from core.trainer.benchmark import benchmark_performance, optimal_batch_size
 from core.trainer.build import OptimizerArgument, Parts, Runtime, SchedulerArgument, build
 from core.trainer.cycle import RunCycle
 from core.trainer.inference import evaluate_with, predict_with
-from core.trainer.inspection import checkpoints_of, describe
+from core.trainer.inspection import describe
 from core.trainer.observers import Observers, with_default_callbacks
+from core.trainer.process.crossing import Crossing, crossing_for, resolve
+from core.trainer.process.supervisor import ChildState, TrainingProcess
 from core.trainer.results import TrainingResults
 from core.trainer.run import Run
+from core.trainer.views import JobViews
 
 __all__ = ("OptimizedTrainingOptimizer",)
 
 
-class OptimizedTrainingOptimizer:
+class OptimizedTrainingOptimizer(JobViews):
     """One training job: its config tree, its runtime objects and, once built, its parts.
 
     ``optimizer`` is a torch optimizer over ``model``'s parameters or a factory taking the
@@ -61,26 +59,37 @@ class OptimizedTrainingOptimizer:
     the records; a :class:`~core.console.ProgressBar` is added on rank 0 unless
     ``config.logging.progress`` is False or one is given. Bad arguments raise
     :class:`~core.errors.ConfigError` here, before anything is built.
+
+    ``model``, the loaders, ``loss_fn``, ``optimizer`` and ``scheduler`` may also be named as
+    ``"package.module:function"`` factories (see ``core.trainer.process.crossing``). With
+    ``config.run.isolation="process"`` the job trains in a supervised child process
+    (``core.trainer.process``): what it is given must pickle, or be such a factory.
     """
 
     def __init__(
         self,
         config: TrainingConfig | None = None,
         *,
-        model: nn.Module,
-        train_loader: Iterable[Any],
-        val_loader: Iterable[Any] | None = None,
-        loss_fn: LossFn | None = None,
-        optimizer: OptimizerArgument | None = None,
-        scheduler: SchedulerArgument | None = None,
+        model: nn.Module | str,
+        train_loader: Iterable[Any] | str,
+        val_loader: Iterable[Any] | str | None = None,
+        loss_fn: LossFn | str | None = None,
+        optimizer: OptimizerArgument | str | None = None,
+        scheduler: SchedulerArgument | str | None = None,
         callbacks: Sequence[Callback] = (),
         metrics: Mapping[str, Metric | MetricFn] | None = None,
     ) -> None:
         self._config = config = TrainingConfig() if config is None else config
-        self._runtime = Runtime(
-            model, train_loader, val_loader, loss_fn, optimizer, scheduler, metrics
-        )
+        given = {
+            "model": model, "train_loader": train_loader, "val_loader": val_loader,
+            "loss_fn": loss_fn, "optimizer": optimizer, "scheduler": scheduler,
+            "metrics": metrics,
+        }  # fmt: skip
+        self._runtime = Runtime(**{name: resolve(name, value) for name, value in given.items()})
         check_runtime(self._runtime, config, callbacks)
+        self._crossing = crossing_for(config, given)
+        self._isolated = self._crossing is not None
+        self._child = ChildState()
         self._callbacks = with_default_callbacks(callbacks, config)
         self._hub = EventHub()
         self._log = CurrentLog()
@@ -101,12 +110,17 @@ class OptimizedTrainingOptimizer:
         await self.aclose()
 
     async def start(self) -> None:
-        """Build the parts in a worker thread (idempotent; ``train()`` calls it)."""
-        if self._parts is None:
+        """Build the parts in a worker thread (idempotent; ``train()`` calls it). Under
+        ``isolation="process"`` the training process builds them: nothing to do here."""
+        if self._parts is None and not self._isolated:
             await anyio.to_thread.run_sync(self.build)
 
     def build(self) -> None:
         """Build the parts now, in this thread (the synchronous factory calls this)."""
+        if not self._isolated:
+            self._build_here()
+
+    def _build_here(self) -> None:
         if self._parts is None:
             self._parts = build(
                 self._config, self._runtime, emit=self._log.emit, report_error=self._log.error,
@@ -126,90 +140,6 @@ class OptimizedTrainingOptimizer:
             self._parts.trainer.cleanup()
             if self._parts.monitor is not None:
                 self._parts.monitor.close()
-
-    # -- read-only views ------------------------------------------------------------------
-    @property
-    def config(self) -> TrainingConfig:
-        return self._config
-
-    @property
-    def rank(self) -> int:
-        return self._built.strategy.rank
-
-    @property
-    def world_size(self) -> int:
-        return self._built.strategy.world_size
-
-    @property
-    def is_global_zero(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def run_dir(self) -> Path | None:
-        """The directory of the current or last run (None before the first)."""
-        return self._run_dir
-
-    @property
-    def global_step(self) -> int:
-        return self._built.loop.global_step
-
-    @property
-    def epochs_completed(self) -> int:
-        return self._built.state.epochs_completed
-
-    @property
-    def last_checkpoint(self) -> str | None:
-        """The newest checkpoint this job wrote or resumed from: the last good one."""
-        return self._built.checkpointer.last_path
-
-    @property
-    def checkpoints(self) -> Checkpoints:
-        """The checkpoint directory's checkpoints: ``.latest``, ``.best``, ``verify``,
-        ``load``, ``lineage`` (``core.checkpointing.lineage``)."""
-        return checkpoints_of(self._config, self._built)
-
-    @property
-    def strategy_name(self) -> str:
-        """How the job is distributed: ``cpu``, ``single_gpu``, ``data_parallel``,
-        ``distributed`` (DDP), ``fsdp`` or ``expert_parallel``."""
-        return self._built.strategy.name
-
-    @property
-    def train_loader(self) -> Iterable[Any]:
-        """This rank's training loader (under DDP/FSDP2 re-sharded with a sampler)."""
-        return self._built.train_loader
-
-    @property
-    def model(self) -> nn.Module:
-        """The model as trained (placed, and wrapped by DDP/FSDP2/DataParallel if used)."""
-        return self._built.model
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        return self._built.optimizer
-
-    @property
-    def scheduler(self) -> Scheduler | None:
-        return self._built.scheduler
-
-    @property
-    def mixed_precision(self) -> MixedPrecisionTrainer:
-        """The precision policy (seed 002's ``MixedPrecisionTrainer``: AMP switches, stats)."""
-        return self._built.precision
-
-    @property
-    def multi_gpu_trainer(self) -> MonitoredDistribution:
-        """Where the job runs, and its ``gpu_monitor`` (seed 004's ``MultiGPUTrainer``)."""
-        return self._built.trainer
-
-    @property
-    def _built(self) -> Parts:
-        if self._parts is None:
-            raise RuntimeError(
-                "this run is not built yet: use `async with OptimizedTrainingOptimizer(...) as "
-                "run:`, `await run.start()`, or call train()"
-            )
-        return self._parts
 
     def events(self, capacity: int | None = None) -> EventStream:
         """An async iterator over this run's records (those ``events.jsonl`` receives).
@@ -257,13 +187,13 @@ class OptimizedTrainingOptimizer:
     def _ready(self, what: str) -> Parts:
         if self._running:
             raise RuntimeError(f"{what}() cannot run while train() runs on this job")
-        self.build()
+        self._build_here()
         return self._built
 
     async def _idle(self, what: str) -> Parts:
         if self._running:
             raise RuntimeError(f"{what}() cannot run while train() runs on this job")
-        await self.start()
+        await anyio.to_thread.run_sync(self._build_here)
         return self._built
 
     # -- the run --------------------------------------------------------------------------
@@ -273,18 +203,30 @@ class OptimizedTrainingOptimizer:
             raise RuntimeError("train() is already running on this optimizer")
         self._running = True
         try:
+            if self._crossing is not None:
+                return await self._train_in_a_process(self._crossing)
             await self.start()
             parts, cycle = self._built, self._cycle
             assert cycle is not None
-            observers = Observers(
-                self._callbacks, self, report=self._log.error, warn=self._log.warning,
-                capacity=self._config.logging.event_buffer_size,
-                grace_s=self._config.logging.callback_grace_s,
-            )  # fmt: skip
-            run = Run(self._config, parts, cycle, self._hub, observers)
+            run = Run(self._config, parts, cycle, self._hub, self._observers())
             return await run.execute(self.describe(), on_open=self._opened)
         finally:
             self._running = False
+
+    async def _train_in_a_process(self, crossing: Crossing) -> TrainingResults:
+        self._child = ChildState()
+        child = TrainingProcess(
+            type(self), self._config, crossing, model=self._runtime.model, hub=self._hub,
+            observers=self._observers(), state=self._child, on_open=self._opened,
+        )  # fmt: skip
+        return await child.execute()
+
+    def _observers(self) -> Observers:
+        return Observers(
+            self._callbacks, self, report=self._log.error, warn=self._log.warning,
+            capacity=self._config.logging.event_buffer_size,
+            grace_s=self._config.logging.callback_grace_s,
+        )  # fmt: skip
 
     def _opened(self, run_dir: Path) -> None:
         self._run_dir = run_dir

@@ -8,7 +8,7 @@ watchdog, the signal watcher and the monitor; the callbacks outlive them, to see
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from core.errors import NonFiniteLossError, OutOfMemoryError, SignalReceived, Tr
 from core.loop.epoch import ResumePoint
 from core.telemetry.events import EventHub
 from core.trainer.agreement import agree_on_outcome
-from core.trainer.async_tools import drain_periodically, watch_data_stalls
+from core.trainer.async_tools import drain_periodically, to_the_end, watch_data_stalls
 from core.trainer.build import Parts
 from core.trainer.cycle import RunCycle, monotonic
 from core.trainer.observers import Observers
@@ -82,7 +82,7 @@ class Run:
             finally:
                 if worker.abandoned:
                     end.status = "abandoned"
-                await _to_the_end(watchers, functools.partial(self._close, failure))
+                await to_the_end(watchers, functools.partial(self._close, failure))
         if self.agreed is not None:  # every rank raises the same error (core.trainer.agreement)
             raise self.agreed
         assert results is not None
@@ -186,32 +186,6 @@ class Run:
             run_dir=run_dir, monitor=checkpoint.monitor if checkpoint.save_best else None,
             last_checkpoint=parts.checkpointer.last_path,
         )  # fmt: skip
-
-
-async def _to_the_end(tg: anyio.abc.TaskGroup, closing: Callable[[], Awaitable[None]]) -> None:
-    """Run ``closing`` to its end in a shielded task of its own, and wait for it. A native
-    asyncio cancellation may reach the waiting task again, even through a shield (a second
-    ``task.cancel()``, a timeout): the wait resumes, and the first one propagates after."""
-    done, failed = anyio.Event(), list[Exception]()
-
-    async def close() -> None:
-        try:
-            with anyio.CancelScope(shield=True):
-                await closing()
-        except Exception as exc:  # raised by the waiting task, not by the task group
-            failed.append(exc)
-        finally:
-            done.set()
-
-    tg.start_soon(close)
-    while not done.is_set():
-        try:
-            with anyio.CancelScope(shield=True):
-                await done.wait()
-        except anyio.get_cancelled_exc_class():
-            continue
-    if failed:
-        raise failed[0]
 
 
 async def _stopped() -> bool:

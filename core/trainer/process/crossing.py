@@ -1,0 +1,141 @@
+"""What crosses into a training process (``run.isolation="process"``), checked at creation.
+
+Each runtime object crosses either pickled (a module, a ``DataLoader`` over a dataset, an
+optimizer over the model's parameters: pickled together, so the optimizer still holds the
+model's parameters on the other side) or as a factory named ``"package.module:function"``,
+imported and called in each process that needs it. A factory name stands for:
+
+- ``model``, ``train_loader``, ``val_loader``: a function of no arguments returning the object;
+- ``loss_fn``: the loss function itself; ``optimizer``: a function of the model's parameters;
+  ``scheduler``: a function of the optimizer (as when a callable is passed).
+
+Anything else (a lambda, a class defined inside a function, an open file, a lock) is a
+:class:`~core.errors.ConfigError` naming the argument and the fix.
+
+Example::
+
+    run = create_optimized_training_optimizer(
+        model="myservice.models:build_scorer", train_loader="myservice.data:train_loader",
+        isolation="process",
+    )
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pickle
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from core.distributed.environment import DistributedEnvironment
+from core.errors import ConfigError, config_error
+
+__all__ = ("CALLED", "Crossing", "crossing_for", "is_factory_name", "resolve")
+
+_NAME = re.compile(r"^[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
+CALLED = ("model", "train_loader", "val_loader")
+"""The arguments whose factory is called with no arguments to make the object."""
+_FORMAT = "'package.module:function' (a module importable in a fresh process)"
+
+
+def is_factory_name(value: object) -> bool:
+    """Whether ``value`` is a string shaped like ``"package.module:function"``."""
+    return isinstance(value, str) and bool(_NAME.match(value))
+
+
+def _named(field: str, name: str) -> Any:
+    module_name, _, attribute = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise config_error(
+            field, name, _FORMAT, f"the module cannot be imported ({exc}); check the name."
+        ) from exc
+    target: Any = module
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise config_error(
+                field, name, _FORMAT, f"{module_name} has no {attribute!r}; check the name."
+            )
+        target = getattr(target, part)
+    if not callable(target):
+        raise config_error(field, name, _FORMAT, f"{attribute!r} is not callable.")
+    return target
+
+
+def resolve(field: str, value: Any) -> Any:
+    """``value``, or the object its factory name stands for (called for :data:`CALLED`)."""
+    if not isinstance(value, str):
+        return value
+    if not is_factory_name(value):
+        raise config_error(field, value, _FORMAT, f"e.g. {field}='mypackage.models:make_{field}'.")
+    factory = _named(field, value)
+    return factory() if field in CALLED else factory
+
+
+class Crossing:
+    """The runtime objects of a job as they cross into its training process: factory names
+    as given, everything else pickled in one piece (shared objects stay shared)."""
+
+    def __init__(self, given: Mapping[str, Any]) -> None:
+        self.names = {k: v for k, v in given.items() if isinstance(v, str)}
+        self.objects = {k: v for k, v in given.items() if not isinstance(v, str)}
+
+    def check(self) -> None:
+        """Raise :class:`ConfigError` naming the first object that cannot cross."""
+        for field, name in self.names.items():
+            if not is_factory_name(name):
+                raise config_error(field, name, _FORMAT)
+            module = name.partition(":")[0]
+            if importlib.util.find_spec(module.partition(".")[0]) is None:
+                raise config_error(field, name, _FORMAT, f"no module {module!r} is importable.")
+        for field, value in self.objects.items():
+            if value is None:
+                continue
+            try:
+                pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:
+                raise _cannot_cross(field, value, exc) from exc
+
+    def payload(self) -> bytes:
+        """The pickled objects and the names (call it off the event loop: models are big)."""
+        return pickle.dumps((self.names, self.objects), protocol=pickle.HIGHEST_PROTOCOL)
+
+    @staticmethod
+    def unpack(payload: bytes) -> dict[str, Any]:
+        """In the training process: every object, factories resolved."""
+        names, objects = pickle.loads(payload)
+        return {**objects, **{field: resolve(field, name) for field, name in names.items()}}
+
+
+def _cannot_cross(field: str, value: object, exc: Exception) -> ConfigError:
+    shown = repr(value) if len(repr(value)) <= 80 else f"<{type(value).__qualname__} object>"
+    error = ConfigError(
+        f"{field}={shown} cannot cross into the training process (isolation='process'): it "
+        f"does not pickle ({type(exc).__name__}: {exc}); allowed: an object that pickles, or "
+        f"a factory named {_FORMAT}. Fix: define it at module level (no lambda, local class, "
+        f"open file or lock), pass {field}='mypackage.module:make_{field}', or use "
+        "isolation='thread'."
+    )
+    error.field = field
+    return error
+
+
+def crossing_for(config: Any, given: Mapping[str, Any]) -> Crossing | None:
+    """The checked crossing of a job with ``run.isolation="process"`` (None in thread mode).
+
+    Under torchrun every rank is already a process of its own, started by torchrun; a second
+    process per rank would only add a hop, so process isolation is refused there."""
+    if config.run.isolation != "process":
+        return None
+    if DistributedEnvironment.from_environ() is not None:
+        raise config_error(
+            "run.isolation", "process", "'thread' under torchrun",
+            "under torchrun each rank is already its own process; use isolation='thread' "
+            "(the default) there.",
+        )  # fmt: skip
+    crossing = Crossing(given)
+    crossing.check()
+    return crossing

@@ -1,0 +1,122 @@
+"""The two one-way pipes between a service and its training process, and what goes through.
+
+Child to parent: lists of messages, batched by a sender thread so that neither side's event
+loop ever blocks on a pipe: ``("records", [record, ...])``, ``("opened", run_dir)`` and one
+``("ended", how, detail)`` last (``how``: ``completed`` with ``(results, final_weights)``,
+``failed`` with the exception, ``cancelled`` with the last checkpoint). Parent to child:
+``"cancel"``. A pipe that reads end-of-file means the other process is gone.
+"""
+
+from __future__ import annotations
+
+import pickle
+import queue
+import threading
+from collections import deque
+from multiprocessing.connection import Connection
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+
+__all__ = ("Inbox", "Message", "Sender")
+
+Message = tuple[Any, ...]
+_DONE = ("__done__",)
+
+
+def _picklable(message: Message) -> Message:
+    """``message``, with an exception that does not pickle replaced by one that does."""
+    if message[0] != "ended" or not isinstance(message[2], BaseException):
+        return message
+    try:
+        pickle.dumps(message[2])
+    except Exception:
+        error = message[2]
+        return (*message[:2], RuntimeError(f"{type(error).__name__}: {error}"))
+    return message
+
+
+class Sender:
+    """Sends messages from any thread of the training process, batched, never blocking the
+    caller; :meth:`close` sends what is queued and waits for it (a dead reader drops it)."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._queue: queue.SimpleQueue[Message] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="core-pipe-sender", daemon=True)
+        self._thread.start()
+
+    def put(self, message: Message) -> None:
+        self._queue.put(message)
+
+    def close(self) -> None:
+        self._queue.put(_DONE)
+        self._thread.join()
+
+    def _run(self) -> None:
+        done = False
+        while not done:
+            batch, records = [], list[Any]()
+            message = self._queue.get()
+            while True:
+                if message is _DONE:
+                    done = True
+                elif message[0] == "records":
+                    records.extend(message[1])
+                else:
+                    if records:
+                        batch.append(("records", records))
+                        records = []
+                    batch.append(_picklable(message))
+                try:
+                    message = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            if records:
+                batch.append(("records", records))
+            if batch:
+                try:
+                    self._connection.send(batch)
+                except OSError:  # the parent is gone: nobody is left to tell
+                    return
+
+
+class Inbox:
+    """Reads every batch the training process sends, on a thread of its own, into
+    :attr:`messages`, and wakes the event loop that created it (``await inbox.wait()``).
+
+    One reader for the whole run, so that a cancelled waiter never leaves a read half done,
+    and nothing read is lost. The thread ends at end-of-file (the child's exit), appending
+    ``("eof",)``, or when the event loop is gone."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self.messages: deque[Message] = deque()
+        self._token = anyio.lowlevel.current_token()
+        self._arrived = anyio.Event()
+        self._thread = threading.Thread(target=self._read, name="core-pipe-reader", daemon=True)
+        self._thread.start()
+
+    async def wait(self) -> None:
+        """Until something arrived since the last wait (at once if it already has)."""
+        await self._arrived.wait()
+        self._arrived = anyio.Event()
+
+    def _wake(self) -> None:
+        self._arrived.set()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                batch: list[Message] = self._connection.recv()
+            except (EOFError, OSError):
+                batch = [("eof",)]
+            self.messages.extend(batch)
+            try:
+                anyio.from_thread.run_sync(self._wake, token=self._token)
+            except RuntimeError:  # the event loop is gone: nobody is left to read
+                return
+            if batch[-1][0] == "eof":
+                return

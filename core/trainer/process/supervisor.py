@@ -1,0 +1,218 @@
+"""One ``train()`` in a supervised training process (``run.isolation="process"``).
+
+The service's event loop only relays: the job's objects are pickled and the process is
+started in worker threads; records arrive in batches, read by a worker thread, and are
+published to the job's event hub, so ``events()`` and callbacks work as in thread mode.
+
+How each ending reaches the caller of ``train()``:
+
+- completed: the final weights are verified and loaded into the service's model, in place
+  (a worker thread), and the child's :class:`~core.trainer.results.TrainingResults` returned;
+- failed (bad input, non-finite loss, a signal the child received): the child's error, raised;
+- cancelled (``task.cancel()``, a timeout, Ctrl-C under ``asyncio.run``): the child is told
+  to cancel, its stop checkpoint is written at a step boundary, then the cancellation
+  propagates; a child that has not ended ``stop_grace_s`` + 15 s later is killed;
+- died (the OOM killer, a segfault, ``os._exit``): :class:`~core.errors.TrainingProcessDied`
+  naming the exit code or signal and the last good checkpoint.
+
+With ``handle_signals=True`` the service's SIGTERM/SIGINT are forwarded to the child, whose
+run stops as a signalled one does in thread mode (the first stops, the second hurries).
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import os
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+from torch import nn
+
+from core.checkpointing.store import CheckpointStore
+from core.checkpointing.weights import load_weights
+from core.config import TrainingConfig
+from core.errors import TrainingProcessDied
+from core.telemetry.events import EventHub
+from core.trainer.async_tools import to_the_end
+from core.trainer.observers import Observers
+from core.trainer.process import child
+from core.trainer.process.crossing import Crossing
+from core.trainer.process.pipe import Inbox, Message
+from core.trainer.results import TrainingResults
+
+__all__ = ("ChildState", "TrainingProcess")
+
+_EXIT_MARGIN_S = 15.0  # after stop_grace_s: the stop checkpoint and the process's exit
+_NEVER_STARTED = (
+    " before its run opened (its stderr says why; a script that starts training when it is"
+    ' imported must do so under `if __name__ == "__main__":`, as the training process'
+    " imports the script's main module)"
+)
+
+
+@dataclass
+class ChildState:
+    """What the service knows of its training process's run, from the records."""
+
+    run_dir: Path | None = None
+    global_step: int = 0
+    epochs_completed: int = 0
+    last_checkpoint: str | None = None
+    pid: int | None = None
+
+    def read(self, record: dict[str, Any]) -> None:
+        event = record.get("event")
+        if event == "train_step":
+            self.global_step = int(record.get("step", self.global_step))
+        elif event == "epoch_end":
+            self.epochs_completed = int(record.get("epoch", -1)) + 1
+        elif event in ("checkpoint", "resumed") and isinstance(record.get("path"), str):
+            self.last_checkpoint = record["path"]
+
+
+class TrainingProcess:
+    """Runs one job's ``train()`` in a child process and relays it to this event loop."""
+
+    def __init__(
+        self, job_class: type, config: TrainingConfig, crossing: Crossing, *,
+        model: nn.Module, hub: EventHub, observers: Observers, state: ChildState,
+        on_open: Callable[[Path], None],
+    ) -> None:  # fmt: skip
+        self.job_class, self.config, self.crossing = job_class, config, crossing
+        self.model, self.hub, self.observers, self.state = model, hub, observers, state
+        self.on_open = on_open
+        self.ended: Message | None = None
+        self.eof = False
+        self.signals: list[int] = []
+
+    async def execute(self) -> TrainingResults:
+        """Start the child, relay it to its end, and return or raise as it ended."""
+        context = multiprocessing.get_context("spawn")
+        control_in, control_out = context.Pipe(duplex=False)
+        records_in, records_out = context.Pipe(duplex=False)
+        payload = await anyio.to_thread.run_sync(self.crossing.payload)
+        process = context.Process(
+            target=child.main, name="core-training",
+            args=(self.job_class, self.config, payload, control_in, records_out),
+        )  # fmt: skip
+        await anyio.to_thread.run_sync(process.start)
+        self.state.pid = process.pid
+        control_in.close()  # the child's ends: end-of-file here once the child is gone
+        records_out.close()
+        inbox = Inbox(records_in)
+        self.hub.reopen()
+        try:
+            async with anyio.create_task_group() as watchers:
+                self.observers.start(watchers, self.hub)
+                try:
+                    await self._supervise(process, inbox)
+                finally:  # in a task of its own: a repeated native cancel cannot cut it short
+                    await to_the_end(
+                        watchers, functools.partial(self._finish, process, inbox, control_out)
+                    )
+        finally:
+            records_in.close()
+            control_out.close()
+        return await self._outcome(process)
+
+    async def _supervise(self, process: Any, inbox: Inbox) -> None:
+        async with anyio.create_task_group() as tg:
+            if self.config.run.handle_signals:
+                tg.start_soon(self._forward_signals, process)
+            await self._relay(inbox)
+            tg.cancel_scope.cancel()
+
+    async def _finish(self, process: Any, inbox: Inbox, control: Any) -> None:
+        """Stop a child that is still running (this train() was cancelled), wait for it to
+        exit, then let the callbacks see the last records."""
+        self._dispatch(inbox)
+        if self.ended is None and not self.eof:
+            await self._stop_child(process, inbox, control)
+        await self._close(process)
+
+    async def _relay(self, inbox: Inbox) -> None:
+        """Publish what arrives until the child's ``ended`` message or its end-of-file."""
+        while self.ended is None and not self.eof:
+            await inbox.wait()
+            self._dispatch(inbox)
+
+    def _dispatch(self, inbox: Inbox) -> None:
+        while inbox.messages:
+            message = inbox.messages.popleft()
+            if message[0] == "records":
+                for record in message[1]:
+                    self.state.read(record)
+                    self.hub.publish(record)
+            elif message[0] == "opened":
+                self.state.run_dir = Path(message[1])
+                self.on_open(self.state.run_dir)
+            elif message[0] == "ended":
+                self.ended = message
+            elif message[0] == "eof":
+                self.eof = True
+
+    async def _stop_child(self, process: Any, inbox: Inbox, control: Any) -> None:
+        try:
+            control.send("cancel")
+        except OSError:
+            return  # already gone
+        with anyio.move_on_after(self.config.run.stop_grace_s + _EXIT_MARGIN_S):
+            await self._relay(inbox)
+        if self.ended is None and process.is_alive():
+            process.kill()
+
+    async def _forward_signals(self, process: Any) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        stop = (signal.SIGTERM, signal.SIGINT)
+        try:
+            with anyio.open_signal_receiver(*stop) as received:
+                async for signum in received:
+                    self.signals.append(int(signum))
+                    if process.pid is not None and process.is_alive():
+                        os.kill(process.pid, signum)
+        finally:
+            if self.signals:  # as in thread mode: the service is on its way out
+                for stop_signal in stop:
+                    signal.signal(stop_signal, signal.SIG_IGN)
+
+    async def _close(self, process: Any) -> None:
+        """Wait for the child to exit, then let the callbacks see the last records."""
+        await anyio.to_thread.run_sync(process.join, _EXIT_MARGIN_S)
+        if process.is_alive():
+            process.kill()
+            await anyio.to_thread.run_sync(process.join)
+        await self.observers.catch_up()
+        self.hub.close()
+        await self.observers.finish()
+
+    def _last_good_checkpoint(self) -> str | None:
+        """The checkpoint ``resume="auto"`` would take (the records may lag behind it)."""
+        store = CheckpointStore(self.config.checkpoint_directory, keep_last_n=1)
+        newest = store.newest_valid(lambda path, why: None) if store.directory.is_dir() else None
+        self.state.last_checkpoint = str(newest) if newest else self.state.last_checkpoint
+        return self.state.last_checkpoint
+
+    async def _outcome(self, process: Any) -> TrainingResults:
+        if self.ended is None:
+            code = process.exitcode
+            name = signal.Signals(-code).name if code is not None and code < 0 else None
+            last = await anyio.to_thread.run_sync(self._last_good_checkpoint)
+            why = "" if self.state.run_dir else _NEVER_STARTED
+            raise TrainingProcessDied(None if name else code, name, last, why=why)
+        how, detail = self.ended[1], self.ended[2]
+        if how == "failed":
+            raise detail
+        if how == "cancelled":  # the service's own cancellation propagates from _supervise
+            raise TrainingProcessDied(process.exitcode, None, detail, why=" after a cancel")
+        results, final = detail
+        await anyio.to_thread.run_sync(load_weights, final, self.model)
+        assert isinstance(results, TrainingResults)
+        return results

@@ -1,0 +1,64 @@
+"""Parts of the jobs that tests/test_process_isolation.py trains in a child process: module
+level, so they pickle, and importable as factories (``"tests.isolation_parts:make_model"``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(5)
+    return nn.Sequential(nn.Linear(8, 32), nn.Dropout(0.2), nn.Tanh(), nn.Linear(32, 2))
+
+
+def make_data(n: int = 96) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 8, generator=g)
+    return TensorDataset(x, (x[:, 0] * x[:, 1] > 0).long())
+
+
+def make_loader() -> DataLoader[Any]:
+    return DataLoader(make_data(), batch_size=8, shuffle=True)
+
+
+def make_val_loader() -> DataLoader[Any]:
+    return DataLoader(make_data(32), batch_size=8)
+
+
+def sgd(parameters: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(parameters, lr=0.05, momentum=0.9)
+
+
+class SlowLoader:
+    """A loader taking ``delay_s`` per batch: time for a test to cancel mid-epoch."""
+
+    def __init__(self, delay_s: float = 0.02) -> None:
+        self.loader, self.delay_s = make_loader(), delay_s
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.loader:
+            time.sleep(self.delay_s)
+            yield batch
+
+
+class Big(nn.Module):
+    """About 2 MiB of weights: more than a 1 MiB disk holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.wide = nn.Linear(8, 65536)
+        self.out = nn.Linear(65536, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.out(torch.tanh(self.wide(x)))
+        return out

@@ -1,0 +1,338 @@
+"""``run.isolation="process"``: the same job in a supervised child process.
+
+In-process tests drive the service side with plain asyncio (the child is real: ``spawn``);
+the faults that end processes run tests/fault_jobs.py as the service, with ``--isolation
+process``, so that the reliability table's rows hold in process mode too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import torch
+from torch import nn
+
+from core import (
+    Callback,
+    CheckpointError,
+    ConfigError,
+    create_optimized_training_optimizer,
+)
+from core.callbacks import Record, RunInfo
+from tests import isolation_parts as parts
+from tests.test_checkpoint_safety import small_disk  # noqa: F401 (a fixture)
+from tests.test_reliability import ENV, JOB, assert_same_as_uninterrupted, job, records
+
+
+def build(log_dir: Path, isolation: str, **kwargs: Any) -> Any:
+    settings: dict[str, Any] = {
+        "model": parts.make_model(), "train_loader": parts.make_loader(),
+        "val_loader": parts.make_val_loader(), "optimizer": parts.sgd, "max_epochs": 2,
+        "seed": 3, "log_dir": log_dir, "experiment_name": "iso", "progress": False,
+        "isolation": isolation, **kwargs,
+    }  # fmt: skip
+    return create_optimized_training_optimizer(**settings)
+
+
+class Seen(Callback):
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.closed = False
+
+    async def on_record(self, run: RunInfo, record: Record) -> None:
+        self.events.append(record["event"])
+
+    async def on_run_closed(self, run: RunInfo) -> None:
+        self.closed = True
+
+
+def same_weights(a: nn.Module, b: nn.Module) -> bool:
+    ours, theirs = a.state_dict(), b.state_dict()
+    return ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_a_child_trains_the_same_weights_and_the_service_sees_every_record(tmp_path: Path) -> None:
+    async def train(isolation: str) -> tuple[Any, Any, Seen, list[str], dict[str, Any]]:
+        seen = Seen()
+        job = build(tmp_path / isolation, isolation, callbacks=[seen])
+        streamed: list[str] = []
+
+        stream = job.events()  # subscribed before train() starts: every record
+
+        async def consume() -> None:
+            async for record in stream:
+                streamed.append(record["event"])
+
+        consumer = asyncio.create_task(consume())
+        results = await job.train()
+        await consumer
+        return job, results, seen, streamed, await job.evaluate()
+
+    thread, t_results, _, t_streamed, t_eval = asyncio.run(train("thread"))
+    process, p_results, seen, streamed, p_eval = asyncio.run(train("process"))
+    assert same_weights(process.model, thread.model)  # the service's own model, updated
+    assert p_results.global_step == t_results.global_step == process.global_step == 24
+    assert p_results.train_loss == t_results.train_loss and p_eval == t_eval
+    assert process.epochs_completed == 2 and process.run_dir == p_results.run_dir
+    assert Path(process.last_checkpoint).name.startswith("step-000000024-")
+    kinds = [e for e in streamed if e not in ("gpu_sample", "monitor_degraded")]
+    assert kinds == [e for e in t_streamed if e not in ("gpu_sample", "monitor_degraded")]
+    assert seen.events == streamed and seen.events[-1] == "run_end" and seen.closed
+    assert (
+        not psutil.pid_exists(process._child.pid)
+        or psutil.Process(process._child.pid).status() == psutil.STATUS_ZOMBIE
+    )
+
+
+def test_factories_named_by_strings_build_the_parts_in_each_process(tmp_path: Path) -> None:
+    names = {
+        "model": "tests.isolation_parts:make_model",
+        "train_loader": "tests.isolation_parts:make_loader",
+        "val_loader": "tests.isolation_parts:make_val_loader",
+        "loss_fn": "torch.nn.functional:cross_entropy",
+        "optimizer": "tests.isolation_parts:sgd",
+    }
+    thread = build(tmp_path / "t", "thread", **names)
+    process = build(tmp_path / "p", "process", **names)
+    asyncio.run(thread.train())
+    asyncio.run(process.train())
+    assert same_weights(process.model, thread.model)
+
+
+@pytest.mark.parametrize(
+    ("argument", "value", "match"),
+    [
+        ("loss_fn", lambda out, y: (out - y).sum(), r"loss_fn=.*not pickle.*Fix: define it at"),
+        ("optimizer", "tests.isolation_parts:nothing_here", r"has no 'nothing_here'"),
+        ("train_loader", "no_such_package.data:loader", r"cannot be imported"),
+        ("train_loader", "a loader", r"'package.module:function'"),
+    ],
+)
+def test_what_cannot_cross_is_refused_at_creation(
+    tmp_path: Path, argument: str, value: object, match: str
+) -> None:
+    with pytest.raises(ConfigError, match=match):
+        build(tmp_path, "process", **{argument: value})
+
+
+def test_a_local_model_class_is_refused_and_torchrun_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Local(nn.Linear):
+        pass
+
+    with pytest.raises(ConfigError, match=r"model=.*does not pickle.*isolation='thread'"):
+        build(tmp_path, "process", model=Local(8, 2))
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                        "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "29500"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=r"run.isolation='process'.*under torchrun"):
+        build(tmp_path, "process")
+
+
+async def cancel_when(job: Any, form: str, ready: Callable[[], bool]) -> None:
+    task = asyncio.ensure_future(job.train())
+    while not ready():
+        await asyncio.sleep(0.01)
+    if form == "task.cancel":
+        task.cancel()
+        await task
+    elif form == "wait_for":
+        await asyncio.wait_for(task, 0.01)
+    else:
+        async with asyncio.timeout(0.01):
+            await task
+
+
+def test_every_native_cancellation_stops_the_child_at_a_boundary_and_resume_is_exact(
+    tmp_path: Path,
+) -> None:
+    reference = build(tmp_path / "ref", "thread", max_epochs=3)
+    asyncio.run(reference.train())
+    steps = [0]
+    for form in ("task.cancel", "wait_for", "asyncio.timeout"):
+        job = build(tmp_path, "process", max_epochs=3, resume="auto",
+                    train_loader=parts.SlowLoader())  # fmt: skip
+        target = steps[-1] + random.randint(2, 8)
+        reached = functools.partial(lambda j, t: j.global_step >= t, job, target)
+        with pytest.raises((asyncio.CancelledError, TimeoutError)):
+            asyncio.run(cancel_when(job, form, reached))
+        assert job.global_step >= target and job.last_checkpoint is not None
+        assert (
+            not psutil.pid_exists(job._child.pid)
+            or psutil.Process(job._child.pid).status() == psutil.STATUS_ZOMBIE
+        )
+        steps.append(job.global_step)
+        assert records(tmp_path, "iso")[-1][-1]["status"] == "cancelled"
+    done = build(tmp_path, "process", max_epochs=3, resume="auto",
+                 train_loader=parts.SlowLoader(0.0))  # fmt: skip
+    results = asyncio.run(done.train())
+    assert results.global_step == 36 and same_weights(done.model, reference.model)
+
+
+def test_two_trainings_at_once_each_in_its_own_process(tmp_path: Path) -> None:
+    jobs = [build(tmp_path, "process"), build(tmp_path, "process")]
+
+    async def both() -> list[Any]:
+        return list(await asyncio.gather(*(j.train() for j in jobs)))
+
+    first, second = asyncio.run(both())
+    assert first.last_checkpoint != second.last_checkpoint
+    assert same_weights(jobs[0].model, jobs[1].model) and first.train_loss == second.train_loss
+
+
+def test_a_full_disk_in_the_child_raises_the_same_checkpoint_error(
+    tmp_path: Path,
+    small_disk: Path,  # noqa: F811
+) -> None:
+    job = build(tmp_path, "process", model=parts.Big(), checkpoint_dir=small_disk)
+    with pytest.raises(CheckpointError, match=r"disk is full.*Fix"):
+        asyncio.run(job.train())
+
+
+# The service and its child as real processes (tests/fault_jobs.py) --------------------
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("uninterrupted")
+    assert job(out).returncode == 0
+    return out
+
+
+def service(out: Path, *args: str, session: bool = False) -> subprocess.Popen[str]:
+    command = [sys.executable, str(JOB), "--out", str(out), "--isolation", "process", *args]
+    return subprocess.Popen(
+        command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=session,
+    )  # fmt: skip
+
+
+def steps_logged(out: Path) -> int:
+    runs = out / "logs" / "faults"
+    logs = runs.glob("*/events.jsonl") if runs.exists() else []
+    return sum(log.read_text().count('"event":"train_step"') for log in logs)
+
+
+def wait_until(
+    condition: Callable[[], Any], process: subprocess.Popen[str], timeout: float = 60
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, process.communicate()[0]
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def child_of(process: subprocess.Popen[str]) -> psutil.Process:
+    deadline = time.monotonic() + 60
+    while True:
+        children = [c for c in psutil.Process(process.pid).children() if "python" in c.name()]
+        trainers = [c for c in children if "spawn" in " ".join(c.cmdline())]
+        if trainers:
+            return trainers[0]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def resume_is_exact(out: Path, reference: Path) -> None:
+    done = job(out, "--isolation", "process", "--resume", "auto")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert_same_as_uninterrupted(out, reference)
+
+
+@pytest.mark.slow
+def test_the_child_killed_at_a_random_step_then_resume_is_exact(
+    tmp_path: Path, uninterrupted: Path
+) -> None:
+    killed = job(tmp_path, "--isolation", "process", "--kill-at-call", str(random.randint(3, 30)))
+    assert killed.returncode == 3, killed.stdout + killed.stderr
+    assert "TrainingProcessDied: the training process was killed by SIGKILL" in killed.stdout
+    assert "resume='auto' continues from it" in killed.stdout
+    resume_is_exact(tmp_path, uninterrupted)
+
+
+@pytest.mark.slow
+def test_a_service_killed_by_sigkill_leaves_a_child_that_checkpoints_then_resume_is_exact(
+    tmp_path: Path, uninterrupted: Path
+) -> None:
+    process = service(tmp_path, "--slow-s", "0.02")
+    trainer = child_of(process)
+    wait_until(lambda: steps_logged(tmp_path) >= 4, process)
+    process.kill()  # kill -9 of the service: its child sees the pipe close
+    process.wait(timeout=10)
+    trainer.wait(timeout=30)
+    (run,) = records(tmp_path / "logs")
+    assert run[-1]["event"] == "run_end" and run[-1]["status"] == "cancelled"
+    assert any(r["event"] == "checkpoint" and r["reason"] == "cancel" for r in run)
+    resume_is_exact(tmp_path, uninterrupted)
+
+
+@pytest.mark.slow
+def test_ctrl_c_to_the_service_under_asyncio_run_then_resume_is_exact(
+    tmp_path: Path, uninterrupted: Path
+) -> None:
+    process = service(tmp_path, "--runner", "asyncio", "--slow-s", "0.02", session=True)
+    wait_until(lambda: steps_logged(tmp_path) >= 3, process)
+    os.killpg(process.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole foreground group
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 130, output
+    resume_is_exact(tmp_path, uninterrupted)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fault", "expect"),
+    [
+        (("--hang-loader-at-batch", "5"), "at a step boundary; checkpoint"),
+        (("--hang-at-call", "5", "--hang-rank", "0", "--stop-grace-s", "2"), "did not reach"),
+    ],
+)
+def test_sigterm_to_the_service_stops_a_child_whose_loader_or_step_hangs(
+    tmp_path: Path, fault: tuple[str, ...], expect: str
+) -> None:
+    process = service(tmp_path, *fault)
+    marker = "loader_hung" if "--hang-loader-at-batch" in fault else "hanging.rank0"
+    wait_until((tmp_path / marker).exists, process)
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 143 and expect in output, output
+    assert time.monotonic() - started < 20
+
+
+@pytest.mark.slow
+def test_a_child_that_exits_on_its_own_is_reported_with_its_exit_code(tmp_path: Path) -> None:
+    done = job(tmp_path, "--isolation", "process", "--exit-at-call", "5", "--exit-rank", "0")
+    assert done.returncode == 3
+    assert "the training process exited with code 1 before its run ended" in done.stdout
+
+
+def test_a_script_without_a_main_guard_is_told_why_its_child_died(tmp_path: Path) -> None:
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import asyncio\nfrom tests import isolation_parts as p\n"
+        "from core import create_optimized_training_optimizer as c\n"
+        f"job = c(model=p.make_model(), train_loader=p.make_loader(), log_dir={str(tmp_path)!r},"
+        " isolation='process', progress=False)\nasyncio.run(job.train())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], env=ENV, capture_output=True, text=True, timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode != 0, done.stderr[-2000:]
+    assert "TrainingProcessDied: the training process exited with code 1 before its run opened" in (
+        done.stderr
+    )
+    assert "under `if __name__ ==" in done.stderr
