@@ -11,6 +11,8 @@ includes a service's first job start):
   built in a worker thread; ``--build factory``: the synchronous seed factory), then
   ``await job.train()``; job start, ``--epochs`` epochs and every epoch end (validation,
   checkpoint) fall inside the measured window;
+- ``process:K``: the same K trainings with ``isolation="process"``: each trains in a child
+  process and this event loop only relays its records (a process start included);
 - ``torch:K``: the control, K bare PyTorch loops (same model, data and optimizer, no
   ``core``), each in a thread, for ``--duration`` seconds. Lateness here is what the GIL and
   the CPU cost any event loop beside a training thread: it bounds what ``core`` can reach.
@@ -23,7 +25,7 @@ imports paid before the window). The "other" column is how many cores other proc
 busy during the scenario (from ``/proc/stat``): a figure taken beside someone else's work is
 flagged, and ``--retries N`` runs such a scenario again.
 
-    python -m benchmarks.responsiveness                      # (a)-(d), two trainings
+    python -m benchmarks.responsiveness                      # every scenario, two trainings
     python -m benchmarks.responsiveness --trace-stalls       # and what blocked the loop
     python -m benchmarks.responsiveness --scenarios train:2 --epochs 6 --json out.json
 
@@ -66,6 +68,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import anyio.to_thread
+import psutil
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
@@ -85,7 +88,7 @@ CORE_DIR = os.path.dirname(core.__file__) + os.sep  # as code objects name their
 GOAL_P99_MS = 5.0
 GOAL_WORST_MS = 20.0
 DISTURBED_CORES = 0.1
-_SPEC = re.compile(r"^(alone|train|torch)(?::(\d+))?$")
+_SPEC = re.compile(r"^(alone|train|process|torch)(?::(\d+))?$")
 
 
 # -- the heartbeat ----------------------------------------------------------------------------
@@ -155,13 +158,26 @@ def machine_busy_s() -> float | None:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def own_cpu_s() -> float:
+    """CPU seconds of this process and of every process it started: its children that ended,
+    and those alive with what they reaped (a fork server and the training processes it
+    forked for this one: ``isolation="process"``)."""
+    times = os.times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            cpu = process.cpu_times()
+            total += cpu.user + cpu.system + cpu.children_user + cpu.children_system
+    return total
+
+
 class OtherLoad:
     """How many cores other processes kept busy during a window: measured, so that a figure
     taken while someone else used the machine can be told apart."""
 
     def __enter__(self) -> OtherLoad:
         self._busy = machine_busy_s()
-        self._own = time.process_time()
+        self._own = own_cpu_s()
         self._wall = time.perf_counter()
         self.cores: float | None = None
         return self
@@ -170,7 +186,7 @@ class OtherLoad:
         busy = machine_busy_s()
         if busy is None or self._busy is None:
             return
-        own = time.process_time() - self._own
+        own = own_cpu_s() - self._own
         wall = time.perf_counter() - self._wall
         self.cores = max(0.0, (busy - self._busy - own) / wall) if wall > 0 else None
 
@@ -369,8 +385,9 @@ def build_model(data: Data, seed: int) -> nn.Module:
 
 
 async def training_job(
-    index: int, model: nn.Module, data: Data, args: argparse.Namespace, log_dir: Path
-) -> dict[str, Any]:
+    index: int, model: nn.Module, data: Data, args: argparse.Namespace, log_dir: Path,
+    isolation: str = "thread",
+) -> dict[str, Any]:  # fmt: skip
     """One job as a service runs it: built inside the event loop, then awaited. With
     ``--build async`` (the default) the job is an ``async with`` resource, built in a worker
     thread; ``--build factory`` calls the synchronous seed factory on the loop's thread."""
@@ -379,7 +396,7 @@ async def training_job(
     val = DataLoader(data.val, batch_size=256)
     config = TrainingConfig(
         run=RunConfig(experiment_name=f"responsiveness-{index}", max_epochs=args.epochs,
-                      log_dir=log_dir, seed=index),
+                      log_dir=log_dir, seed=index, isolation=isolation),
         optim=OptimConfig(learning_rate=3e-3, max_grad_norm=1.0),
     )  # fmt: skip
     if args.build == "factory":
@@ -452,12 +469,17 @@ async def prepare(kind: str, count: int, args: argparse.Namespace, log_dir: Path
         return alone
     data = build_data(args)
     models = [build_model(data, seed=i) for i in range(count)]
-    if kind == "train":
+    if kind in ("train", "process"):
+        isolation = "process" if kind == "process" else "thread"
         if args.warm_up:  # a warm service: imports and first-use costs paid before
             small = argparse.Namespace(**{**vars(args), "epochs": 1, "train_samples": 256})
             warm_data = build_data(small)
-            await training_job(99, build_model(warm_data, 99), warm_data, small, log_dir / "w")
-        jobs = [partial(training_job, i, m, data, args, log_dir) for i, m in enumerate(models)]
+            warm = build_model(warm_data, 99)
+            await training_job(99, warm, warm_data, small, log_dir / "w", isolation)
+        jobs = [
+            partial(training_job, i, m, data, args, log_dir, isolation)
+            for i, m in enumerate(models)
+        ]
         return partial(gather, jobs)
 
     # The control measures computing threads, not the optimizer's first-use imports: a few
@@ -523,7 +545,8 @@ def parse_spec(spec: str) -> tuple[str, int]:
     match = _SPEC.match(spec)
     if match is None:
         raise argparse.ArgumentTypeError(
-            f"{spec!r}: expected 'alone', 'train:K' or 'torch:K' (K concurrent jobs or threads)"
+            f"{spec!r}: expected 'alone', 'train:K', 'process:K' or 'torch:K' (K concurrent "
+            "jobs or threads)"
         )
     return match.group(1), int(match.group(2) or 1)
 
@@ -532,8 +555,9 @@ def label(spec: str) -> str:
     kind, count = parse_spec(spec)
     if kind == "alone":
         return "heartbeat alone"
-    if kind == "train":
-        return f"{count} training{'s' if count > 1 else ''} (core)"
+    if kind in ("train", "process"):
+        where = "process" if kind == "process" else "thread"
+        return f"{count} training{'s' if count > 1 else ''} (core, {where})"
     return f"{count} bare torch loop{'s' if count > 1 else ''} in thread{'s' if count > 1 else ''}"
 
 
@@ -590,6 +614,23 @@ def print_table(results: Sequence[dict[str, Any]]) -> None:
         print(f"DISTURBED by other load, run again on a quiet machine: {', '.join(disturbed)}")
 
 
+def trainings_of(count: int) -> tuple[tuple[str, int], ...]:
+    return (("train", count), ("process", count))
+
+
+def print_speed(results: Sequence[dict[str, Any]]) -> None:
+    """Training throughput of process mode over thread mode, for each K measured in both
+    (the same steps: the ratio of the scenarios' wall times, job start included)."""
+    walls = {parse_spec(r["scenario"]): r["wall_s"] for r in results}
+    for (kind, count), wall in sorted(walls.items()):
+        if kind == "process" and ("train", count) in walls:
+            print(
+                f"\ntraining speed with {count} job{'s' if count > 1 else ''}, process / thread: "
+                f"{walls[('train', count)] / wall:.3f} (wall {wall:.2f} s vs "
+                f"{walls[('train', count)]:.2f} s, process start included)"
+            )
+
+
 def print_stalls(result: dict[str, Any], top: int) -> None:
     stalls = result.get("stalls")
     if stalls is None:
@@ -618,8 +659,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--scenarios", nargs="+", default=None,
-        help="any of alone, train:K, torch:K (default: alone train:1 train:N torch:1 torch:N "
-        "with N = --trainings)",
+        help="any of alone, train:K, process:K, torch:K (default: alone train:1 train:N "
+        "process:1 process:N torch:1 torch:N with N = --trainings)",
     )  # fmt: skip
     parser.add_argument(
         "--trainings", type=int, default=2, help="K of the default train:K, torch:K"
@@ -661,7 +702,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.scenarios is None:
         n = args.trainings
-        args.scenarios = ["alone", "train:1", f"train:{n}", "torch:1", f"torch:{n}"]
+        args.scenarios = ["alone", "train:1", f"train:{n}", "process:1", f"process:{n}",
+                          "torch:1", f"torch:{n}"]  # fmt: skip
         args.scenarios = list(dict.fromkeys(args.scenarios))
     for spec in args.scenarios:
         try:
@@ -702,16 +744,17 @@ def main() -> None:
         f"{', TRACED (timings perturbed)' if args.trace_stalls else ''}\n"
     )
     print_table(results)
-    many = [r for r in results if parse_spec(r["scenario"]) == ("train", args.trainings)]
+    many = [r for r in results if parse_spec(r["scenario"]) in trainings_of(args.trainings)]
     for r in many:
         print(
-            f"\ngoal with {args.trainings} trainings: p99 <= {GOAL_P99_MS:g} ms and worst <= "
+            f"\ngoal with {r['label']}: p99 <= {GOAL_P99_MS:g} ms and worst <= "
             f"{GOAL_WORST_MS:g} ms: {goal(r)}"
         )
         if "after_start" in r:
             print(
                 f"  leaving out the beats due while the jobs were built: {goal(r['after_start'])}"
             )
+    print_speed(results)
     for r in results:
         print_stalls(r, args.top)
     if args.json:

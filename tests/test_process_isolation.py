@@ -236,10 +236,14 @@ def wait_until(
 
 
 def child_of(process: subprocess.Popen[str]) -> psutil.Process:
+    """The service's training process: a child of its fork server."""
     deadline = time.monotonic() + 60
     while True:
-        children = [c for c in psutil.Process(process.pid).children() if "python" in c.name()]
-        trainers = [c for c in children if "spawn" in " ".join(c.cmdline())]
+        servers = [
+            c for c in psutil.Process(process.pid).children()
+            if "forkserver" in " ".join(c.cmdline())
+        ]  # fmt: skip
+        trainers = [t for server in servers for t in server.children()]
         if trainers:
             return trainers[0]
         assert time.monotonic() < deadline
@@ -336,3 +340,44 @@ def test_a_script_without_a_main_guard_is_told_why_its_child_died(tmp_path: Path
         done.stderr
     )
     assert "under `if __name__ ==" in done.stderr
+
+
+def test_a_damaged_checkpoint_is_skipped_and_said_so_through_the_relay(tmp_path: Path) -> None:
+    first = build(tmp_path, "process", checkpoint_every_n_steps=4)
+    asyncio.run(first.train())
+    newest = Path(first.last_checkpoint)
+    (newest / "state.pt").write_bytes((newest / "state.pt").read_bytes()[:100])
+    again = build(tmp_path, "process", resume="auto", max_epochs=3)
+    stream = again.events()
+    relayed: list[dict[str, Any]] = []
+
+    async def train() -> Any:
+        async def consume() -> None:
+            async for record in stream:
+                relayed.append(record)
+
+        consumer = asyncio.create_task(consume())
+        results = await again.train()
+        await consumer
+        return results
+
+    results = asyncio.run(train())
+    invalid = [r for r in relayed if r.get("kind") == "checkpoint_invalid"]
+    assert invalid and invalid[0]["path"] == str(newest)
+    resumed = next(r for r in relayed if r["event"] == "resumed")
+    assert resumed["path"] != str(newest) and resumed["step"] == 20
+    assert results.global_step == 36
+
+
+@pytest.mark.slow
+def test_a_repeated_signal_to_the_service_still_leaves_the_stop_checkpoint(
+    tmp_path: Path, uninterrupted: Path
+) -> None:
+    process = service(tmp_path, "--pause-at-call", "5")  # both come while step 5 runs
+    wait_until((tmp_path / "paused").exists, process)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 143 and "Traceback" not in output, output
+    resume_is_exact(tmp_path, uninterrupted)

@@ -123,3 +123,13 @@ def test_the_mixture_of_experts_example_runs_as_written(tmp_path: Path) -> None:
     kept, dropped = sum(int(tokens[i]) for i in range(1, 5)), int(tokens[5])
     assert kept + dropped == 64 * 2  # samples x top_k
     assert float(tokens[6]) >= 1.0
+
+
+def test_the_service_example_trains_in_a_child_process_as_written(tmp_path: Path) -> None:
+    (program,) = blocks("## Inside a service", "## Flagship")
+    assert 'isolation="process"' in program and 'if __name__ == "__main__":' in program
+    done = run_program(program, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["16", "True"]
+    (final,) = (tmp_path / "logs").glob("*/*/final_weights/step-000000016-*")
+    assert (final / "manifest.json").is_file()

@@ -40,7 +40,7 @@ from core.trainer.inference import evaluate_with, predict_with
 from core.trainer.inspection import describe
 from core.trainer.observers import Observers, with_default_callbacks
 from core.trainer.process.crossing import Crossing, crossing_for, resolve
-from core.trainer.process.supervisor import ChildState, TrainingProcess
+from core.trainer.process.supervisor import ChildState, TrainingProcess, warm_up
 from core.trainer.results import TrainingResults
 from core.trainer.run import Run
 from core.trainer.views import JobViews
@@ -111,8 +111,11 @@ class OptimizedTrainingOptimizer(JobViews):
 
     async def start(self) -> None:
         """Build the parts in a worker thread (idempotent; ``train()`` calls it). Under
-        ``isolation="process"`` the training process builds them: nothing to do here."""
-        if self._parts is None and not self._isolated:
+        ``isolation="process"`` the training process builds them: this starts the fork server
+        it is started from (``core.trainer.process.supervisor``)."""
+        if self._isolated:  # the fork server imports torch and core meanwhile
+            await anyio.to_thread.run_sync(warm_up)
+        elif self._parts is None:
             await anyio.to_thread.run_sync(self.build)
 
     def build(self) -> None:

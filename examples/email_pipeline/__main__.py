@@ -42,6 +42,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="intra-op threads per thread (see main())")  # fmt: skip
+    parser.add_argument(
+        "--isolation",
+        choices=("process", "thread"),
+        default="process",
+        help="train in a child process (default) or a thread of the service",
+    )
     return parser.parse_args(argv)
 
 
@@ -53,7 +59,7 @@ async def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.torch_threads)
     settings = RetrainSettings(
         log_dir=args.log_dir, retrain_every=args.retrain_every or None,
-        max_epochs=args.epochs, seed=args.seed,
+        max_epochs=args.epochs, seed=args.seed, isolation=args.isolation,
     )  # fmt: skip
     async with serving(create_app(settings), port=args.port) as server:
         print(f"serving on {server.url}", flush=True)

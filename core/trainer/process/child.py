@@ -1,7 +1,8 @@
 """The training process: the same job in thread mode, its records relayed to the parent.
 
-Started with ``spawn`` by :mod:`core.trainer.process.supervisor`, in a process group of its
-own (a terminal's Ctrl-C reaches the service, which decides). It builds the job from what
+Started by :mod:`core.trainer.process.supervisor` (from its fork server), in a process group
+of its own (a terminal's Ctrl-C reaches the service, which decides) and at a lower CPU
+priority than the service (``NICENESS``). It builds the job from what
 crossed (``core.trainer.process.crossing``), trains it under asyncio with SIGTERM/SIGINT as
 graceful stops, and ends with one ``ended`` message. On success it first writes the model's
 final weights as a verified checkpoint under ``<run_dir>/final_weights/``, which the parent
@@ -20,15 +21,20 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from core.callbacks import Callback, Record, RunInfo
 from core.checkpointing.store import CheckpointStore
 from core.config import TrainingConfig
 from core.trainer.process.crossing import Crossing
 from core.trainer.process.pipe import Sender
 
-__all__ = ("FINAL_WEIGHTS", "main")
+__all__ = ("FINAL_WEIGHTS", "NICENESS", "main")
 
 FINAL_WEIGHTS = "final_weights"
+NICENESS = 10
+"""The training process's CPU priority below the service's: where they compete for cores,
+the service's event loop is scheduled first (alone, training runs at full speed)."""
 
 
 class Relay(Callback):
@@ -98,11 +104,15 @@ async def _train(
 
 
 def main(
-    job_class: Any, config: TrainingConfig, payload: bytes, control: Connection, out: Connection
-) -> None:
+    job_class: Any, config: TrainingConfig, payload: bytes, control: Connection, out: Connection,
+    threads: int,
+) -> None:  # fmt: skip
     """The training process's entry point (``job_class`` is the orchestrator's class, passed
-    by reference so this module does not import the shell that imports it)."""
+    by reference so this module does not import the shell that imports it; ``threads`` the
+    service's ``torch.get_num_threads()``, which a spawned process does not inherit)."""
     os.setpgrp()
+    os.nice(NICENESS)
+    torch.set_num_threads(threads)
     sender = Sender(out)
     try:
         asyncio.run(_train(job_class, config, payload, sender, control))
