@@ -6,7 +6,8 @@
 Trains a small model with dropout on shuffled data in fp16 with an LR schedule and
 checkpoints every ``--every-n-steps`` steps; then writes its final state to
 ``DIR/final.rank<R>.pt``. Faults are injected from inside the process, at a chosen forward
-call: SIGKILL itself, stall between a checkpoint's write and its commit, exit once, or hang.
+call: SIGKILL itself, stall between a checkpoint's write and its commit, exit once, hang, or
+freeze the whole process (a C call that holds the GIL).
 With ``--isolation process`` the model trains in a child process, where the faults strike;
 the final state's optimizer, scheduler and scaler then come from the run's last checkpoint.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import os
 import signal
 import sys
@@ -68,6 +70,9 @@ class Faulty(nn.Module):
         if self.calls == a.hang_at_call and self.rank == a.hang_rank:
             (Path(a.out) / f"hanging.rank{self.rank}").write_text("1")
             time.sleep(3600)
+        if self.calls == a.freeze_at_call:  # the whole process: libc's sleep holding the GIL
+            (Path(a.out) / "frozen").write_text(str(self.calls))
+            ctypes.PyDLL(None).sleep(3600)
         if self.calls == a.pause_at_call:
             (Path(a.out) / "paused").write_text(str(self.calls))
             time.sleep(a.pause_s)
@@ -104,6 +109,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-s", type=float, default=0.0)
     p.add_argument("--pause-at-call", type=int, default=-1)
     p.add_argument("--pause-s", type=float, default=1.0)
+    p.add_argument("--freeze-at-call", type=int, default=-1)
     p.add_argument("--runner", choices=("anyio", "asyncio"), default="anyio")
     p.add_argument("--hang-loader-at-batch", type=int, default=-1)
     p.add_argument("--stop-grace-s", type=float, default=30.0)

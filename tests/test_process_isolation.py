@@ -381,3 +381,15 @@ def test_a_repeated_signal_to_the_service_still_leaves_the_stop_checkpoint(
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 143 and "Traceback" not in output, output
     resume_is_exact(tmp_path, uninterrupted)
+
+
+@pytest.mark.slow
+def test_a_frozen_child_is_killed_once_it_is_silent_for_the_stop_grace(tmp_path: Path) -> None:
+    process = service(tmp_path, "--freeze-at-call", "5", "--stop-grace-s", "1")
+    wait_until((tmp_path / "frozen").exists, process)
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 3, output
+    assert "killed by SIGKILL after it sent nothing for stop_grace_s (1 s)" in output
+    assert "the last good checkpoint is" in output and time.monotonic() - started < 15

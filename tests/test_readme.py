@@ -77,7 +77,7 @@ def test_train_reload_predict_runs_as_written(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_trackers_example_runs_as_written(tmp_path: Path) -> None:
-    (program,) = blocks("## Logging and trackers", "## Flagship")
+    (program,) = blocks("## Logging and trackers", "## Inside a service")
     done = run_program(program, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     for name in ("metrics.csv", "training_metrics.png", "profile"):
@@ -90,7 +90,8 @@ def test_every_python_block_of_the_readme_is_run_by_a_test() -> None:
         *quick_start_blocks(),
         *blocks("## Memory and speed", "## Several GPUs"),
         *blocks("## Train, reload, predict", "## What a run does"),
-        *blocks("## Logging and trackers", "## Flagship"),
+        *blocks("## Logging and trackers", "## Inside a service"),
+        *blocks("## Inside a service", "## Flagship"),
         *blocks("## Several GPUs", "## Mixture of experts"),
         *blocks("## Mixture of experts", "## Device monitoring"),
         *blocks("## The seed API", "## The examples"),

@@ -2,7 +2,8 @@
 validation, checkpoints, the end of the run with its results, reports and trackers) the
 loop's thread is never found running ``core`` code for long.
 
-Two email-sequence trainings (the example, on the CPU) run beside the stall detector of
+Two email-sequence trainings (the example, on the CPU; in threads, then each in a training
+process of its own) run beside the stall detector of
 ``tests/stalls.py``: one an ``async with`` resource, built in a worker thread, the other
 made by the synchronous seed factory, which builds its parts on the calling thread (here
 the loop's: the one legitimate stretch of ``core`` on it, a few milliseconds for this
@@ -40,16 +41,16 @@ LONGEST_IN_CORE_S = 0.05
 EPOCHS = 3
 
 
-def _config(index: int, log_dir: Path) -> TrainingConfig:
+def _config(index: int, log_dir: Path, isolation: str) -> TrainingConfig:
     return TrainingConfig(
         run=RunConfig(experiment_name=f"loop-{index}", max_epochs=EPOCHS, log_dir=log_dir,
-                      seed=index, val_every_n_steps=6),
+                      seed=index, val_every_n_steps=6, isolation=isolation),
         optim=OptimConfig(learning_rate=3e-3, max_grad_norm=1.0),
         checkpoint=CheckpointConfig(checkpoint_every_n_steps=5, save_best=True),
     )  # fmt: skip
 
 
-async def _train(index: int, log_dir: Path, results: list[TrainingResults]) -> None:
+async def _train(index: int, log_dir: Path, results: list[TrainingResults], isolation: str) -> None:
     train_set, val_set = EmailSequenceDataset(384, seed=0), EmailSequenceDataset(128, seed=1)
     torch.manual_seed(index)
     model = EmailSequenceModel(
@@ -58,7 +59,7 @@ async def _train(index: int, log_dir: Path, results: list[TrainingResults]) -> N
     )  # fmt: skip
     train = DataLoader(train_set, batch_size=32, shuffle=True)
     val = DataLoader(val_set, batch_size=128)
-    config, callbacks = _config(index, log_dir), [CSVLogger()]
+    config, callbacks = _config(index, log_dir, isolation), [CSVLogger()]
     if index == 0:
         async with OptimizedTrainingOptimizer(
             config, model=model, train_loader=train, val_loader=val, callbacks=callbacks
@@ -74,11 +75,14 @@ async def _train(index: int, log_dir: Path, results: list[TrainingResults]) -> N
         await job.aclose()
 
 
-async def test_two_trainings_never_hold_the_loop_thread_in_core(log_dir: Path) -> None:
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+async def test_two_trainings_never_hold_the_loop_thread_in_core(
+    log_dir: Path, isolation: str
+) -> None:
     results: list[TrainingResults] = []
     async with watch_loop() as watch, anyio.create_task_group() as tg:
         for index in range(2):
-            tg.start_soon(_train, index, log_dir, results)
+            tg.start_soon(_train, index, log_dir, results, isolation)
     assert [r.epochs_completed for r in results] == [EPOCHS, EPOCHS]
     assert len(watch.samples) > 100, watch.summary()  # the sampler saw the whole run
     longest = watch.longest_in_core()

@@ -29,9 +29,10 @@ from core.config import TrainingConfig
 from core.trainer.process.crossing import Crossing
 from core.trainer.process.pipe import Sender
 
-__all__ = ("FINAL_WEIGHTS", "NICENESS", "main")
+__all__ = ("FINAL_WEIGHTS", "HEARTBEAT_S", "NICENESS", "main")
 
 FINAL_WEIGHTS = "final_weights"
+HEARTBEAT_S = 1.0
 NICENESS = 10
 """The training process's CPU priority below the service's: where they compete for cores,
 the service's event loop is scheduled first (alone, training runs at full speed)."""
@@ -85,6 +86,7 @@ async def _train(
     task = asyncio.current_task()
     assert task is not None
     _listen(control, asyncio.get_running_loop(), task)
+    beat = asyncio.create_task(_heartbeat(sender))
     job = None
     try:
         objects = Crossing.unpack(payload)
@@ -101,6 +103,15 @@ async def _train(
         sender.put(("ended", "cancelled", last))
     except Exception as exc:
         sender.put(("ended", "failed", exc))
+    finally:
+        beat.cancel()
+
+
+async def _heartbeat(sender: Sender) -> None:
+    """Tell the parent this process's event loop still runs (it kills a silent one)."""
+    while True:
+        sender.put(("alive",))
+        await asyncio.sleep(HEARTBEAT_S)
 
 
 def main(
@@ -108,8 +119,8 @@ def main(
     threads: int,
 ) -> None:  # fmt: skip
     """The training process's entry point (``job_class`` is the orchestrator's class, passed
-    by reference so this module does not import the shell that imports it; ``threads`` the
-    service's ``torch.get_num_threads()``, which a spawned process does not inherit)."""
+    by reference so this module does not import the shell that imports it; ``threads`` its
+    share of the service's ``torch.get_num_threads()``)."""
     os.setpgrp()
     os.nice(NICENESS)
     torch.set_num_threads(threads)

@@ -65,12 +65,26 @@ def _named(field: str, name: str) -> Any:
     return target
 
 
+_OBJECTS = {
+    "model": "a torch.nn.Module",
+    "train_loader": "an iterable of batches (a DataLoader)",
+    "val_loader": "None or an iterable of batches (a DataLoader)",
+    "loss_fn": "None or a loss function",
+    "optimizer": "None, a torch.optim.Optimizer or a function of the parameters",
+    "scheduler": "None, an LR scheduler or a function of the optimizer",
+    "metrics": "None or a mapping of names to metrics",
+}
+
+
 def resolve(field: str, value: Any) -> Any:
     """``value``, or the object its factory name stands for (called for :data:`CALLED`)."""
     if not isinstance(value, str):
         return value
     if not is_factory_name(value):
-        raise config_error(field, value, _FORMAT, f"e.g. {field}='mypackage.models:make_{field}'.")
+        raise config_error(
+            field, value, f"{_OBJECTS[field]}, or a factory named {_FORMAT}",
+            f"e.g. {field}='mypackage.models:make_{field}'.",
+        )  # fmt: skip
     factory = _named(field, value)
     return factory() if field in CALLED else factory
 

@@ -1,7 +1,8 @@
 """The two one-way pipes between a service and its training process, and what goes through.
 
 Child to parent: lists of messages, batched by a sender thread so that neither side's event
-loop ever blocks on a pipe: ``("records", [record, ...])``, ``("opened", run_dir)`` and one
+loop ever blocks on a pipe: ``("records", [record, ...])``, ``("opened", run_dir)``,
+``("alive",)`` every second (a child that sends nothing is frozen) and one
 ``("ended", how, detail)`` last (``how``: ``completed`` with ``(results, final_weights)``,
 ``failed`` with the exception, ``cancelled`` with the last checkpoint). Parent to child:
 ``"cancel"``. A pipe that reads end-of-file means the other process is gone.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import pickle
 import queue
 import threading
+import time
 from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
@@ -94,6 +96,8 @@ class Inbox:
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
         self.messages: deque[Message] = deque()
+        self.last_heard = time.monotonic()
+        """When the last batch arrived (the child sends at least a heartbeat each second)."""
         self._token = anyio.lowlevel.current_token()
         self._arrived = anyio.Event()
         self._thread = threading.Thread(target=self._read, name="core-pipe-reader", daemon=True)
@@ -114,6 +118,7 @@ class Inbox:
             except (EOFError, OSError):
                 batch = [("eof",)]
             self.messages.extend(batch)
+            self.last_heard = time.monotonic()
             try:
                 anyio.from_thread.run_sync(self._wake, token=self._token)
             except RuntimeError:  # the event loop is gone: nobody is left to read

@@ -15,7 +15,8 @@ How each ending reaches the caller of ``train()``:
 - failed (bad input, non-finite loss, a signal the child received): the child's error, raised;
 - cancelled (``task.cancel()``, a timeout, Ctrl-C under ``asyncio.run``): the child is told
   to cancel, its stop checkpoint is written at a step boundary, then the cancellation
-  propagates; a child that has not ended ``stop_grace_s`` + 15 s later is killed;
+  propagates; a child that then sends nothing (not even its heartbeat) for ``stop_grace_s``
+  is frozen, and killed;
 - died (the OOM killer, a segfault, ``os._exit``): :class:`~core.errors.TrainingProcessDied`
   naming the exit code or signal and the last good checkpoint.
 
@@ -32,6 +33,7 @@ import multiprocessing.forkserver
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +58,7 @@ from core.trainer.results import TrainingResults
 
 __all__ = ("ChildState", "TrainingProcess", "start_method", "warm_up")
 
-_EXIT_MARGIN_S = 15.0  # after stop_grace_s: the stop checkpoint and the process's exit
+_EXIT_MARGIN_S = 15.0  # to exit, after the child reported how its run ended
 _NEVER_STARTED = (
     " before its run opened (its stderr says why; a script that starts training when it is"
     ' imported must do so under `if __name__ == "__main__":`, as the training process'
@@ -121,6 +123,7 @@ class TrainingProcess:
         self.ended: Message | None = None
         self.eof = False
         self.signals: list[int] = []
+        self.killed_why = ""
 
     async def execute(self) -> TrainingResults:
         """Start the child, relay it to its end, and return or raise as it ended."""
@@ -163,7 +166,7 @@ class TrainingProcess:
     async def _supervise(self, process: Any, inbox: Inbox) -> None:
         async with anyio.create_task_group() as tg:
             if self.config.run.handle_signals:
-                tg.start_soon(self._forward_signals, process)
+                tg.start_soon(self._forward_signals, process, inbox)
             await self._relay(inbox)
             tg.cancel_scope.cancel()
 
@@ -201,21 +204,37 @@ class TrainingProcess:
             control.send("cancel")
         except OSError:
             return  # already gone
-        with anyio.move_on_after(self.config.run.stop_grace_s + _EXIT_MARGIN_S):
+        async with anyio.create_task_group() as watchdog:
+            watchdog.start_soon(self._kill_if_silent, process, inbox)
             await self._relay(inbox)
-        if self.ended is None and process.is_alive():
-            process.kill()
+            watchdog.cancel_scope.cancel()
 
-    async def _forward_signals(self, process: Any) -> None:
+    async def _kill_if_silent(self, process: Any, inbox: Inbox) -> None:
+        """Once asked to stop: kill a child that sent nothing, not even its once-a-second
+        heartbeat, for ``stop_grace_s`` (it is frozen; a stuck step alone is the child's own
+        stop's to give up on)."""
+        limit = self.config.run.stop_grace_s
+        while process.is_alive():
+            silent = time.monotonic() - inbox.last_heard
+            if silent > limit:
+                self.killed_why = f" after it sent nothing for stop_grace_s ({limit:g} s)"
+                process.kill()
+                return
+            await anyio.sleep(min(1.0, limit - silent + 0.05))
+
+    async def _forward_signals(self, process: Any, inbox: Inbox) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
         stop = (signal.SIGTERM, signal.SIGINT)
         try:
-            with anyio.open_signal_receiver(*stop) as received:
-                async for signum in received:
-                    self.signals.append(int(signum))
-                    if process.pid is not None and process.is_alive():
-                        os.kill(process.pid, signum)
+            async with anyio.create_task_group() as deadline:
+                with anyio.open_signal_receiver(*stop) as received:
+                    async for signum in received:
+                        self.signals.append(int(signum))
+                        if process.pid is not None and process.is_alive():
+                            os.kill(process.pid, signum)
+                        if len(self.signals) == 1:  # a frozen child is killed, as on a cancel
+                            deadline.start_soon(self._kill_if_silent, process, inbox)
         finally:
             if self.signals:  # as in thread mode: the service is on its way out
                 for stop_signal in stop:
@@ -243,7 +262,7 @@ class TrainingProcess:
             code = process.exitcode
             name = signal.Signals(-code).name if code is not None and code < 0 else None
             last = await anyio.to_thread.run_sync(self._last_good_checkpoint)
-            why = "" if self.state.run_dir else _NEVER_STARTED
+            why = self.killed_why or ("" if self.state.run_dir else _NEVER_STARTED)
             raise TrainingProcessDied(None if name else code, name, last, why=why)
         how, detail = self.ended[1], self.ended[2]
         if how == "failed":
