@@ -87,6 +87,7 @@ def test_a_child_trains_the_same_weights_and_the_service_sees_every_record(tmp_p
     assert p_results.train_loss == t_results.train_loss and p_eval == t_eval
     assert process.epochs_completed == 2 and process.run_dir == p_results.run_dir
     assert Path(process.last_checkpoint).name.startswith("step-000000024-")
+    assert process.checkpoints.latest.path == Path(process.last_checkpoint)
     kinds = [e for e in streamed if e not in ("gpu_sample", "monitor_degraded")]
     assert kinds == [e for e in t_streamed if e not in ("gpu_sample", "monitor_degraded")]
     assert seen.events == streamed and seen.events[-1] == "run_end" and seen.closed
@@ -135,6 +136,8 @@ def test_a_local_model_class_is_refused_and_torchrun_is_refused(
 
     with pytest.raises(ConfigError, match=r"model=.*does not pickle.*isolation='thread'"):
         build(tmp_path, "process", model=Local(8, 2))
+    with pytest.raises(RuntimeError, match=r"isolation='process'.*training process"):
+        _ = build(tmp_path, "process").optimizer  # it lives in the training process
     for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
                         "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                         "MASTER_PORT": "29500"}.items():  # fmt: skip

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from core.checkpointing.lineage import Checkpoints
+from core.checkpointing.store import CheckpointStore
 from core.config import TrainingConfig
 from core.loop.epoch import Scheduler
 from core.monitoring.distribution import MonitoredDistribution
@@ -80,6 +81,11 @@ class JobViews:
     def checkpoints(self) -> Checkpoints:
         """The checkpoint directory's checkpoints: ``.latest``, ``.best``, ``verify``,
         ``load``, ``lineage`` (``core.checkpointing.lineage``)."""
+        if self._isolated:  # written by the training process, read from the directory
+            config = self._config
+            store = CheckpointStore(config.checkpoint_directory, keep_last_n=1)
+            child = self._child
+            return Checkpoints(store, lambda: child.best_checkpoint, config.checkpoint.safe_globals)
         return checkpoints_of(self._config, self._built)
 
     @property
@@ -122,6 +128,12 @@ class JobViews:
 
     @property
     def _built(self) -> Parts:
+        if self._parts is None and self._isolated:
+            raise RuntimeError(
+                "under isolation='process' the run's parts live in its training process: read "
+                "run.model (the trained weights once train() returns), the results, "
+                "run.checkpoints, or run.events(); evaluate() and predict() build them here"
+            )
         if self._parts is None:
             raise RuntimeError(
                 "this run is not built yet: use `async with OptimizedTrainingOptimizer(...) as "

@@ -74,6 +74,7 @@ class ChildState:
     global_step: int = 0
     epochs_completed: int = 0
     last_checkpoint: str | None = None
+    best_checkpoint: str | None = None
     pid: int | None = None
 
     def read(self, record: dict[str, Any]) -> None:
@@ -270,6 +271,7 @@ class TrainingProcess:
         if how == "cancelled":  # the service's own cancellation propagates from _supervise
             raise TrainingProcessDied(process.exitcode, None, detail, why=" after a cancel")
         results, final = detail
+        self.state.best_checkpoint = results.best_checkpoint
         await anyio.to_thread.run_sync(load_weights, final, self.model)
         assert isinstance(results, TrainingResults)
         return results
