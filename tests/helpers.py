@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,3 +79,22 @@ def eventually(path: Path, timeout_s: float = 60.0) -> Path:
         assert time.monotonic() < deadline, f"{path} did not appear within {timeout_s} s"
         time.sleep(0.05)
     return path
+
+
+def train_steps(out: Path, experiment: str = "faults") -> int:
+    """``train_step`` records the runs under ``out/logs/<experiment>`` have written so far."""
+    runs = out / "logs" / experiment
+    logs = runs.glob("*/events.jsonl") if runs.exists() else []
+    return sum(log.read_text().count('"event":"train_step"') for log in logs)
+
+
+def wait_for(
+    condition: Callable[[], Any], process: subprocess.Popen[str], timeout: float = 60
+) -> None:
+    """Until ``condition()``; fails (with its output) if ``process`` ends first, or after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, process.communicate()[0]
+        assert time.monotonic() < deadline
+        time.sleep(0.02)

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ import torch
 
 from core.callbacks import Callback, Record, RunInfo
 from core.checkpointing.store import CheckpointStore
+from tests.helpers import train_steps, wait_for
 from tests.test_reliability import (
     ENV,
     JOB,
@@ -113,26 +114,6 @@ def start(out: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-
-
-def train_steps(out: Path) -> int:
-    runs = out / "logs" / "faults"
-    if not runs.exists():
-        return 0
-    count = 0
-    for log in runs.glob("*/events.jsonl"):
-        count += log.read_text().count('"event":"train_step"')
-    return count
-
-
-def wait_for(
-    condition: Callable[[], Any], process: subprocess.Popen[str], timeout: float = 60
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert process.poll() is None, process.communicate()[0]
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
 
 
 @pytest.fixture(scope="module")
