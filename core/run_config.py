@@ -1,0 +1,88 @@
+"""The run's own section of the config tree: its name, its length, where it writes, how it
+stops (``TrainingConfig.run``; re-exported by :mod:`core.config` and :mod:`core`)::
+
+    RunConfig(experiment_name="email_sequence", max_epochs=3, seed=0)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from core.checks import check_bool_fields, is_finite_number, is_int, is_path
+from core.errors import config_error
+
+__all__ = ("RunConfig",)
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """What the run is called, how long it trains, where it writes, how it stops.
+
+    Training ends after ``max_epochs`` or ``max_steps`` optimizer steps, whichever comes
+    first (the epoch ``max_steps`` ends in counts as completed). With a ``val_loader``,
+    validation runs after every ``val_every_n_epochs``-th epoch and every
+    ``val_every_n_steps`` optimizer steps (either None: not on that schedule). ``seed``
+    seeds every generator when the run opens; ``deterministic=True`` also turns on torch's
+    deterministic algorithms (seed the model's construction yourself with
+    :func:`core.seed_everything` before building it).
+
+    ``handle_signals=True`` turns SIGTERM/SIGINT into a graceful stop (scripts that own
+    their process want it). A stop waits at most ``stop_grace_s`` for a running step to
+    end; past that the run is abandoned (``run_end`` status ``abandoned``, naming the last
+    good checkpoint). A stop that finds the step thread waiting for the train loader (outside
+    any step) waits at most ``loader_grace_s`` for it, then parks the thread at that step
+    boundary and writes the stop checkpoint from there (several ranks: abandoned instead). A
+    loader that has not delivered a batch for ``data_stall_warn_s`` gets a ``data_stall``
+    warning record, repeated with backoff.
+
+    ``isolation``: the step loop runs in a worker thread (``"thread"``) or in a supervised
+    child process (``"process"``: a service that must never flinch; ``core.trainer.process``).
+    """
+
+    experiment_name: str = "experiment"
+    max_epochs: int = 10
+    max_steps: int | None = None
+    val_every_n_epochs: int | None = 1
+    val_every_n_steps: int | None = None
+    seed: int | None = None
+    deterministic: bool = False
+    log_dir: str | Path = "logs"
+    handle_signals: bool = False
+    stop_grace_s: float = 30.0
+    loader_grace_s: float = 1.0
+    data_stall_warn_s: float = 10.0
+    isolation: Literal["thread", "process"] = "thread"
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.experiment_name, str) and _SAFE_NAME.match(self.experiment_name)):
+            raise config_error(
+                "experiment_name", self.experiment_name,
+                "a non-empty name of letters, digits, '.', '_' or '-' (it becomes a folder)",
+            )  # fmt: skip
+        if not (is_int(self.max_epochs) and self.max_epochs >= 1):
+            raise config_error("max_epochs", self.max_epochs, "an integer >= 1")
+        for name in ("max_steps", "val_every_n_epochs", "val_every_n_steps"):
+            value = getattr(self, name)
+            if value is not None and not (is_int(value) and value >= 1):
+                raise config_error(name, value, "None or an integer >= 1")
+        if self.seed is not None and not (is_int(self.seed) and self.seed >= 0):
+            raise config_error("seed", self.seed, "None or an integer >= 0")
+        if not is_path(self.log_dir):
+            raise config_error(
+                "log_dir", self.log_dir, "a non-empty str or pathlib.Path", "e.g. log_dir='logs'."
+            )
+        check_bool_fields(self)
+        for name in ("stop_grace_s", "loader_grace_s", "data_stall_warn_s"):
+            seconds = getattr(self, name)
+            if not (is_finite_number(seconds) and seconds > 0):
+                raise config_error(name, seconds, "a finite number of seconds > 0")
+        if self.isolation not in ("thread", "process"):
+            raise config_error(
+                "isolation", self.isolation, "'thread' or 'process'",
+                "use 'process' to train in a child process a service's event loop never waits on.",
+            )  # fmt: skip
