@@ -86,6 +86,7 @@ from core.trackers import (
     TensorBoardLogger,
     Tracker,
     TrackerUnavailableError,
+    WandbLogger,
 )
 from core.trainer.results import TrainingResults
 from core.transforms import ModelTransformsConfig
@@ -161,6 +162,7 @@ __all__ = (
     "TrainingStepError",
     "UnevenLoadersError",
     "UnsafeCheckpointError",
+    "WandbLogger",
     "auxiliary_loss",
     "check_amp_compatibility",
     "create_dataloader",

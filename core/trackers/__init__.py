@@ -1,7 +1,7 @@
 """Experiment trackers: callbacks that send a run's params, scalars and reports to a backend.
 
-``CSVLogger`` (stdlib only), ``TensorBoardLogger`` and ``MLflowLogger`` (the ``core[trackers]``
-extra) share :class:`Tracker`, the base a new tracker subclasses.
+``CSVLogger`` (stdlib only), ``TensorBoardLogger``, ``MLflowLogger`` and ``WandbLogger`` (the
+``core[trackers]`` extra) share :class:`Tracker`, the base a new tracker subclasses.
 
 Example::
 
@@ -19,5 +19,13 @@ from core.trackers.base import Tracker, TrackerUnavailableError
 from core.trackers.csv import CSVLogger
 from core.trackers.mlflow import MLflowLogger
 from core.trackers.tensorboard import TensorBoardLogger
+from core.trackers.wandb import WandbLogger
 
-__all__ = ("CSVLogger", "MLflowLogger", "TensorBoardLogger", "Tracker", "TrackerUnavailableError")
+__all__ = (
+    "CSVLogger",
+    "MLflowLogger",
+    "TensorBoardLogger",
+    "Tracker",
+    "TrackerUnavailableError",
+    "WandbLogger",
+)
