@@ -1,6 +1,6 @@
 # Two commands on a fresh machine:
 #   make demo   trains the email-sequence example on this machine's device
-#   make test   lint, type check and the test suite
+#   make test   lint, type check, the docs build and the test suite
 # Both create .venv on first use. Without nvidia-smi, the pinned CPU torch from
 # requirements-cpu.txt is installed first so that pip never pulls CUDA wheels.
 
@@ -10,7 +10,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 HAS_NVIDIA_SMI := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
 
-.PHONY: demo test lint typecheck pytest bench clean-logs
+.PHONY: demo test lint typecheck docs pytest bench clean-logs
 
 $(STAMP): pyproject.toml requirements-cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ else
 	@echo "no nvidia-smi: installing the pinned CPU torch first"
 	$(PY) -m pip install -q -r requirements-cpu.txt
 endif
-	$(PY) -m pip install -q -e '.[dev,examples,plots,trackers]'
+	$(PY) -m pip install -q -e '.[dev,docs,examples,plots,trackers]'
 	@touch $(STAMP)
 
 demo: $(STAMP)
@@ -33,10 +33,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(PY) -m mypy
 
+# The documentation site (docs/, mkdocs.yml): a broken link or anchor fails the build.
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict --quiet
+
 pytest: $(STAMP)
 	$(PY) -m pytest -q
 
-test: lint typecheck pytest
+test: lint typecheck docs pytest
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py

@@ -1,59 +1,140 @@
-"""The README's quick-start programs run as written (in a fresh interpreter, in a temp dir)."""
+"""The documentation's programs run as written (a fresh interpreter in a temp dir), and every
+```python block of README.md and docs/ is run by some test.
+
+To register the python blocks of a new page or section:
+
+1. Write the test that runs them, here or in a new ``tests/test_docs_<page>.py``::
+
+       from tests.doc_blocks import python_blocks, run_program
+
+       def test_the_lr_finder_example_runs_as_written(tmp_path: Path) -> None:
+           (program,) = python_blocks("docs/training.md", "## Learning-rate finder")
+           done = run_program(program, tmp_path)
+           assert done.returncode == 0, done.stderr[-3000:]
+           ...  # and what a user would see: files written, numbers printed
+
+2. Claim the section in ``CLAIMS`` below, naming that test::
+
+       ("docs/training.md", "## Learning-rate finder"): (
+           "test_the_lr_finder_example_runs_as_written"
+       ),
+
+A heading is its whole line, hashes included; a claim covers the section's subsections too.
+``test_every_python_block_is_claimed_by_a_test`` fails for a python block no claim covers,
+for a claim whose heading is gone or holds no python block, and for a claim naming a test
+that neither this module nor a ``tests/test_docs*.py`` module defines. Blocks in other
+languages (bash, toml, json) are not run; ``test_the_commands_shown_exist`` checks the
+install lines, make targets, modules and scripts that bash blocks name.
+"""
 
 from __future__ import annotations
 
+import ast
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import eventually, pythonpath
+from tests.doc_blocks import ROOT, code_blocks, doc_files, parse, python_blocks, run_program
+from tests.helpers import eventually
 
-ROOT = Path(__file__).resolve().parent.parent
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+# (file, heading) -> the test that runs that section's python blocks.
+CLAIMS: dict[tuple[str, str], str] = {
+    ("README.md", "## Quick start"): "test_the_quick_start_runs_as_written",
+    ("docs/index.md", "## Quick start"): "test_the_quick_start_runs_as_written",
+    ("README.md", "## Inside an async program"): "test_the_async_program_runs_as_written",
+    ("docs/getting-started.md", "## Inside an async program"): (
+        "test_the_async_program_runs_as_written"
+    ),
+    ("docs/getting-started.md", "## A first program"): "test_the_first_program_runs_as_written",
+    ("docs/training.md", "## Train, reload, predict"): "test_train_reload_predict_runs_as_written",
+    ("docs/memory-and-speed.md", "## Outside a run"): (
+        "test_the_memory_and_speed_example_runs_as_written"
+    ),
+    ("docs/distributed.md", "## Choosing the mode"): (
+        "test_the_several_gpus_example_runs_as_written"
+    ),
+    ("docs/experts.md", "## The MoE layer"): "test_the_mixture_of_experts_example_runs_as_written",
+    ("docs/logging-and-trackers.md", "## Trackers"): "test_the_trackers_example_runs_as_written",
+    ("docs/services.md", "## One API, two modes"): (
+        "test_the_service_example_trains_in_a_child_process_as_written"
+    ),
+    ("docs/seed-api.md", "## The per-batch and synchronous faces"): (
+        "test_the_seed_api_example_runs_as_written"
+    ),
+}
 
 
-def blocks(start: str | None = None, end: str | None = None) -> list[str]:
-    """The README's python blocks (between the headings ``start`` and ``end``)."""
-    text = (ROOT / "README.md").read_text()
-    if start is not None:
-        text = text[text.index(start) : text.index(end) if end else None]
-    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+def test_every_python_block_is_claimed_by_a_test() -> None:
+    defined: set[str] = set()
+    for module in [ROOT / "tests" / "test_readme.py", *(ROOT / "tests").glob("test_docs*.py")]:
+        tree = ast.parse(module.read_text())
+        defined |= {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert {test for test in CLAIMS.values() if test not in defined} == set()
+    for file, heading in CLAIMS:
+        assert python_blocks(file, heading), f"{file} {heading!r} holds no python block"
+    unclaimed = [
+        f"{block.file}:{block.line} under {block.headings[-1:]}"
+        for file in doc_files()
+        for block in code_blocks(file)
+        if block.language == "python" and not any((file, h) in CLAIMS for h in block.headings)
+    ]
+    assert unclaimed == [], "python blocks no test runs; register them in CLAIMS"
 
 
-def quick_start_blocks() -> list[str]:
-    return blocks("## Quick start", "## Train, reload, predict")
+def copies(*sections: tuple[str, str]) -> str:
+    """The one python block that each of ``sections`` shows, the same in every one."""
+    programs = {file: python_blocks(file, heading) for file, heading in sections}
+    first = next(iter(programs.values()))
+    assert len(first) == 1, programs
+    assert all(program == first for program in programs.values()), "the copies differ"
+    return first[0]
 
 
-def run_program(program: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", program], check=False, cwd=cwd, capture_output=True, text=True,
-        timeout=180, env={"PYTHONPATH": pythonpath(), "PATH": "/usr/bin:/bin", "HOME": str(cwd)},
-    )  # fmt: skip
-
-
-def test_the_quick_start_has_both_faces() -> None:
-    blocks = quick_start_blocks()
-    assert len(blocks) == 2
-    assert "async with OptimizedTrainingOptimizer(" in blocks[0]
-    assert "create_optimized_training_optimizer(" in blocks[1]
-    assert blocks[1].index("optimizer.events()") < blocks[1].index("optimizer.train()")
-
-
-@pytest.mark.parametrize("index", [0, 1])
-def test_a_quick_start_program_runs_as_written(index: int, tmp_path: Path) -> None:
-    done = run_program(quick_start_blocks()[index], tmp_path)
+def test_the_quick_start_runs_as_written(tmp_path: Path) -> None:
+    program = copies(("README.md", "## Quick start"), ("docs/index.md", "## Quick start"))
+    assert "async with OptimizedTrainingOptimizer(" in program
+    assert 'resume="auto"' in program and "save_best=True" in program
+    done = run_program(program, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    (run_dir,) = {p.parent for p in (tmp_path / "logs").glob("*/*/events.jsonl")}
+    (run_dir,) = {p.parent for p in (tmp_path / "logs").glob("quickstart/*/events.jsonl")}
+    assert "logs" in done.stdout and "step-" in done.stdout  # the best checkpoint
+    assert "completed" in done.stderr  # the end summary
     eventually(run_dir / "performance_summary.txt")  # the reports, written in the background
-    if index == 0:
-        assert "logs" in done.stdout and "step-" in done.stdout  # the best checkpoint
-        assert "completed" in done.stderr  # the end summary
+
+
+def test_the_first_program_runs_as_written(tmp_path: Path) -> None:
+    (program,) = python_blocks("docs/getting-started.md", "## A first program")
+    done = run_program(program, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_dir,) = {p.parent for p in (tmp_path / "logs").glob("quickstart/*/events.jsonl")}
+    assert "logs" in done.stdout and "step-" in done.stdout  # the best checkpoint
+    eventually(run_dir / "performance_summary.txt")
+
+
+def test_the_async_program_runs_as_written(tmp_path: Path) -> None:
+    program = copies(
+        ("README.md", "## Inside an async program"),
+        ("docs/getting-started.md", "## Inside an async program"),
+    )
+    assert "create_optimized_training_optimizer(" in program
+    assert program.index("optimizer.events()") < program.index("optimizer.train()")
+    done = run_program(program, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    epochs = [line.split()[0] for line in done.stdout.splitlines()[:-1]]
+    assert epochs == ["0", "1", "2"], done.stdout  # one line per epoch_end, from the stream
+    (run_dir,) = {p.parent for p in (tmp_path / "logs").glob("*/*/events.jsonl")}
+    eventually(run_dir / "performance_summary.txt")
 
 
 def test_the_memory_and_speed_example_runs_as_written(tmp_path: Path) -> None:
-    (program,) = blocks("## Memory and speed", "## Several GPUs")
+    (program,) = python_blocks("docs/memory-and-speed.md", "## Outside a run")
     done = run_program(program, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     batch_size = int(done.stdout.split()[0])
@@ -61,7 +142,7 @@ def test_the_memory_and_speed_example_runs_as_written(tmp_path: Path) -> None:
 
 
 def test_train_reload_predict_runs_as_written(tmp_path: Path) -> None:
-    (program,) = blocks("## Train, reload, predict", "## What a run does")
+    (program,) = python_blocks("docs/training.md", "## Train, reload, predict")
     done = run_program(program, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     best = re.search(r"best val_top1 ([0-9.]+)", done.stdout)
@@ -77,7 +158,7 @@ def test_train_reload_predict_runs_as_written(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_trackers_example_runs_as_written(tmp_path: Path) -> None:
-    (program,) = blocks("## Logging and trackers", "## Inside a service")
+    (program,) = python_blocks("docs/logging-and-trackers.md", "## Trackers")
     done = run_program(program, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     for name in ("metrics.csv", "training_metrics.png", "profile"):
@@ -85,22 +166,8 @@ def test_the_trackers_example_runs_as_written(tmp_path: Path) -> None:
     assert (tmp_path / "logs" / "mlflow.db").exists() and list((tmp_path / "runs").rglob("*"))
 
 
-def test_every_python_block_of_the_readme_is_run_by_a_test() -> None:
-    tested = [
-        *quick_start_blocks(),
-        *blocks("## Memory and speed", "## Several GPUs"),
-        *blocks("## Train, reload, predict", "## What a run does"),
-        *blocks("## Logging and trackers", "## Inside a service"),
-        *blocks("## Inside a service", "## Flagship"),
-        *blocks("## Several GPUs", "## Mixture of experts"),
-        *blocks("## Mixture of experts", "## Device monitoring"),
-        *blocks("## The seed API", "## The examples"),
-    ]
-    assert sorted(tested) == sorted(blocks())
-
-
 def test_the_seed_api_example_runs_as_written(tmp_path: Path) -> None:
-    (program,) = blocks("## The seed API", "## The examples")
+    (program,) = python_blocks("docs/seed-api.md", "## The per-batch and synchronous faces")
     done = run_program(program, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     loss = re.search(r"loss ([0-9.]+), accuracy ([0-9.]+), skipped False", done.stdout)
@@ -110,13 +177,13 @@ def test_the_seed_api_example_runs_as_written(tmp_path: Path) -> None:
 
 
 def test_the_several_gpus_example_runs_as_written(tmp_path: Path) -> None:
-    (program,) = blocks("## Several GPUs", "## Mixture of experts")
+    (program,) = python_blocks("docs/distributed.md", "## Choosing the mode")
     done = run_program(program, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_the_mixture_of_experts_example_runs_as_written(tmp_path: Path) -> None:
-    (program,) = blocks("## Mixture of experts", "## Device monitoring")
+    (program,) = python_blocks("docs/experts.md", "## The MoE layer")
     done = run_program(program, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     tokens = re.search(r"\{'moe': \[(\d+), (\d+), (\d+), (\d+)\]\} (\d+) ([0-9.]+)", done.stdout)
@@ -127,10 +194,54 @@ def test_the_mixture_of_experts_example_runs_as_written(tmp_path: Path) -> None:
 
 
 def test_the_service_example_trains_in_a_child_process_as_written(tmp_path: Path) -> None:
-    (program,) = blocks("## Inside a service", "## Flagship")
+    (program,) = python_blocks("docs/services.md", "## One API, two modes")
     assert 'isolation="process"' in program and 'if __name__ == "__main__":' in program
     done = run_program(program, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["16", "True"]
     (final,) = (tmp_path / "logs").glob("*/*/final_weights/step-000000016-*")
     assert (final / "manifest.json").is_file()
+
+
+# --- the commands the bash blocks show ---------------------------------------------------
+
+PIP_EXTRAS = re.compile(r"pip install[^\n#]*?-e\s+'?\.\[([a-z,]+)\]'?")
+MAKE = re.compile(r"^make (\w[\w-]*)", flags=re.M)
+MODULE = re.compile(r"python3? -m ([\w.]+)")
+SCRIPT = re.compile(r"(?:python3?|torchrun)[^\n#]*?\s([\w/]+\.(?:py|sh))\b")
+
+
+def test_the_commands_shown_exist() -> None:
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"])  # fmt: skip
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), flags=re.M))
+    problems = []
+    for file in doc_files():
+        text = (ROOT / file).read_text()
+        # 'core[plots]' names a package no index has; from a checkout it is -e '.[plots]'
+        problems += [f"{file}: pip install {m}" for m in re.findall(r"'core\[\w+\]'", text)]
+        for match in PIP_EXTRAS.finditer(text):
+            problems += [f"{file}: no extra {e!r}" for e in match[1].split(",") if e not in extras]
+        for block in code_blocks(file):
+            if block.language != "bash":
+                continue
+            problems += [f"{file}: no target {t!r}" for t in MAKE.findall(block.code)
+                         if t not in targets]  # fmt: skip
+            for module in MODULE.findall(block.code):
+                if module.split(".")[0] not in ("core", "examples", "benchmarks"):
+                    continue  # venv, pip: not the project's
+                path = ROOT / module.replace(".", "/")
+                if not (path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()):
+                    problems.append(f"{file}: no module {module!r}")
+            for script in SCRIPT.findall(block.code):
+                if not (ROOT / script).is_file():
+                    problems.append(f"{file}: no file {script!r}")
+    assert problems == []
+
+
+def test_every_docs_page_has_one_title_and_is_in_the_nav() -> None:
+    nav = (ROOT / "mkdocs.yml").read_text().split("\nnav:\n", 1)[1]
+    for file in doc_files()[1:]:
+        titles = [h for h in parse(file)[1] if h.startswith("# ")]
+        assert len(titles) == 1, (file, titles)
+        assert f": {Path(file).relative_to('docs').as_posix()}\n" in nav, file

@@ -1,4 +1,4 @@
-"""Fault injection: every reliability promise of the README, proven by breaking a run.
+"""Fault injection: every reliability promise of the docs, proven by breaking a run.
 
 Numbers in the test names follow the issue's list. Where a process must die, it is a real
 process (tests/fault_jobs.py, alone or under torchrun); the rest run in-process.

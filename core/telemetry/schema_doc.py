@@ -2,7 +2,8 @@
 
 :func:`check_record` lists what is wrong with one parsed JSON record (an unknown event, a
 missing or unexpected field, a value of the wrong JSON type); :func:`schema_markdown` is the
-README's log-schema section (``python -m core.telemetry.records`` prints it).
+generated part of the docs' log-schema page, ``docs/log-schema.md`` (``python -m
+core.telemetry.schema_doc`` prints it).
 
 >>> check_record({"event": "nope"})
 ["unknown event 'nope'"]
@@ -127,7 +128,7 @@ def _table(fields: tuple[Field, ...]) -> list[str]:
 
 
 def schema_markdown() -> str:
-    """The log-schema section of the README: common fields, then one table per record."""
+    """The generated part of docs/log-schema.md: common fields, then one table per record."""
     common = fields_of(Common)
     lines = [
         "Every line of `events.jsonl` is one record: the common fields first, then those of "
