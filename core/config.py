@@ -142,6 +142,13 @@ class TrainingConfig:
         run, chosen = self.run, self.checkpoint.checkpoint_dir
         return Path(chosen) if chosen else Path(run.log_dir) / run.experiment_name / "checkpoints"
 
+    def for_run(self) -> TrainingConfig:
+        """The tree a run uses: this one, or with a ``run.fast_dev_run`` its one epoch of
+        ``n`` train and ``n`` val batches (:meth:`RunConfig.for_run`; the orchestrator
+        applies it once, when it is created)."""
+        run = self.run.for_run()
+        return self if run is self.run else dataclasses.replace(self, run=run)
+
     def replace(self, values: Mapping[str, object]) -> TrainingConfig:
         """A new tree with each dotted path set (``{"precision.scaler.hysteresis": 2}``);
         a bad value raises :class:`ConfigError` naming its dotted path."""

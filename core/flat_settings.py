@@ -34,6 +34,9 @@ class FlatSettings(TypedDict, total=False):
     loader_grace_s: float
     data_stall_warn_s: float
     isolation: Literal["thread", "process"]
+    fast_dev_run: bool | int
+    limit_train_batches: int | float | None
+    limit_val_batches: int | float | None
     learning_rate: float
     weight_decay: float
     max_grad_norm: float | None

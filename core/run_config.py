@@ -7,7 +7,7 @@ stops (``TrainingConfig.run``; re-exported by :mod:`core.config` and :mod:`core`
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -42,6 +42,22 @@ class RunConfig:
 
     ``isolation``: the step loop runs in a worker thread (``"thread"``) or in a supervised
     child process (``"process"``: a service that must never flinch; ``core.trainer.process``).
+
+    ``limit_train_batches`` caps the batches each epoch trains on (``limit_val_batches``: each
+    validation evaluates): an int ``n`` takes the loader's first ``n`` batches, a float in
+    (0, 1] that fraction of them (``int(len(loader) * fraction)``), None all of them. The
+    plan (steps per epoch, progress totals, the ``onecycle``/``cosine`` schedules of
+    ``core-train``) counts the limited epoch; a short last accumulation window still steps.
+
+    ``fast_dev_run=True`` (or an int ``n``) is a smoke run: 1 (``n``) train and 1 (``n``)
+    val batch through every part and hook, in one epoch, and nothing saved (no checkpoint of
+    any kind is written, none is resumed from: a later ``resume="auto"`` run starts fresh).
+    It wins over ``max_epochs``, ``max_steps``, the limits and the validation schedule
+    (:meth:`for_run`); logs, trackers and reports still run, marked by
+    ``config.run.fast_dev_run`` in ``run_start`` and a ``fast_dev_run`` console line.
+
+    >>> RunConfig(fast_dev_run=True, max_epochs=5).for_run().max_epochs
+    1
     """
 
     experiment_name: str = "experiment"
@@ -57,6 +73,9 @@ class RunConfig:
     loader_grace_s: float = 1.0
     data_stall_warn_s: float = 10.0
     isolation: Literal["thread", "process"] = "thread"
+    fast_dev_run: bool | int = False
+    limit_train_batches: int | float | None = None
+    limit_val_batches: int | float | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.experiment_name, str) and _SAFE_NAME.match(self.experiment_name)):
@@ -86,3 +105,46 @@ class RunConfig:
                 "isolation", self.isolation, "'thread' or 'process'",
                 "use 'process' to train in a child process a service's event loop never waits on.",
             )  # fmt: skip
+        self._check_smoke_run()
+
+    def _check_smoke_run(self) -> None:
+        smoke = self.fast_dev_run
+        if not (isinstance(smoke, bool) or (is_int(smoke) and smoke >= 1)):
+            raise config_error(
+                "fast_dev_run", smoke, "False, True (1 batch) or an integer >= 1 (that many)",
+                "pass fast_dev_run=True for one train and one val batch, False to train.",
+            )  # fmt: skip
+        for name in ("limit_train_batches", "limit_val_batches"):
+            limit = getattr(self, name)
+            if limit is None or (is_int(limit) and limit >= 1):
+                continue
+            if isinstance(limit, float) and 0.0 < limit <= 1.0:
+                continue
+            fix = f"{name}=10 for 10 batches, {name}=0.25 for a quarter, None for all."
+            if isinstance(limit, float) and limit > 1.0 and limit.is_integer():
+                fix = f"an int counts batches: {name}={int(limit)}."
+            elif name == "limit_val_batches" and limit in (0, 0.0) and not isinstance(limit, bool):
+                fix = "to skip validation, pass val_every_n_epochs=None (or no val_loader)."
+            raise config_error(
+                name, limit, "None (all batches), an integer >= 1 (that many batches) or a "
+                "float in (0, 1] (that fraction of the loader)", fix,
+            )  # fmt: skip
+
+    @property
+    def smoke_batches(self) -> int | None:
+        """The batches per loader of a ``fast_dev_run`` (None: not one)."""
+        smoke = self.fast_dev_run
+        return None if smoke is False else 1 if smoke is True else int(smoke)
+
+    def for_run(self) -> RunConfig:
+        """This section as a run uses it: itself, or, for a ``fast_dev_run`` of ``n``
+        batches, one epoch of ``n`` train and ``n`` val batches, validated at its end (the
+        same section again when applied twice)."""
+        batches = self.smoke_batches
+        if batches is None:
+            return self
+        run = replace(
+            self, max_epochs=1, max_steps=None, limit_train_batches=batches,
+            limit_val_batches=batches, val_every_n_epochs=1, val_every_n_steps=None,
+        )  # fmt: skip
+        return self if run == self else run

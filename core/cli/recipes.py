@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, default_collate
 
 from core.cli.parser import choice
 from core.config import TrainingConfig
+from core.loop.limit import Limit, epoch_batches
 from core.losses import FocalLoss, Mixup, MixupCollate
 
 __all__ = (
@@ -48,14 +49,24 @@ def loss_function(*, focal: bool, label_smoothing: float, soft_targets: bool) ->
     return None
 
 
-def steps_per_epoch(loader: Iterable[Any], accumulation_steps: int, world_size: int) -> int | None:
+def steps_per_epoch(
+    loader: Iterable[Any], accumulation_steps: int, world_size: int, limit: Limit = None
+) -> int | None:
     """Optimizer steps in one epoch of ``loader`` on one rank (a short last window is a
-    step); a DataLoader is counted as the run re-shards it over ``world_size`` ranks. None
-    when the loader has no length.
+    step), its batches capped by ``limit`` (``run.limit_train_batches``); a DataLoader is
+    counted as the run re-shards it over ``world_size`` ranks. None when the loader has no
+    length and no integer limit.
 
     >>> steps_per_epoch(DataLoader(range(100), batch_size=10), 3, 1)
     4
+    >>> steps_per_epoch(DataLoader(range(100), batch_size=10), 2, 1, limit=3)
+    2
     """
+    batches = epoch_batches(limit, _batches_per_rank(loader, world_size), "limit_train_batches")
+    return None if batches is None else math.ceil(batches / accumulation_steps)
+
+
+def _batches_per_rank(loader: Iterable[Any], world_size: int) -> int | None:
     try:
         batches = len(loader)  # type: ignore[arg-type]
     except TypeError:
@@ -64,7 +75,7 @@ def steps_per_epoch(loader: Iterable[Any], accumulation_steps: int, world_size: 
         per_rank = math.ceil(len(loader.dataset) / world_size)  # type: ignore[arg-type]
         size = loader.batch_size
         batches = per_rank // size if loader.drop_last else math.ceil(per_rank / size)
-    return math.ceil(batches / accumulation_steps)
+    return batches
 
 
 def total_steps(config: TrainingConfig, per_epoch: int | None) -> int | None:
@@ -81,7 +92,11 @@ def scheduler_factory(
     ``cosine``: ``CosineAnnealingLR(T_max=the run's steps)``; ``none``: None."""
     if kind == "none":
         return None
-    per_epoch = steps_per_epoch(train_loader, config.accumulation.accumulation_steps, world_size)
+    config = config.for_run()  # a fast_dev_run's one short epoch
+    per_epoch = steps_per_epoch(
+        train_loader, config.accumulation.accumulation_steps, world_size,
+        config.run.limit_train_batches,
+    )  # fmt: skip
     steps = total_steps(config, per_epoch)
     if steps is None:
         raise ValueError(

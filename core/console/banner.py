@@ -138,6 +138,18 @@ def _seed(record: Record) -> str | None:
     return "none (not reproducible)" if seed is None else str(seed)
 
 
+def _smoke_run(record: Record) -> str | None:
+    """``1 train and 1 val batch, nothing saved`` for a ``fast_dev_run``."""
+    smoke = lookup(record, "config", "run", "fast_dev_run")
+    if smoke is not True and not (is_int(smoke) and smoke >= 1):
+        return None
+    n = 1 if smoke is True else smoke
+    noun = "batch" if n == 1 else "batches"
+    both = lookup(record, "plan", "has_validation") is True
+    what = f"{n} train and {n} val {noun}" if both else f"{n} train {noun}"
+    return f"{what}, nothing saved"
+
+
 def _init(record: Record) -> str | None:
     digest = record.get("model_init_hash")
     if not isinstance(digest, str):
@@ -162,7 +174,11 @@ def format_banner(run_start: Record) -> str:
     precision = run_start.get("precision") or lookup(
         run_start, "resolved", "precision", "resolved_precision"
     )
+    note = lookup(run_start, "resolved", "precision", "note")
+    if precision and isinstance(note, str):  # e.g. bf16 emulated by this CPU
+        precision = f"{precision} (warning: {note})"
     candidates = [
+        ("fast_dev_run", _smoke_run(run_start)),
         ("run", name or None),
         ("run dir", run_start.get("run_dir")),
         ("device", _strategy(run_start)),

@@ -23,6 +23,7 @@ import torch._dynamo  # (see below)
 from torch import nn
 
 from core.checkpointing.checkpointer import Checkpointer
+from core.checkpointing.disabled import NoCheckpoints
 from core.config import TrainingConfig
 from core.console.model_summary import summarize_model
 from core.data.prefetch import prefetch_to_device
@@ -31,6 +32,7 @@ from core.distributed.lockstep import batches_in
 from core.hardware.settings import GPUManager
 from core.loop.accumulation import GradientAccumulation
 from core.loop.epoch import Scheduler, StepLoop
+from core.loop.limit import limit_batches
 from core.loop.objective import DefaultObjective, LossFn, Objective
 from core.loop.recovery import ErrorHandler
 from core.loop.stepper import default_optimizer
@@ -169,9 +171,12 @@ def _build(
     if config.precision.track_memory_usage:
         precision.note_memory_savings(*_amp_memory(runtime, strategy, model, objective, precision,
                                                    prepared))  # fmt: skip
-    train_loader = _prefetched(
-        trainer.prepare_loader(runtime.train_loader, train=True), config, strategy.device
-    )
+    train_loader = _prefetched(  # the limit inside the prefetcher: it never reads past it
+        limit_batches(
+            trainer.prepare_loader(runtime.train_loader, train=True),
+            config.run.limit_train_batches, "limit_train_batches",
+        ), config, strategy.device,
+    )  # fmt: skip
     val_loader = (
         None if runtime.val_loader is None
         else trainer.prepare_loader(runtime.val_loader, train=False)
@@ -209,7 +214,8 @@ def _build(
             world_size=strategy.world_size, train_loader=train_loader,
         ),
     )  # fmt: skip
-    checkpointer = Checkpointer(
+    # A fast_dev_run leaves nothing to resume: its checkpointer writes and reads none.
+    checkpointer = (NoCheckpoints if config.run.fast_dev_run else Checkpointer)(
         config.checkpoint, config.checkpoint_directory, strategy=strategy, model=model,
         optimizer=optimizer, state=state, emit=emit, report_error=report_error,
     )  # fmt: skip

@@ -79,7 +79,10 @@ class OptimizedTrainingOptimizer(JobViews):
         callbacks: Sequence[Callback] = (),
         metrics: Mapping[str, Metric | MetricFn] | None = None,
     ) -> None:
-        self._config = config = TrainingConfig() if config is None else config
+        config = TrainingConfig() if config is None else config
+        if isinstance(config, TrainingConfig):  # a fast_dev_run's one epoch, decided once here
+            config = config.for_run()
+        self._config = config
         given = {
             "model": model, "train_loader": train_loader, "val_loader": val_loader,
             "loss_fn": loss_fn, "optimizer": optimizer, "scheduler": scheduler,

@@ -1,7 +1,8 @@
 """Validation during a run: when it is due, running it, its record, and the best checkpoint.
 
 Validation runs on the step thread after every ``val_every_n_epochs``-th epoch and, as a step
-hook, every ``val_every_n_steps`` optimizer steps (never twice at one step). After each
+hook, every ``val_every_n_steps`` optimizer steps (never twice at one step), over the first
+``limit_val_batches`` batches of the ``val_loader`` (all without a limit). After each
 one, with ``save_best=True``, the monitored value (``val_loss``, ``val_accuracy``,
 ``val_<metric>``; ``train_loss`` at epoch ends) is compared with the best so far and an
 improvement is saved as a checkpoint the store keeps apart from ``keep_last_n``.
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from core.config import TrainingConfig
 from core.distributed.lockstep import batches_in
 from core.loop.evaluation import EvalStats, evaluate
+from core.loop.limit import limit_batches
 
 if TYPE_CHECKING:
     from core.telemetry.run_log import CurrentLog
@@ -40,6 +42,12 @@ class Validation:
         """The optimizer step of the latest validation (None: none yet in this process)."""
         self.since_epoch_end: EvalStats | None = None
         """The latest validation since the last epoch end (what early stopping watches)."""
+        given = parts.val_loader
+        self.loader = (  # a bad limit for this loader fails here, when the job is built
+            None if given is None
+            else limit_batches(given, self.run.limit_val_batches, "limit_val_batches")
+        )  # fmt: skip
+        """What a validation evaluates: the val_loader, limited to ``limit_val_batches``."""
 
     # -- when -----------------------------------------------------------------------------
     def due_after_epoch(self, epochs_completed: int) -> bool:
@@ -58,8 +66,7 @@ class Validation:
     # -- running --------------------------------------------------------------------------
     def validate(self, epoch: int, stop: threading.Event) -> EvalStats:
         """One validation pass, its ``validation_start``/``validation`` records, the tally."""
-        parts, log = self.parts, self.log
-        loader = parts.val_loader
+        parts, log, loader = self.parts, self.log, self.loader
         assert loader is not None
         step = parts.loop.global_step
         log.emit("validation_start", epoch=epoch, step=step, batches=batches_in(loader))

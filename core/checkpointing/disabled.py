@@ -1,0 +1,47 @@
+"""The checkpointer of a run that must leave nothing to resume: a ``fast_dev_run``.
+
+The composition root gives such a run a :class:`NoCheckpoints` instead of a
+:class:`~core.checkpointing.checkpointer.Checkpointer`: no checkpoint is ever due, a save
+(step, epoch, best, stop, cancel, error) writes nothing and returns None, and no checkpoint
+is looked for, so the run starts fresh and a later ``resume="auto"`` run finds nothing of it.
+The checkpoint directory is not created.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from typing_extensions import override
+
+from core.checkpointing.checkpointer import Checkpointer
+
+__all__ = ("NoCheckpoints",)
+
+
+class NoCheckpoints(Checkpointer):
+    """A :class:`Checkpointer` that never writes or reads a checkpoint."""
+
+    @override
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "saves": False, "why": "fast_dev_run: nothing saved"}
+
+    @override
+    def due_after_step(self, global_step: int) -> bool:
+        return False
+
+    @override
+    def due_after_epoch(self, epochs_completed: int) -> bool:
+        return False
+
+    @override
+    def save(self, **_: Any) -> Path | None:
+        return None
+
+    @override
+    def keep_best(self, *_: Any, **__: Any) -> None:
+        return None
+
+    @override
+    def find(self) -> Path | None:
+        return None
