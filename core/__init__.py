@@ -20,6 +20,7 @@ from __future__ import annotations
 from core.callbacks import Callback, RunInfo
 from core.checkpointing.config import CheckpointConfig
 from core.checkpointing.lineage import CheckpointInfo, Checkpoints
+from core.checkpointing.model_loading import load_model
 from core.checkpointing.weights import LoadedWeights, load_weights
 from core.config import DataConfig, EarlyStoppingConfig, OptimConfig, RunConfig, TrainingConfig
 from core.console import ProgressBar, summarize_model
@@ -41,6 +42,7 @@ from core.errors import (
     UnevenLoadersError,
     UnsafeCheckpointError,
 )
+from core.factory import Factory
 from core.gpu_utilization_mixed_precision_system import (
     GPUConfig,
     GPUPerformanceMonitor,
@@ -115,6 +117,7 @@ __all__ = (
     "EventStream",
     "ExpertGroup",
     "F1Score",
+    "Factory",
     "FocalLoss",
     "GPUConfig",
     "GPUManagerConfig",
@@ -169,6 +172,7 @@ __all__ = (
     "create_mixed_precision_optimizer",
     "create_mixed_precision_trainer",
     "create_optimized_training_optimizer",
+    "load_model",
     "load_weights",
     "optimize_batch_size",
     "optimize_model_memory",

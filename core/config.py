@@ -20,9 +20,10 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from core.checkpointing.checkpointer import CheckpointConfig
+from core.checkpointing.config import METRIC_NAME
 from core.checks import check_bool_fields, is_finite_number, is_int
 from core.data.config import LoaderConfig
 from core.distributed.config import MultiGPUConfig
@@ -68,14 +69,31 @@ class OptimConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class EarlyStoppingConfig:
-    """Stop after ``patience`` epochs whose monitored loss (validation loss, or the mean
-    training loss without a ``val_loader``) did not improve by more than ``min_delta``;
-    ``patience=None`` trains for ``max_epochs``."""
+    """Stop after ``patience`` epochs whose ``monitor`` did not improve by more than
+    ``min_delta`` (lower with ``mode="min"``, higher with ``"max"``); ``patience=None``
+    trains for ``max_epochs``. ``monitor=None`` watches what the checkpoint section's
+    ``monitor`` names, with its ``mode`` (by default the validation loss, or the mean
+    training loss without a ``val_loader``): one setting for the best checkpoint and for
+    stopping."""
 
     patience: int | None = None
     min_delta: float = 0.0
+    monitor: str | None = None
+    mode: Literal["min", "max"] | None = None
 
     def __post_init__(self) -> None:
+        if self.monitor is not None and not (
+            isinstance(self.monitor, str) and METRIC_NAME.match(self.monitor)
+        ):
+            raise config_error(
+                "early_stopping.monitor", self.monitor,
+                "None (the checkpoint section's monitor), 'val_loss', 'train_loss', "
+                "'val_accuracy' or 'val_<name>' of a metric", "e.g. monitor='val_f1'.",
+            )  # fmt: skip
+        if self.mode not in (None, "min", "max"):
+            raise config_error(
+                "early_stopping.mode", self.mode, "None (the checkpoint's mode), 'min' or 'max'"
+            )
         if self.patience is not None and not (is_int(self.patience) and self.patience >= 1):
             raise config_error(
                 "patience", self.patience, "None (off) or an integer >= 1",

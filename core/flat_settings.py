@@ -83,12 +83,16 @@ class FlatSettings(TypedDict, total=False):
     save_on_cancel: bool
     checkpoint_safe_globals: Sequence[Any]
     save_best: bool
+    save_top_k: int | None
+    save_last: bool
     monitor: str
     mode: Literal["min", "max"]
     max_consecutive_nonfinite: int
     oom_recovery: Literal["auto", "on", "off"]
     early_stopping_patience: int | None
     early_stopping_min_delta: float
+    early_stopping_monitor: str | None
+    early_stopping_mode: Literal["min", "max"] | None
     monitor_interval_s: float
     monitor_history_size: int
     event_buffer_size: int

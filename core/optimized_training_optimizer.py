@@ -23,6 +23,7 @@ from typing_extensions import Unpack
 
 from core.callbacks import Callback
 from core.config import TrainingConfig
+from core.factory import Factory
 from core.flat import FlatSettings, config_from_flat
 from core.loop.objective import LossFn
 from core.metrics import Metric, MetricFn
@@ -35,12 +36,12 @@ __all__ = ("OptimizedTrainingOptimizer", "create_optimized_training_optimizer")
 
 def create_optimized_training_optimizer(
     *,
-    model: nn.Module,
-    train_loader: Iterable[Any],
-    val_loader: Iterable[Any] | None = None,
-    loss_fn: LossFn | None = None,
-    optimizer: OptimizerArgument | None = None,
-    scheduler: SchedulerArgument | None = None,
+    model: nn.Module | str | Factory,
+    train_loader: Iterable[Any] | str | Factory,
+    val_loader: Iterable[Any] | str | Factory | None = None,
+    loss_fn: LossFn | str | None = None,
+    optimizer: OptimizerArgument | str | None = None,
+    scheduler: SchedulerArgument | str | None = None,
     callbacks: Sequence[Callback] = (),
     metrics: Mapping[str, Metric | MetricFn] | None = None,
     config: TrainingConfig | None = None,

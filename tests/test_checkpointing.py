@@ -85,7 +85,10 @@ def test_only_staging_of_a_writer_that_is_provably_gone_is_swept(tmp_path: Path)
     [
         ({"checkpoint_every_n_steps": 0}, r"checkpoint_every_n_steps=0 is invalid"),
         ({"keep_last_n": 0}, r"keep_last_n=0 is invalid"),
-        ({"resume": 3}, r"resume=3 is invalid; allowed: None, 'auto' or the path of a checkpoint"),
+        (
+            {"resume": 3},
+            r"resume=3 is invalid; allowed: None, 'auto', 'strict' or the path of a checkpoint",
+        ),
     ],
 )
 def test_config_errors(kwargs: dict[str, Any], pattern: str) -> None:
@@ -100,10 +103,10 @@ def build(log_dir: Path, **kwargs: Any) -> Any:
     )  # fmt: skip
 
 
-def test_resume_with_an_incompatible_config_names_the_fields(log_dir: Path) -> None:
+def test_a_strict_resume_with_an_incompatible_config_names_the_fields(log_dir: Path) -> None:
     anyio.run(build(log_dir).train)
     changed = build(
-        log_dir, resume="auto", gradient_accumulation_config=GradientAccumulationConfig(2),
+        log_dir, resume="strict", gradient_accumulation_config=GradientAccumulationConfig(2),
         optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
     )  # fmt: skip
     with pytest.raises(

@@ -41,7 +41,7 @@ def test_checkpoints_list_latest_best_verify_load_and_lineage(tmp_path: Path) ->
     assert {c.run_id for c in listed} == {run.run_dir.name}
     latest = checkpoints.latest
     assert latest == listed[0] and str(latest.path) == run.last_checkpoint
-    assert latest.step == run.global_step and latest.reason in ("step", "epoch")
+    assert latest.step == run.global_step and latest.reason in ("step", "epoch", "best")
     best = checkpoints.best
     assert best is not None and best.best and str(best.path) == results.best_checkpoint
     assert [c for c in listed if c.best] == [best]

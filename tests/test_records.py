@@ -119,6 +119,8 @@ def run_jobs(log_dir: Path) -> None:
     state = newest / "state.pt"
     state.write_bytes(state.read_bytes()[:100])
     train(log_dir, "plain", train_loader=Pausing(train_loader, 2, 0.0), resume="auto", **job)
+    # Its lineage has finished: resume="auto" leaves it alone and says so (fresh_start).
+    train(log_dir, "plain", train_loader=train_loader, resume="auto", **job)
     # fp16 overflows down to min_scale, then the fallback; NVML samples, one counter missing.
     fake = FakeNvml(devices=1, unsupported=("nvmlDeviceGetTemperature",))
     init = GPUMonitor.__init__
@@ -190,7 +192,7 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     log_dir = tmp_path_factory.mktemp("schema") / "logs"
     run_jobs(log_dir)
     files = sorted(log_dir.rglob("events*.jsonl"))
-    assert len(files) == 7
+    assert len(files) == 8
     return [json.loads(line) for f in files for line in f.read_text().splitlines()]
 
 
@@ -216,7 +218,9 @@ def test_the_runs_wrote_every_record_a_single_process_can(records: list[dict[str
     def values(event: str, field: str) -> set[Any]:
         return {r.get(field) for r in records if r["event"] == event}
 
-    kinds = {"checkpoint_invalid", "nonfinite_validation_loss", "callback_failed"}
+    # best_checkpoint_missing: the resume past the damaged checkpoint finds its best pruned.
+    kinds = {"checkpoint_invalid", "nonfinite_validation_loss", "callback_failed",
+             "best_checkpoint_missing"}  # fmt: skip
     assert values("error", "kind") == kinds
     assert values("run_end", "status") == {"completed", "failed", "cancelled", "abandoned"}
     assert values("step_thread_abandoned", "waiting_for") == {"step"}

@@ -113,6 +113,6 @@ def test_run_start_holds_the_model_summary_the_plan_and_the_weights_lineage(
     assert start["plan"] | {"max_epochs": 2} == {
         "max_epochs": 2, "max_steps": None, "batches_per_epoch": 4, "steps_per_epoch": 4,
         "effective_batch_size": 32, "world_size": 1, "has_validation": True,
-        "val_every_n_epochs": 1, "val_every_n_steps": None, "save_best": False,
+        "val_every_n_epochs": 1, "val_every_n_steps": None, "save_best": False, "save_top_k": 0,
         "monitor": "val_loss", "mode": "min",
     }  # fmt: skip

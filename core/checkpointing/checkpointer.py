@@ -24,11 +24,14 @@ from typing import Any, Protocol
 from torch import nn
 from torch.optim import Optimizer
 
+from core.checkpointing.compatibility import differences, shape_difference
 from core.checkpointing.config import CheckpointConfig
 from core.checkpointing.disk import disk_error, free_bytes, is_write_failure
+from core.checkpointing.manifest import followed
 from core.checkpointing.store import CheckpointStore
 from core.distributed import Strategy
 from core.errors import CheckpointError, IncompatibleCheckpointError
+from core.factory import Factory
 from core.rng import capture_rng
 
 _FIX = "Fix: free space or point checkpoint_dir at a writable disk, then resume with resume='auto'."
@@ -49,6 +52,8 @@ class TrainerState(Protocol):
 
     def rng_at_epoch_start(self) -> dict[str, Any]: ...
 
+    def finished(self, trainer: dict[str, Any]) -> str | None: ...
+
 
 class Checkpointer:
     """Saves and restores a run through a :class:`CheckpointStore`."""
@@ -64,6 +69,7 @@ class Checkpointer:
         state: TrainerState,
         emit: Emit,
         report_error: Emit,
+        model_factory: Factory | None = None,
     ) -> None:
         self.config = config
         self.store = CheckpointStore(
@@ -75,9 +81,11 @@ class Checkpointer:
         self.state = state
         self.emit = emit
         self.report_error = report_error
+        self.model_factory = model_factory
         self.last_saved_step: int | None = None
         self.last_path: str | None = None
         """The newest checkpoint this run wrote or resumed from (the last good one)."""
+        self.stale = False
 
     def describe(self) -> dict[str, Any]:
         """Every checkpoint setting, and the directory they are written to."""
@@ -102,22 +110,26 @@ class Checkpointer:
         self.store.parent = None
         self.store.kept = set()
 
-    def keep_best(self, path: str) -> None:
-        """Keep ``path`` apart from ``keep_last_n`` as the run's best checkpoint; the previous
-        best becomes an ordinary checkpoint again (pruned if older than the newest ones)."""
-        self.store.kept = {Path(path).name}
+    def keep_best(self, paths: list[str]) -> None:
+        """Keep ``paths`` apart from ``keep_last_n`` as the run's best checkpoints; one that
+        left them becomes an ordinary checkpoint again (pruned if older than the newest)."""
+        self.store.kept = {Path(path).name for path in paths}
         if self.strategy.is_global_zero:
             self.store.prune()
 
+    def mark_stale(self) -> None:
+        """The run's state changed without a step (an epoch's end, a new best): the next
+        save at this step writes its checkpoint again, in place, rather than reusing it."""
+        self.stale = True
+
     def save(self, *, step: int, epoch: int, reason: str, best: bool = False) -> Path | None:
         """Write a checkpoint of the current state (a collective under DDP/FSDP2); one of
-        this step exists already: return it (``best``: a ``checkpoint`` record says it is
-        the new best).
+        this step that is not stale (:meth:`mark_stale`) exists already: return it.
 
         A write that fails (a full, read-only or forbidden disk) leaves no partial files
         and raises :class:`~core.errors.CheckpointError` naming the path, the reason, the
         free space and the last good checkpoint."""
-        if self.last_saved_step == step and self.last_path is not None:
+        if self.last_saved_step == step and self.last_path is not None and not self.stale:
             if best:  # the checkpoint of this step is also the new best: say so
                 self.emit("checkpoint", path=self.last_path, step=step, epoch=epoch,
                           reason=reason, best=True, save_time_s=0.0)  # fmt: skip
@@ -144,7 +156,12 @@ class Checkpointer:
                     **strategy.checkpoint_state(self.model, self.optimizer),
                 }
                 self.store.write_state(staging, payload)
-                final = self.store.commit(staging, step, {"epoch": epoch, "reason": reason})
+                meta: dict[str, Any] = {"epoch": epoch, "reason": reason}
+                if self.model_factory is not None:  # core.load_model rebuilds the model
+                    meta["model_factory"] = self.model_factory.to_dict()
+                final = self.store.commit(staging, step, meta, replace=True)
+                if self.config.save_last:
+                    self.store.link_last(final)
         except BaseException as exc:
             if not is_write_failure(exc):
                 raise
@@ -156,8 +173,7 @@ class Checkpointer:
         if failure is not None:
             raise CheckpointError(f"{failure}. {_FIX}") from cause
         final = Path(outcome[0] or staging)
-        self.last_saved_step = step
-        self.last_path = str(final)
+        self.last_saved_step, self.last_path, self.stale = step, str(final), False
         self.emit(
             "checkpoint",
             path=str(final),
@@ -189,30 +205,47 @@ class Checkpointer:
         target = self.config.resume
         if target is None:
             return None
-        if str(target) == "auto":
+        if str(target) in ("auto", "strict"):
             found = None
             if self.strategy.is_global_zero:
                 self.store.sweep_staging()
                 found = self.store.newest_valid(self._report_invalid)
             chosen = self.strategy.broadcast_object(str(found) if found else None)
             return Path(chosen) if chosen else None
-        path = Path(target)
+        path = followed(Path(target))
         self.store.verify(path)
         return path
 
     def _report_invalid(self, path: Path, reason: str) -> None:
         self.report_error("error", kind="checkpoint_invalid", path=str(path), reason=reason)
 
-    def load(self, path: Path) -> dict[str, Any]:
-        """Restore model, optimizer and trainer state; return this rank's RNG states."""
+    def load(self, path: Path) -> dict[str, Any] | None:
+        """Restore model, optimizer and trainer state; return this rank's RNG states.
+
+        Under ``resume="auto"`` a checkpoint this run cannot continue (other settings or
+        model, or a finished run) is left alone: a ``fresh_start`` record says why, and
+        None means "start a new run". Otherwise that is an
+        :class:`~core.errors.IncompatibleCheckpointError`."""
         payload = self.store.load_state(path)
         if payload.get("format") != FORMAT:
             raise CheckpointError(
                 f"checkpoint {path} has format {payload.get('format')!r}, expected {FORMAT}"
             )
-        self._check_compatible(path, payload["fingerprint"])
-        if isinstance(payload.get("model"), dict):
-            self._check_shapes(path, payload["model"])
+        lenient = self.config.resume == "auto"
+        differ = self._incompatibility(payload)
+        if differ is not None:
+            if lenient:
+                self.emit("fresh_start", path=str(path), reason="incompatible", detail=differ)
+                return None
+            raise IncompatibleCheckpointError(
+                f"cannot resume from {path}: {differ}. Fix: restore those settings, or start "
+                "a new run (resume='auto' starts one when they differ, resume=None always "
+                "does; or another experiment_name/checkpoint_dir)."
+            )
+        ended = self.state.finished(payload["trainer"])
+        if ended is not None and lenient:
+            self.emit("fresh_start", path=str(path), reason="finished", detail=ended)
+            return None
         self.strategy.load_checkpoint_state(self.model, self.optimizer, payload, path / "sharded")
         self.state.load_state_dict(payload["trainer"])
         rngs = payload["rng"]
@@ -226,35 +259,12 @@ class Checkpointer:
         mine: dict[str, Any] = rngs[rank] if rank < len(rngs) else rngs[0]
         return mine
 
-    def _check_shapes(self, path: Path, saved: dict[str, Any]) -> None:
-        """Name the first parameter or buffer whose name or shape differs from the model's."""
-        current = self.strategy.unwrap(self.model).state_dict()
-        for key in [*current, *(k for k in saved if k not in current)]:
-            ours, theirs = current.get(key), saved.get(key)
-            ours_shape = None if ours is None else tuple(ours.shape)
-            theirs_shape = None if theirs is None else tuple(getattr(theirs, "shape", ()))
-            if ours_shape != theirs_shape:
-                raise IncompatibleCheckpointError(
-                    f"cannot resume from {path}: the model differs at {key!r} (checkpoint "
-                    f"{_shape(theirs_shape)}, now {_shape(ours_shape)}). Fix: build the model "
-                    "the checkpoint was written with, or start a new run (resume=None, or "
-                    "another experiment_name/checkpoint_dir)."
-                )
-
-    def _check_compatible(self, path: Path, saved: dict[str, Any]) -> None:
-        now = self.state.fingerprint()
-        differ = [
-            f"{key} (checkpoint {saved.get(key)!r}, now {now.get(key)!r})"
-            for key in sorted(set(saved) | set(now))
-            if saved.get(key) != now.get(key)
-        ]
+    def _incompatibility(self, payload: dict[str, Any]) -> str | None:
+        """What differs between the checkpoint and this run (settings, then the model)."""
+        differ = differences(payload["fingerprint"], self.state.fingerprint())
         if differ:
-            raise IncompatibleCheckpointError(
-                f"cannot resume from {path}: the configuration differs in "
-                f"{', '.join(differ)}. Fix: restore those settings, or start a new run "
-                "(resume=None, or another experiment_name/checkpoint_dir)."
-            )
-
-
-def _shape(shape: tuple[int, ...] | None) -> str:
-    return "absent" if shape is None else f"shape {list(shape)}"
+            return f"the configuration differs in {', '.join(differ)}"
+        if isinstance(payload.get("model"), dict):
+            current = self.strategy.unwrap(self.model).state_dict()
+            return shape_difference(current, payload["model"])
+        return None

@@ -11,9 +11,10 @@ from typing import Any, Literal
 from core.checks import check_bool_fields, is_int, is_path
 from core.errors import config_error
 
-__all__ = ("CheckpointConfig",)
+__all__ = ("CheckpointConfig", "METRIC_NAME")
 
-_METRIC_NAME = re.compile(r"^(val|train)_[A-Za-z_][A-Za-z0-9_]*$")
+_MODES = ("auto", "strict")
+METRIC_NAME = re.compile(r"^(val|train)_[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _optional_positive(value: object) -> bool:
@@ -25,12 +26,24 @@ class CheckpointConfig:
     """Where and when checkpoints are written, and whether a run resumes from one.
 
     ``checkpoint_dir=None`` means ``<log_dir>/<experiment_name>/checkpoints``, shared by the
-    experiment's runs so that ``resume="auto"`` (the newest valid checkpoint) finds them.
-    ``resume`` may also be a checkpoint directory, or None to start fresh.
+    experiment's runs. ``resume``:
+
+    - ``"auto"``: continue the newest valid checkpoint when it is compatible (same model
+      and settings) and its run is unfinished (fewer epochs or steps than this run's
+      ``max_epochs``/``max_steps``, not stopped early); otherwise start a new run and say
+      why in one line (a ``fresh_start`` record naming the differing settings). Re-running
+      an edited script trains.
+    - ``"strict"``: continue the newest valid checkpoint whatever it is: an incompatible one
+      is an :class:`~core.errors.IncompatibleCheckpointError`, a finished run stays
+      finished. For services that must never silently start over.
+    - the path of a checkpoint directory (strict, that one), or None to start fresh.
 
     ``save_best=True`` also keeps the checkpoint where ``monitor`` (``val_loss``,
     ``train_loss``, ``val_accuracy`` or ``val_<metric>``) was best (lowest with
-    ``mode="min"``, highest with ``"max"``), apart from the ``keep_last_n`` newest.
+    ``mode="min"``, highest with ``"max"``), apart from the ``keep_last_n`` newest;
+    ``save_top_k=k`` keeps the ``k`` best instead (it implies ``save_best``; ``-1``: every
+    monitored checkpoint). ``save_last=True`` keeps a link ``<checkpoint_dir>/last`` to the
+    newest committed checkpoint, a stable path for ``load_weights``.
     """
 
     checkpoint_dir: str | Path | None = None
@@ -41,11 +54,13 @@ class CheckpointConfig:
     save_on_cancel: bool = True
     safe_globals: Sequence[Any] = ()
     save_best: bool = False
+    save_top_k: int | None = None
+    save_last: bool = False
     monitor: str = "val_loss"
     mode: Literal["min", "max"] = "min"
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.monitor, str) and _METRIC_NAME.match(self.monitor)):
+        if not (isinstance(self.monitor, str) and METRIC_NAME.match(self.monitor)):
             raise config_error(
                 "monitor", self.monitor,
                 "'val_loss', 'train_loss', 'val_accuracy' or 'val_<name>' of a metric",
@@ -58,6 +73,16 @@ class CheckpointConfig:
         for name in ("checkpoint_every_n_steps", "checkpoint_every_n_epochs"):
             if not _optional_positive(getattr(self, name)):
                 raise config_error(name, getattr(self, name), "None (never) or an integer >= 1")
+        if self.save_top_k is not None and not (is_int(self.save_top_k) and self.save_top_k >= -1):
+            raise config_error(
+                "save_top_k", self.save_top_k, "None, -1 (all) or an integer >= 0",
+                "e.g. save_top_k=3 keeps the three best checkpoints by monitor.",
+            )  # fmt: skip
+        if self.save_top_k == 0 and self.save_best:
+            raise config_error(
+                "save_top_k", 0, "None, -1 or an integer >= 1 with save_best=True",
+                "drop save_top_k (save_best keeps the best one) or save_best.",
+            )  # fmt: skip
         if not (is_int(self.keep_last_n) and self.keep_last_n >= 1):
             raise config_error("keep_last_n", self.keep_last_n, "an integer >= 1")
         check_bool_fields(self)
@@ -67,14 +92,29 @@ class CheckpointConfig:
             )
         self._check_resume()
 
+    @property
+    def top_k(self) -> int:
+        """How many best checkpoints are kept: 0 (none), k, or -1 (every monitored one)."""
+        if self.save_top_k is not None:
+            return self.save_top_k
+        return 1 if self.save_best else 0
+
+    @property
+    def tracks_best(self) -> bool:
+        """Whether ``monitor`` is watched for best checkpoints (``save_best``/``save_top_k``)."""
+        return self.top_k != 0
+
     def _check_resume(self) -> None:
-        resume, allowed = self.resume, "None, 'auto' or the path of a checkpoint directory"
-        if resume is None or resume == "auto":
+        resume = self.resume
+        allowed = "None, 'auto', 'strict' or the path of a checkpoint directory"
+        if resume is None or resume in _MODES:
             return
         if not is_path(resume):
             raise config_error("resume", resume, allowed)
-        if str(resume).lower() == "auto":
-            raise config_error("resume", resume, allowed, "write resume='auto' in lower case.")
+        if str(resume).lower() in _MODES:
+            raise config_error(
+                "resume", resume, allowed, f"write resume={str(resume).lower()!r} in lower case."
+            )
         if not Path(resume).is_dir():
             raise config_error(
                 "resume", resume, allowed, "no such directory; pass an existing checkpoint "

@@ -25,11 +25,22 @@ from typing import Any
 
 from core.errors import CheckpointError
 
-__all__ = ("MANIFEST", "VERSION", "file_entries", "hash_file", "read_verified")
+__all__ = (
+    "MANIFEST",
+    "VERSION",
+    "file_entries",
+    "followed",
+    "hash_file",
+    "is_checkpoint",
+    "read_verified",
+)
 
 MANIFEST = "manifest.json"
 VERSION = 2
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_OPTIONAL: dict[str, tuple[type, ...]] = {
+    "model_factory": (dict,),  # how the run made its model (core.load_model)
+}
 _FIELDS: dict[str, tuple[type, ...]] = {
     "manifest_version": (int,),
     "step": (int,),
@@ -40,6 +51,22 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "committed_at_ns": (int,),
     "files": (dict,),
 }
+
+
+def followed(path: Path) -> Path:
+    """``path``, or for the ``last`` link of ``save_last`` (a link to a sibling checkpoint
+    directory) the checkpoint it names; any other link is left as is (and refused)."""
+    if path.is_symlink() and path.name == "last":
+        target = os.readlink(path)
+        if "/" not in target and target not in ("", ".", ".."):
+            return path.parent / target
+    return path
+
+
+def is_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a committed checkpoint directory (its manifest is there; the
+    files are not verified here: see :func:`read_verified`)."""
+    return (path / MANIFEST).is_file()
 
 
 def hash_file(path: Path) -> str:
@@ -81,13 +108,16 @@ def _check_schema(path: Path, manifest: object) -> dict[str, Any]:
     if not isinstance(manifest, dict):
         raise _invalid(path, f"its manifest is a {type(manifest).__name__}, not an object")
     missing = sorted(set(_FIELDS) - set(manifest))
-    extra = sorted(set(manifest) - set(_FIELDS))
+    extra = sorted(set(manifest) - set(_FIELDS) - set(_OPTIONAL))
     if missing or extra:
         raise _invalid(path, f"manifest keys missing {missing}, unexpected {extra}")
     for key, types in _FIELDS.items():
         value = manifest[key]
         if not isinstance(value, types) or isinstance(value, bool):
             raise _invalid(path, f"manifest field {key}={value!r} has the wrong type")
+    for key, types in _OPTIONAL.items():
+        if key in manifest and not isinstance(manifest[key], types):
+            raise _invalid(path, f"manifest field {key}={manifest[key]!r} has the wrong type")
     if manifest["manifest_version"] != VERSION:
         raise _invalid(path, f"manifest_version {manifest['manifest_version']}, expected {VERSION}")
     if not manifest["files"]:

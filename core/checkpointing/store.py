@@ -70,6 +70,11 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _owner_tag() -> str:
+    """``<host>-<pid>-<token>``: who wrote a staging name (swept once that process is gone)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
 class _HashingWriter:
     """A file that hashes what ``torch.save`` writes through it (it writes sequentially)."""
 
@@ -120,8 +125,7 @@ class CheckpointStore:
     def stage(self, step: int) -> Path:
         """A fresh, empty staging directory, unique to this writer, for ``step``."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        owner = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
-        staging = self.directory / f".{self.final_path(step).name}.staging-{owner}"
+        staging = self.directory / f".{self.final_path(step).name}.staging-{_owner_tag()}"
         staging.mkdir()
         return staging
 
@@ -135,8 +139,11 @@ class CheckpointStore:
             os.fsync(handle.fileno())
         self._synced[target] = {"sha256": writer.digest.hexdigest(), "bytes": writer.size}
 
-    def commit(self, staging: Path, step: int, meta: dict[str, Any]) -> Path:
-        """Hash, sync and atomically publish ``staging`` as this run's checkpoint of ``step``."""
+    def commit(
+        self, staging: Path, step: int, meta: dict[str, Any], *, replace: bool = False
+    ) -> Path:
+        """Hash, sync and atomically publish ``staging`` as this run's checkpoint of ``step``
+        (``replace``: in place of this run's checkpoint of ``step``, if it has one)."""
         files = file_entries(staging, self._synced)
         for name in files:
             if staging / name not in self._synced:
@@ -154,12 +161,26 @@ class CheckpointStore:
         if self.before_commit is not None:
             self.before_commit(staging)
         final = self.final_path(step)
+        replaced = None
         if final.exists():
-            raise CheckpointError(f"{final} already exists; a run never commits a step twice")
+            if not replace:
+                raise CheckpointError(f"{final} already exists; a run never commits a step twice")
+            # Out of sight first (a staging name: swept if we die here), then the new one in.
+            replaced = final.with_name(f".{final.name}.staging-{_owner_tag()}")
+            final.rename(replaced)
         staging.rename(final)
         _fsync_path(self.directory)
+        if replaced is not None:
+            shutil.rmtree(replaced, ignore_errors=True)
         self.prune()
         return final
+
+    def link_last(self, target: Path) -> None:
+        """Point ``<directory>/last`` at ``target`` (a relative link, swapped atomically)."""
+        link = self.directory / "last"
+        temporary = self.directory / f".last.{_owner_tag()}"
+        temporary.symlink_to(target.name, target_is_directory=True)
+        temporary.replace(link)
 
     def discard(self, staging: Path) -> None:
         """Remove a staging directory after a failed write (best effort)."""

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from core.checkpointing.manifest import MANIFEST, read_verified
+from core.checkpointing.manifest import MANIFEST, followed, read_verified
 from core.checkpointing.store import STATE, CheckpointStore
 from core.errors import CheckpointError, IncompatibleCheckpointError
 
@@ -166,7 +166,7 @@ def load_weights(
     >>> load_weights(run.last_checkpoint, model).step  # doctest: +SKIP
     12
     """
-    path = Path(path)
+    path = followed(Path(path))
     if path.is_symlink() or not path.is_dir() or not (path / MANIFEST).is_file():
         raise _not_a_checkpoint(path)
     manifest = read_verified(path)

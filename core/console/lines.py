@@ -17,7 +17,7 @@ from core.console.units import format_count, format_duration, format_number
 __all__ = ("NOTABLE_EVENTS", "epoch_label", "format_epoch_line", "format_event_line")
 
 NOTABLE_EVENTS = frozenset({
-    "resumed", "compile", "oom_recovered", "precision_fallback", "uneven_inputs",
+    "resumed", "fresh_start", "compile", "oom_recovered", "precision_fallback", "uneven_inputs",
     "nonfinite_skipped", "signal_received", "profile",
 })  # fmt: skip
 """Info-level events worth a line of their own (warnings and errors always get one)."""
@@ -62,6 +62,11 @@ def _notable(record: Record) -> str | None:
     event = record.get("event")
     if event == "resumed":
         return f"resumed from {record.get('path')} (step {record.get('step')})"
+    if event == "fresh_start":
+        return (
+            f"new run: resume='auto' left {record.get('path')} alone, {record.get('detail')} "
+            "(resume='strict' would continue it or fail)"
+        )
     if event == "compile":
         breaks = record.get("graph_breaks")
         seconds = format_duration(record.get("seconds"))

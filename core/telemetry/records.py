@@ -18,19 +18,19 @@ from core.telemetry.stop_records import (
 
 __all__ = (
     "AmpCompatibility", "CallbackLagging", "Checkpoint", "Common", "Compile", "CompileDecision",
-    "DataStall",
-    "EpochEnd", "Error", "ForcedExit", "GpuSample", "Level", "LogDegraded", "MonitorDegraded",
+    "DataStall", "EpochEnd", "Error", "ForcedExit", "FreshStart", "GpuSample", "Level",
+    "LogDegraded", "MonitorDegraded",
     "MonitorFieldUnsupported", "NonfiniteSkipped", "OomRecovered", "PrecisionFallback",
     "Profile", "RECORDS", "Resumed", "RunEnd", "RunStart", "SignalReceived",
     "StepThreadAbandoned", "StepThreadParked", "TrainStep", "UnevenInputs", "Validation",
     "ValidationStart",
 )  # fmt: skip
 
-_Reason = Literal["step", "epoch", "best", "signal", "cancel", "stopped_by_peer", "error"]
+_Reason = Literal["step", "epoch", "best", "top_k", "signal", "cancel", "stopped_by_peer", "error"]
 _Verdict = Literal["input_bound", "underutilised", "compute_bound"]
 _Status = Literal["completed", "stopped", "cancelled", "failed", "abandoned"]
 _ErrorKind = Literal["checkpoint_invalid", "checkpoint_failed", "nonfinite_validation_loss",
-                    "callback_failed", "compile_failed"]  # fmt: skip
+                    "callback_failed", "compile_failed", "best_checkpoint_missing"]  # fmt: skip
 
 
 class RunStart(Common):
@@ -49,6 +49,14 @@ class RunStart(Common):
     model_init_hash: Annotated[str, "fingerprint of the weights before training (sampled)"]
     model_init_hash_method: Annotated[str, "how model_init_hash was computed"]
     model_init_matches_previous: Annotated[bool | None, "same as the experiment's last run"]
+
+
+class FreshStart(Common):
+    """Once, after run_start, when resume="auto" leaves the newest checkpoint alone."""
+
+    path: Annotated[str, "the newest valid checkpoint, not continued"]
+    reason: Annotated[Literal["finished", "incompatible"], "its run ended, or it differs"]
+    detail: Annotated[str, "what ended it, or which settings or weights differ"]
 
 
 class Resumed(Common):
@@ -201,7 +209,7 @@ class Error(Common):
     """Error: a failure reported as a record, not raised (its fields depend on kind)."""
 
     kind: Annotated[_ErrorKind, "which failure (the fields below name their kinds)"]
-    path: NotRequired[Annotated[str, "checkpoint_invalid: the checkpoint skipped"]]
+    path: NotRequired[Annotated[str, "checkpoint_invalid/best_checkpoint_missing: which"]]
     reason: NotRequired[Annotated[str, "checkpoint_invalid/_failed, compile_failed: why"]]
     last_checkpoint: NotRequired[Annotated[str | None, "checkpoint_failed: the last good one"]]
     epoch: NotRequired[Annotated[int, "nonfinite_validation_loss: the epoch, from 0"]]
@@ -260,7 +268,8 @@ class Profile(Common):
 
 
 RECORDS: dict[str, type] = {
-    "run_start": RunStart, "resumed": Resumed, "amp_compatibility": AmpCompatibility,
+    "run_start": RunStart, "fresh_start": FreshStart, "resumed": Resumed,
+    "amp_compatibility": AmpCompatibility,
     "compile": Compile, "compile_decision": CompileDecision, "train_step": TrainStep,
     "nonfinite_skipped": NonfiniteSkipped, "oom_recovered": OomRecovered,
     "precision_fallback": PrecisionFallback, "uneven_inputs": UnevenInputs,

@@ -19,6 +19,7 @@ from core.errors import EmptyLoaderError, config_error
 from core.loop.accumulation import GradientAccumulationConfig
 from core.loop.recovery import ErrorHandlerConfig
 from core.metrics import check_metrics
+from core.trainer.early_stopping import watched
 
 __all__ = (
     "built_by",
@@ -220,20 +221,24 @@ def check_scheduler(scheduler: object, optimizer: torch.optim.Optimizer) -> None
 
 
 def check_monitor(config: Any, has_validation: bool, metrics: Mapping[str, Any]) -> None:
-    """With ``save_best``, ``monitor`` must name a value the run will produce."""
-    checkpoint = config.checkpoint
-    if not checkpoint.save_best:
-        return
+    """``monitor`` (with ``save_best``/``save_top_k``) and ``early_stopping.monitor`` (with a
+    ``patience``) must name a value the run will produce."""
     names = ["train_loss"]
     if has_validation and (config.run.val_every_n_epochs or config.run.val_every_n_steps):
         names += ["val_loss", "val_accuracy", *(f"val_{name}" for name in metrics)]
-    if checkpoint.monitor not in names:
-        why = "" if has_validation else " (without a val_loader only the training loss exists)"
-        raise config_error(
-            "monitor", checkpoint.monitor, f"one of {', '.join(map(repr, names))}{why}",
-            "name a metric given in metrics= as 'val_<name>', pass a val_loader, or "
-            "monitor='train_loss'.",
-        )  # fmt: skip
+    why = "" if has_validation else " (without a val_loader only the training loss exists)"
+    wanted = []
+    if config.checkpoint.tracks_best:
+        wanted.append(("monitor", config.checkpoint.monitor))
+    if config.early_stopping.patience is not None:
+        wanted.append(("early_stopping.monitor", watched(config, has_validation)[0]))
+    for field, name in wanted:
+        if name not in names:
+            raise config_error(
+                field, name, f"one of {', '.join(map(repr, names))}{why}",
+                "name a metric given in metrics= as 'val_<name>', pass a val_loader, or "
+                "monitor='train_loss'.",
+            )  # fmt: skip
 
 
 def check_runtime(runtime: Any, config: Any, callbacks: object) -> None:

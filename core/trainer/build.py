@@ -29,6 +29,7 @@ from core.console.model_summary import summarize_model
 from core.data.prefetch import prefetch_to_device
 from core.distributed.base import Strategy
 from core.distributed.lockstep import batches_in
+from core.factory import Factory
 from core.hardware.settings import GPUManager
 from core.loop.accumulation import GradientAccumulation
 from core.loop.epoch import Scheduler, StepLoop
@@ -54,7 +55,7 @@ from core.trainer.arguments import (
     check_scheduler,
     is_scheduler_instance,
 )
-from core.trainer.early_stopping import EarlyStopping
+from core.trainer.early_stopping import EarlyStopping, watched
 from core.trainer.model_setup import (
     PreparedModel,
     compile_rule_for,
@@ -85,6 +86,8 @@ class Runtime:
     optimizer: OptimizerArgument | None = None
     scheduler: SchedulerArgument | None = None
     metrics: Mapping[str, Any] | None = None
+    model_factory: Factory | None = None
+    """How the model was made, when it was named (recorded in every checkpoint)."""
 
 
 @dataclass(frozen=True)
@@ -203,7 +206,10 @@ def _build(
         prepare_batch=prepared.prepare_batch, max_steps=config.run.max_steps,
         terms=MoEProbe.of(strategy.unwrap(model)),
     )  # fmt: skip
-    early_stopping = EarlyStopping(config.early_stopping.patience, config.early_stopping.min_delta)
+    watching, mode = watched(config, val_loader is not None)
+    early_stopping = EarlyStopping(
+        config.early_stopping.patience, config.early_stopping.min_delta, mode=mode, monitor=watching
+    )
     state = RunState(
         loop=loop, mixed_precision=precision, accumulation=accumulation, scheduler=scheduler,
         early_stopping=early_stopping, errors=errors,
@@ -213,11 +219,13 @@ def _build(
             accumulation_steps=config.accumulation.accumulation_steps,
             world_size=strategy.world_size, train_loader=train_loader,
         ),
+        max_epochs=config.run.max_epochs, max_steps=config.run.max_steps,
     )  # fmt: skip
     # A fast_dev_run leaves nothing to resume: its checkpointer writes and reads none.
     checkpointer = (NoCheckpoints if config.run.fast_dev_run else Checkpointer)(
         config.checkpoint, config.checkpoint_directory, strategy=strategy, model=model,
         optimizer=optimizer, state=state, emit=emit, report_error=report_error,
+        model_factory=runtime.model_factory,
     )  # fmt: skip
     return Parts(
         trainer=trainer, strategy=strategy, device_settings=device_settings,

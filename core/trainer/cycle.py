@@ -121,7 +121,7 @@ class RunCycle:
                 "last_checkpoint": parts.checkpointer.last_path,
                 "elapsed_s": time.monotonic() - self._opened_at,
                 "samples_per_s": progress.samples_per_s or None,
-                "monitor": checkpoint.monitor if checkpoint.save_best else None,
+                "monitor": checkpoint.monitor if checkpoint.tracks_best else None,
                 "best_value": progress.best_value,
                 "best_checkpoint": progress.best_checkpoint,
                 "run_dir": str(log.run_dir),
@@ -154,7 +154,11 @@ class RunCycle:
     def resume(self) -> ResumePoint | None:
         checkpointer = self.parts.checkpointer
         path = checkpointer.find()
-        return None if path is None else self.parts.state.resume_point(checkpointer.load(path))
+        rng = None if path is None else checkpointer.load(path)
+        if rng is None:
+            return None
+        self.validation.forget_missing()
+        return self.parts.state.resume_point(rng)
 
     def save(self, reason: str, *, best: bool = False) -> str | None:
         parts = self.parts
@@ -189,9 +193,8 @@ class RunCycle:
             return EpochEnd(interrupted=True)
         latest, validation.since_epoch_end = validation.since_epoch_end, None
         parts.state.epochs_completed = epoch + 1
-        watched = train_loss if parts.val_loader is None else None
-        if latest is not None:
-            watched = latest.loss
+        parts.checkpointer.mark_stale()  # a checkpoint of this step predates the epoch's end
+        watched = validation.values(latest, train_loss).get(parts.early_stopping.monitor)
         if watched is not None:
             # Rank 0 decides, every rank follows: no rank is left waiting in a collective.
             progress.stopped_early = parts.strategy.broadcast_object(

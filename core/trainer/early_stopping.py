@@ -1,11 +1,26 @@
-"""Early stopping on a metric that should go down (validation loss by default)."""
+"""Early stopping on a monitored value: the validation loss by default, or any value the
+checkpoint section's ``monitor`` may name (``val_f1``, ``val_accuracy``...), with its mode."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ("EarlyStopping",)
+__all__ = ("EarlyStopping", "watched")
+
+Mode = Literal["min", "max"]
+
+
+def watched(config: Any, has_validation: bool) -> tuple[str, Mode]:
+    """What early stopping watches, and which way is better: ``early_stopping.monitor``,
+    else the checkpoint section's ``monitor`` (and its ``mode``); a default validation
+    value without a ``val_loader`` falls back to the mean training loss."""
+    stopping, checkpoint = config.early_stopping, config.checkpoint
+    name = stopping.monitor or checkpoint.monitor
+    mode: Mode = stopping.mode or (checkpoint.mode if name == checkpoint.monitor else "min")
+    if stopping.monitor is None and not has_validation and name.startswith("val_"):
+        return "train_loss", "min"
+    return name, mode
 
 
 class EarlyStopping:
@@ -16,17 +31,30 @@ class EarlyStopping:
     >>> stopper = EarlyStopping(patience=2)
     >>> [stopper.update(v) for v in (1.0, 0.9, 0.95, 0.91)]
     [False, False, False, True]
+    >>> stopper = EarlyStopping(patience=1, mode="max", monitor="val_accuracy")
+    >>> [stopper.update(v) for v in (0.5, 0.7, 0.6)]
+    [False, False, True]
     """
 
-    def __init__(self, patience: int | None, min_delta: float = 0.0) -> None:
+    def __init__(
+        self, patience: int | None, min_delta: float = 0.0, *, mode: Mode = "min",
+        monitor: str = "val_loss",
+    ) -> None:  # fmt: skip
         self.patience = patience
         self.min_delta = min_delta
-        self.best = math.inf
+        self.mode: Mode = mode
+        self.monitor = monitor
+        self.best = math.inf if mode == "min" else -math.inf
         self.bad_epochs = 0
+
+    def _improves(self, value: float) -> bool:
+        if self.mode == "min":
+            return value < self.best - self.min_delta
+        return value > self.best + self.min_delta
 
     def update(self, value: float) -> bool:
         """Record one epoch's metric; return True when training should stop."""
-        if math.isfinite(value) and value < self.best - self.min_delta:
+        if math.isfinite(value) and self._improves(value):
             self.best = value
             self.bad_epochs = 0
         else:

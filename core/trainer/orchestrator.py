@@ -28,6 +28,7 @@ from torch import nn
 
 from core.callbacks import Callback
 from core.config import TrainingConfig
+from core.factory import Factory, factory_of
 from core.loop.objective import LossFn
 from core.metrics import Metric, MetricFn
 from core.telemetry.events import EventHub, EventStream
@@ -70,9 +71,9 @@ class OptimizedTrainingOptimizer(JobViews):
         self,
         config: TrainingConfig | None = None,
         *,
-        model: nn.Module | str,
-        train_loader: Iterable[Any] | str,
-        val_loader: Iterable[Any] | str | None = None,
+        model: nn.Module | str | Factory,
+        train_loader: Iterable[Any] | str | Factory,
+        val_loader: Iterable[Any] | str | Factory | None = None,
         loss_fn: LossFn | str | None = None,
         optimizer: OptimizerArgument | str | None = None,
         scheduler: SchedulerArgument | str | None = None,
@@ -88,7 +89,10 @@ class OptimizedTrainingOptimizer(JobViews):
             "loss_fn": loss_fn, "optimizer": optimizer, "scheduler": scheduler,
             "metrics": metrics,
         }  # fmt: skip
-        self._runtime = Runtime(**{name: resolve(name, value) for name, value in given.items()})
+        self._runtime = Runtime(
+            **{name: resolve(name, value) for name, value in given.items()},
+            model_factory=factory_of(model),
+        )
         check_runtime(self._runtime, config, callbacks)
         self._crossing = crossing_for(config, given)
         self._isolated = self._crossing is not None

@@ -39,7 +39,8 @@ def plan(config: TrainingConfig, parts: Parts) -> dict[str, Any]:
         "has_validation": parts.val_loader is not None,
         "val_every_n_epochs": config.run.val_every_n_epochs,
         "val_every_n_steps": config.run.val_every_n_steps,
-        "save_best": config.checkpoint.save_best,
+        "save_best": config.checkpoint.tracks_best,
+        "save_top_k": config.checkpoint.top_k,
         "monitor": config.checkpoint.monitor,
         "mode": config.checkpoint.mode,
     }

@@ -61,6 +61,8 @@ class RunProgress:
     val_metrics: dict[str, float | None] = field(default_factory=dict)
     best_value: float | None = None
     best_checkpoint: str | None = None
+    top_k: list[list[float | str]] = field(default_factory=list)
+    """The kept best checkpoints, ``[value, path]``, the best first (``save_top_k``)."""
 
     def add_epoch(self, samples: int, time_s: float) -> None:
         self.samples += samples

@@ -183,7 +183,7 @@ class Run:
         checkpoint = self.config.checkpoint
         return progress.results(
             epochs_completed=parts.state.epochs_completed, global_step=parts.loop.global_step,
-            run_dir=run_dir, monitor=checkpoint.monitor if checkpoint.save_best else None,
+            run_dir=run_dir, monitor=checkpoint.monitor if checkpoint.tracks_best else None,
             last_checkpoint=parts.checkpointer.last_path,
         )  # fmt: skip
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from core.checkpointing.compatibility import finished
 from core.loop.accumulation import GradientAccumulation
 from core.loop.epoch import EpochStats, ResumePoint, Scheduler, StepLoop
 from core.loop.recovery import ErrorHandler
@@ -33,6 +34,8 @@ class RunState:
         early_stopping: EarlyStopping,
         errors: ErrorHandler,
         fingerprint: dict[str, Any],
+        max_epochs: int,
+        max_steps: int | None,
     ) -> None:
         self.loop = loop
         self.mixed_precision = mixed_precision
@@ -41,11 +44,16 @@ class RunState:
         self.early_stopping = early_stopping
         self.errors = errors
         self._fingerprint = fingerprint
+        self._max_epochs, self._max_steps = max_epochs, max_steps
         self.epochs_completed = 0
         self.progress = RunProgress()
 
     def fingerprint(self) -> dict[str, Any]:
         return dict(self._fingerprint)
+
+    def finished(self, trainer: dict[str, Any]) -> str | None:
+        """Why the run of a checkpoint's trainer state has ended under this run's limits."""
+        return finished(trainer, max_epochs=self._max_epochs, max_steps=self._max_steps)
 
     def rng_at_epoch_start(self) -> dict[str, Any]:
         return self.loop.epoch_rng

@@ -13,8 +13,11 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core.checkpointing.manifest import is_checkpoint
+from core.checkpointing.ranking import Ranked, offer
 from core.config import TrainingConfig
 from core.distributed.lockstep import batches_in
 from core.loop.evaluation import EvalStats, evaluate
@@ -117,16 +120,53 @@ class Validation:
         return values
 
     def keep_if_best(self, values: dict[str, Any]) -> None:
-        """With ``save_best``: checkpoint an improvement of the monitored value and keep it."""
+        """With ``save_best``/``save_top_k``: checkpoint a value that enters the top ``k``
+        and keep it. The run's tally names the checkpoint before it is written, so the
+        checkpoint holds itself as the best (a resume from it reports it)."""
         config, progress = self.checkpoint, self.parts.state.progress
         value = values.get(config.monitor)
-        if not config.save_best or value is None or not math.isfinite(value):
+        if not config.tracks_best or value is None or not math.isfinite(value):
             return
-        best = progress.best_value
-        if best is not None and not (value < best if config.mode == "min" else value > best):
+        checkpointer = self.parts.checkpointer
+        path = str(checkpointer.store.final_path(self.parts.loop.global_step))
+        ranked = offer(progress.top_k, float(value), path, k=config.top_k, mode=config.mode)
+        if ranked is None:
             return
-        path = self.save("best", best=True)
-        progress.best_value = float(value)
-        if path is not None:
-            progress.best_checkpoint = path
-            self.parts.checkpointer.keep_best(path)
+        before = (progress.top_k, progress.best_value, progress.best_checkpoint)
+        is_best = ranked[0][1] == path
+        self._tally(ranked)
+        checkpointer.mark_stale()  # the tally changed: this step's checkpoint is written now
+        try:
+            saved = self.save("best" if is_best else "top_k", best=is_best)
+        except BaseException:
+            progress.top_k, progress.best_value, progress.best_checkpoint = before
+            raise
+        if saved is None:  # nothing is written (a smoke run): the value, and no checkpoint
+            progress.top_k = before[0]
+            if is_best:
+                progress.best_value, progress.best_checkpoint = float(value), None
+            return
+        checkpointer.keep_best([str(p) for _, p in ranked])
+
+    def _tally(self, ranked: Ranked) -> None:
+        progress = self.parts.state.progress
+        progress.top_k = ranked
+        progress.best_value = float(ranked[0][0]) if ranked else None
+        progress.best_checkpoint = str(ranked[0][1]) if ranked else None
+
+    def forget_missing(self) -> None:
+        """After a resume: drop the kept best checkpoints that no longer exist (pruned or
+        deleted since), so ``best_checkpoint`` never names one that is gone."""
+        progress = self.parts.state.progress
+        ranked = progress.top_k
+        if not ranked and progress.best_checkpoint and progress.best_value is not None:
+            ranked = [[progress.best_value, progress.best_checkpoint]]  # older checkpoints
+        present = [entry for entry in ranked if is_checkpoint(Path(str(entry[1])))]
+        if present == ranked and ranked == progress.top_k:
+            return
+        for _, path in (entry for entry in ranked if entry not in present):
+            self.log.warning(
+                "error", kind="best_checkpoint_missing", path=str(path),
+                effect="no longer a best checkpoint of this run: it was deleted or pruned",
+            )  # fmt: skip
+        self._tally(present)

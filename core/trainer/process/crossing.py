@@ -25,44 +25,17 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import pickle
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from core.distributed.environment import DistributedEnvironment
 from core.errors import ConfigError, config_error
+from core.factory import FORMAT, Factory, is_factory_name, named
 
 __all__ = ("CALLED", "Crossing", "crossing_for", "is_factory_name", "resolve")
 
-_NAME = re.compile(r"^[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
 CALLED = ("model", "train_loader", "val_loader")
 """The arguments whose factory is called with no arguments to make the object."""
-_FORMAT = "'package.module:function' (a module importable in a fresh process)"
-
-
-def is_factory_name(value: object) -> bool:
-    """Whether ``value`` is a string shaped like ``"package.module:function"``."""
-    return isinstance(value, str) and bool(_NAME.match(value))
-
-
-def _named(field: str, name: str) -> Any:
-    module_name, _, attribute = name.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise config_error(
-            field, name, _FORMAT, f"the module cannot be imported ({exc}); check the name."
-        ) from exc
-    target: Any = module
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise config_error(
-                field, name, _FORMAT, f"{module_name} has no {attribute!r}; check the name."
-            )
-        target = getattr(target, part)
-    if not callable(target):
-        raise config_error(field, name, _FORMAT, f"{attribute!r} is not callable.")
-    return target
 
 
 _OBJECTS = {
@@ -77,15 +50,18 @@ _OBJECTS = {
 
 
 def resolve(field: str, value: Any) -> Any:
-    """``value``, or the object its factory name stands for (called for :data:`CALLED`)."""
+    """``value``, or the object its factory (a name, or a :class:`~core.factory.Factory`
+    for :data:`CALLED`) stands for: called for :data:`CALLED`, the function otherwise."""
+    if isinstance(value, Factory) and field in CALLED:
+        return value()
     if not isinstance(value, str):
         return value
     if not is_factory_name(value):
         raise config_error(
-            field, value, f"{_OBJECTS[field]}, or a factory named {_FORMAT}",
+            field, value, f"{_OBJECTS[field]}, or a factory named {FORMAT}",
             f"e.g. {field}='mypackage.models:make_{field}'.",
         )  # fmt: skip
-    factory = _named(field, value)
+    factory = named(field, value)
     return factory() if field in CALLED else factory
 
 
@@ -101,10 +77,10 @@ class Crossing:
         """Raise :class:`ConfigError` naming the first object that cannot cross."""
         for field, name in self.names.items():
             if not is_factory_name(name):
-                raise config_error(field, name, _FORMAT)
+                raise config_error(field, name, FORMAT)
             module = name.partition(":")[0]
             if importlib.util.find_spec(module.partition(".")[0]) is None:
-                raise config_error(field, name, _FORMAT, f"no module {module!r} is importable.")
+                raise config_error(field, name, FORMAT, f"no module {module!r} is importable.")
         for field, value in self.objects.items():
             if value is None:
                 continue
@@ -119,9 +95,10 @@ class Crossing:
 
     @staticmethod
     def unpack(payload: bytes) -> dict[str, Any]:
-        """In the training process: every object, factories resolved."""
+        """In the training process: every object, and the factories as given (the job
+        resolves them, and records the model's in its checkpoints)."""
         names, objects = pickle.loads(payload)
-        return {**objects, **{field: resolve(field, name) for field, name in names.items()}}
+        return {**objects, **names}
 
 
 def _cannot_cross(field: str, value: object, exc: Exception) -> ConfigError:
@@ -129,7 +106,7 @@ def _cannot_cross(field: str, value: object, exc: Exception) -> ConfigError:
     error = ConfigError(
         f"{field}={shown} cannot cross into the training process (isolation='process'): it "
         f"does not pickle ({type(exc).__name__}: {exc}); allowed: an object that pickles, or "
-        f"a factory named {_FORMAT}. Fix: define it at module level (no lambda, local class, "
+        f"a factory named {FORMAT}. Fix: define it at module level (no lambda, local class, "
         f"open file or lock), pass {field}='mypackage.module:make_{field}', or use "
         "isolation='thread'."
     )

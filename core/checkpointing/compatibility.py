@@ -1,0 +1,54 @@
+"""Whether a run may continue a checkpoint: the same settings, the same model, unfinished.
+
+``resume="auto"`` starts a new run when :func:`incompatibility` or :func:`finished` has
+something to say; ``resume="strict"`` (or a path) raises
+:class:`~core.errors.IncompatibleCheckpointError` with it, or continues a finished run.
+
+>>> differences({"lr": 0.1, "seed": 0}, {"lr": 0.01, "seed": 0})
+['lr (checkpoint 0.1, now 0.01)']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ("differences", "finished", "shape_difference")
+
+
+def differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """The fingerprint entries that differ, each with both values."""
+    return [
+        f"{key} (checkpoint {saved.get(key)!r}, now {now.get(key)!r})"
+        for key in sorted(set(saved) | set(now))
+        if saved.get(key) != now.get(key)
+    ]
+
+
+def shape_difference(current: Mapping[str, Any], saved: Mapping[str, Any]) -> str | None:
+    """The first parameter or buffer whose name or shape differs, in words; else None."""
+    for key in [*current, *(k for k in saved if k not in current)]:
+        ours, theirs = current.get(key), saved.get(key)
+        ours_shape = None if ours is None else tuple(ours.shape)
+        theirs_shape = None if theirs is None else tuple(getattr(theirs, "shape", ()))
+        if ours_shape != theirs_shape:
+            saved_shape, now_shape = _shape(theirs_shape), _shape(ours_shape)
+            return f"the model differs at {key!r} (checkpoint {saved_shape}, now {now_shape})"
+    return None
+
+
+def finished(trainer: Mapping[str, Any], *, max_epochs: int, max_steps: int | None) -> str | None:
+    """Why the run a checkpoint's trainer state belongs to has ended, under this run's
+    limits (raising ``max_epochs`` makes it unfinished again); None when it goes on."""
+    epochs, steps = int(trainer["epoch"]), int(trainer["global_step"])
+    if max_steps is not None and steps >= max_steps:
+        return f"it reached max_steps ({steps} of {max_steps} optimizer steps)"
+    if epochs >= max_epochs:
+        return f"it completed max_epochs ({epochs} of {max_epochs} epochs)"
+    if trainer.get("progress", {}).get("stopped_early"):
+        return f"it stopped early after {epochs} epochs"
+    return None
+
+
+def _shape(shape: tuple[int, ...] | None) -> str:
+    return "absent" if shape is None else f"shape {list(shape)}"
