@@ -149,17 +149,29 @@ async def _train(config: TrainingConfig, parts: dict[str, Any]) -> tuple[Trainin
 
 
 def _outcome(
-    results: TrainingResults, argv: Sequence[str], monitor_gpu: bool, reports: bool
+    results: TrainingResults, argv: Sequence[str], config: TrainingConfig, monitor_gpu: bool
 ) -> None:
-    """Write ``results.json`` into the run directory and print the outcome."""
+    """Write ``results.json`` into the run directory and print the outcome: where the run's
+    files are, and, when no progress display showed the end summary (``--no-progress``), the
+    numbers it would have shown."""
     run_dir = results.run_dir
     summary = results.to_dict() | {"command": ["core-train", *argv]}
     (run_dir / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"run directory: {run_dir}")
+    if config.logging.progress:  # the progress display printed the end summary on stderr
+        print(f"results: {run_dir / 'results.json'}")
+    else:
+        _print_summary(results, config.logging.reports)
+    if monitor_gpu:
+        _print_gpu(run_dir)
+
+
+def _print_summary(results: TrainingResults, reports: bool) -> None:
+    run_dir = results.run_dir
 
     def show(value: float | None, digits: int = 4) -> str:
         return "n/a" if value is None else f"{value:.{digits}f}"
 
-    print(f"run directory: {run_dir}")
     print(
         f"epochs={results.epochs_completed} steps={results.global_step} "
         f"train_loss={show(results.train_loss)} val_loss={show(results.val_loss)} "
@@ -174,8 +186,6 @@ def _outcome(
     if reports:
         files = [run_dir / n for n in ("performance_summary.txt", "training_metrics.png")]
         print("reports (written in the background): " + ", ".join(map(str, files)))
-    if monitor_gpu:
-        _print_gpu(run_dir)
 
 
 def _print_gpu(run_dir: Path) -> None:
@@ -225,5 +235,5 @@ def run_fit(argv: Sequence[str]) -> FitOutcome:
         print(f"core-train: {type(exc).__name__}: {exc}", file=sys.stderr)
         return FitOutcome(1)
     if rank == 0:
-        _outcome(results, argv, namespace.monitor_gpu, config.logging.reports)
+        _outcome(results, argv, config, namespace.monitor_gpu)
     return FitOutcome(0, results, rank)

@@ -115,7 +115,9 @@ class MixedPrecisionConfig:
     """How a run uses reduced precision; every field of seeds 000 and 002 has a meaning.
 
     ``dtype="auto"`` picks bf16 on CUDA devices that support it, fp16 with loss scaling on
-    older CUDA devices, and fp32 on CPU. bf16 and fp16 work on CPU when asked for; ``dtype``
+    older CUDA devices, and fp32 on CPU. bf16 and fp16 work on CPU when asked for (bf16 on a
+    CPU without bf16 instructions is emulated, several times slower than fp32: a
+    ``bf16_emulated`` warning and the start banner say so); ``dtype``
     takes ``torch.float16``, ``"float16"``, ``"fp16"``, ``"half"``, ``torch.bfloat16``,
     ``"bfloat16"``, ``"bf16"``, ``torch.float32``, ``"float32"`` or ``"fp32"``.
 

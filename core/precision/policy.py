@@ -26,6 +26,7 @@ import torch
 
 from core.hardware.device import device_of
 from core.precision.config import LossScalerConfig, MixedPrecisionConfig, parse_amp_dtype
+from core.precision.cpu_bf16 import cpu_has_native_bf16, emulated_bf16_note, warn_if_emulated_bf16
 from core.precision.loss_scaler import DynamicLossScaler
 from core.precision.plugins import FP32, Autocast, Precision, ScaledFP16
 
@@ -54,17 +55,20 @@ def loss_scaler(config: LossScalerConfig, device: torch.device) -> DynamicLossSc
 
 def fallback_precision(config: MixedPrecisionConfig, device: torch.device) -> Precision:
     """What fp16 falls back to when its loss scale cannot avoid overflow: bf16 where the
-    device supports it (CPUs and Ampere+ GPUs), else fp32."""
-    if device_of(device).supports_bf16():
+    device supports it (Ampere+ GPUs, CPUs with bf16 instructions), else fp32."""
+    emulated = device.type == "cpu" and cpu_has_native_bf16() is False
+    if device_of(device).supports_bf16() and not emulated:
         return Autocast(torch.bfloat16, device.type, config.weight_cache)
     return FP32()
 
 
 def resolve_precision(config: MixedPrecisionConfig, device: torch.device) -> Precision:
-    """Choose the precision object for ``config`` on ``device`` (once, at setup)."""
+    """Choose the precision object for ``config`` on ``device`` (once, at setup). ``"auto"``
+    is fp32 on a CPU; an explicit bf16 on a CPU that emulates it logs ``bf16_emulated``."""
     dtype = parse_amp_dtype(config.dtype, "dtype") or device_of(device).auto_dtype()
     if not config.enable_amp or dtype == torch.float32:
         return FP32()
+    warn_if_emulated_bf16(dtype, device)
     if dtype == torch.float16 and config.enable_grad_scaler:
         return ScaledFP16(device.type, loss_scaler(config.scaler, device), config.weight_cache)
     return Autocast(dtype, device.type, config.weight_cache)
@@ -85,6 +89,8 @@ class MixedPrecisionTrainer:
         self._amp = resolve_precision(config, device)
         self.configured_precision = self._amp.name
         """The precision the config resolved to (before any fallback)."""
+        self.precision_note = emulated_bf16_note(self._amp.dtype, device)
+        """Why the resolved precision will be slow here (bf16 emulated by this CPU), or None."""
         self._fp32: Precision = FP32()
         self._amp_wanted = config.enable_amp and config.enabled
         self._active = self._amp if self._amp_wanted else self._fp32
@@ -114,6 +120,7 @@ class MixedPrecisionTrainer:
         """The resolved precision and every setting of the precision section."""
         return {
             "resolved_precision": self._amp.name,
+            "note": self.precision_note,
             "enable_amp": self.config.enable_amp,
             "dtype": str(self.config.dtype),
             "enable_grad_scaler": self.config.enable_grad_scaler,

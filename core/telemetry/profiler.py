@@ -24,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +36,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from core.checks import is_int
 from core.errors import config_error
+from core.telemetry.kineto import quiet_first_start
 
 __all__ = ("StepProfiler", "check_profile_steps")
 
@@ -113,7 +115,8 @@ class StepProfiler:
             record_shapes=False,
         )
         self._thread = threading.get_ident()
-        self._profiler.start()
+        with self._kineto_starts(0):
+            self._profiler.start()
 
     def __call__(self, step: int) -> None:
         """After every optimizer step, with the global step it reached."""
@@ -128,9 +131,15 @@ class StepProfiler:
             self._first_step = step
         if index >= self.wait + self.warmup:
             self._last_step = step
-        profiler.step()  # writes the files (self._write) when the window completes
+        with self._kineto_starts(index + 1):
+            profiler.step()  # writes the files (self._write) when the window completes
         if self._done:
             self._stop()
+
+    def _kineto_starts(self, calls: int) -> contextlib.AbstractContextManager[None]:
+        """Around the profiler call that leaves the ``wait`` steps (after ``calls`` steps):
+        kineto initialises there, once per process, with a false alarm to drop."""
+        return quiet_first_start() if calls == self.wait else contextlib.nullcontext()
 
     def close(self) -> None:
         """Stop a profiler still running (idempotent), on the step thread: a window already

@@ -20,6 +20,10 @@ Example::
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -77,6 +81,10 @@ class MLflowLogger(Tracker):
         with import_lock:  # slow (seconds): on the tracker's thread
             from mlflow import MlflowClient
 
+        with _quiet_store_creation():  # "Creating initial MLflow database tables..."
+            self._open_run(MlflowClient, run)
+
+    def _open_run(self, client_class: type[MlflowClient], run: TrackedRun) -> None:
         uri, artifacts = self.tracking_uri, None
         if uri is None:  # the default sqlite store
             root = run.log_dir.resolve()
@@ -86,7 +94,7 @@ class MLflowLogger(Tracker):
             # in the working directory's ./mlruns where MLflow puts them otherwise
             database = Path(uri.removeprefix("sqlite:///")).resolve()
             artifacts = (database.parent / "mlartifacts").as_uri()
-        client = MlflowClient(uri)
+        client = client_class(uri)
         experiment_id = _experiment(client, self.experiment_name or run.experiment, artifacts)
         tags = {"core.run_id": run.run_id, "core.rank": str(run.rank)}
         if run.run_dir is not None:
@@ -133,6 +141,42 @@ class MLflowLogger(Tracker):
         if self._client is None or self.run_id is None:
             raise RuntimeError("MLflowLogger was not opened")
         return self._client, self.run_id
+
+
+class _QuietLoggers:
+    """MLflow's and alembic's loggers at WARNING while any tracker opens a store (a new
+    SQLite store logs its table creation and migrations at INFO on stderr); their own
+    levels come back when the last one is open. Nothing else of the logging set-up changes."""
+
+    names = ("mlflow", "alembic")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._saved: dict[str, int] = {}
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._lock:
+            if self._depth == 0:
+                for name in self.names:
+                    logger = logging.getLogger(name)
+                    self._saved[name] = logger.level
+                    if logger.getEffectiveLevel() < logging.WARNING:
+                        logger.setLevel(logging.WARNING)
+            self._depth += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._depth -= 1
+                if self._depth == 0:
+                    for name, level in self._saved.items():
+                        logging.getLogger(name).setLevel(level)
+                    self._saved.clear()
+
+
+_quiet_store_creation = _QuietLoggers()
 
 
 def _experiment(client: MlflowClient, name: str, artifact_location: str | None) -> str:

@@ -23,7 +23,11 @@ __all__ = ("evaluate_with", "predict_with")
 
 def evaluate_with(parts: Parts, loader: Iterable[Any] | None) -> dict[str, float | None]:
     """Loss, accuracy, ``metrics=`` values and the sample count over ``loader`` (default:
-    the run's ``val_loader``), averaged over every rank's samples."""
+    the run's ``val_loader``), averaged over every rank's samples.
+
+    ``samples`` is the number of samples evaluated, summed over every rank (a float, as the
+    other values): the dataset's length for a full pass over a sized dataset, since samples
+    that only pad a rank's shard are run but not counted."""
     if loader is None:
         loader = parts.val_loader
         if loader is None:

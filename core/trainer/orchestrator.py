@@ -170,7 +170,9 @@ class OptimizedTrainingOptimizer(JobViews):
         """Loss, accuracy and ``metrics=`` over ``loader`` (default: the ``val_loader``) on the
         run's device and precision; under several ranks, call it on every rank.
 
-        ``{"loss": 0.31, "accuracy": 0.9, "f1": 0.88, "samples": 128.0}``"""
+        ``{"loss": 0.31, "accuracy": 0.9, "f1": 0.88, "samples": 128.0}``: ``samples`` is how
+        many samples were evaluated, over every rank (``len(dataset)`` for a whole loader;
+        padding a rank's shard adds none); ``accuracy`` is None where it does not apply."""
         parts = await self._idle("evaluate")
         return await anyio.to_thread.run_sync(evaluate_with, parts, loader)
 

@@ -1,0 +1,73 @@
+"""The first profiler start of a process, without kineto's false alarm on stderr.
+
+torch registers its kineto client on the thread that imports torch, and kineto initialises
+itself lazily, at the first profiler start. When that start comes from another thread (a
+run's step thread always is one) kineto prints ``ERROR: External init callback must run in
+same thread as registerClient`` and skips the client's init callback, which is empty in
+torch: nothing is lost, but the line alarms users. The fix cannot be to start kineto on the
+importing thread: the step thread must start the profiler (it records the thread that
+starts it) and core does not run code on the thread that imported torch. So the first start
+in a process passes the process's stderr (file descriptor 2, where kineto's C code writes)
+through a filter that drops that one line; everything else written meanwhile, by any
+thread, is written out after it, in order.
+
+Example::
+
+    with quiet_first_start():
+        profiler.start()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+
+__all__ = ("KINETO_NOISE", "quiet_first_start")
+
+KINETO_NOISE = b"External init callback must run in same thread as registerClient"
+"""The line dropped (as kineto writes it, after ``ERROR: ``)."""
+
+_lock = threading.Lock()
+_started = False
+
+
+def _flush_stderr() -> None:
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        sys.stderr.flush()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+@contextlib.contextmanager
+def quiet_first_start() -> Iterator[None]:
+    """Around a profiler start: the process's first one has kineto's false alarm removed
+    from stderr; later ones (kineto is initialised by then) run as they are."""
+    global _started
+    with _lock:
+        first, _started = not _started, True
+    try:
+        saved = os.dup(2) if first else None
+    except OSError:  # no stderr to filter
+        saved = None
+    if saved is None:
+        yield
+        return
+    with tempfile.TemporaryFile() as capture:
+        _flush_stderr()
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            _flush_stderr()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            lines = capture.read().splitlines(keepends=True)
+            _write_all(2, b"".join(line for line in lines if KINETO_NOISE not in line))
