@@ -30,6 +30,7 @@ from fastapi import FastAPI
 
 from core import load_weights
 from examples.email_pipeline import (
+    Event,
     EventStore,
     RetrainSettings,
     build_model,
@@ -39,6 +40,8 @@ from examples.email_pipeline import (
     serving,
     synthetic_events,
 )
+from examples.email_pipeline.retention import FINAL_WEIGHTS, Retention
+from examples.email_pipeline.store import EXAMPLE_EVENT
 
 Body = dict[str, Any]
 
@@ -237,3 +240,82 @@ def test_every_n_new_events_starts_a_run_and_shutdown_cancels_it(tmp_path: Path)
     (handle,) = in_flight
     assert handle.finished.is_set() and handle.status == "cancelled"
     assert app.state.retrainer.current is None and app.state.retrainer.served.version == 1
+
+
+def test_the_documented_event_is_accepted_and_a_bad_kind_names_the_field(tmp_path: Path) -> None:
+    app = create_app(RetrainSettings(log_dir=tmp_path, retrain_every=None))
+    schema = app.openapi()["components"]["schemas"]["Event"]
+    assert schema["examples"] == [EXAMPLE_EVENT]  # what /docs shows
+    assert all(schema["properties"][name].get("description") for name in Event.model_fields)
+    assert schema["properties"]["kind"]["enum"] == ["sent", "open", "click", "convert"]
+    assert Event.model_validate(EXAMPLE_EVENT).kind == "sent"
+
+    async def scenario(client: httpx.AsyncClient) -> None:
+        assert (await ok(client.post("/events", json=[EXAMPLE_EVENT]), 202))["accepted"] == 1
+        refused = await client.post("/events", json=[{**EXAMPLE_EVENT, "kind": "bounce"}])
+        assert refused.status_code == 422
+        (problem,) = refused.json()["detail"]
+        assert problem["loc"] == ["body", 0, "kind"]
+        assert "'sent', 'open', 'click' or 'convert'" in problem["msg"]
+
+    run_service(app, scenario)
+
+
+def test_retrains_keep_the_checkpoints_of_the_newest_two_and_the_served_one(
+    tmp_path: Path,
+) -> None:
+    settings = RetrainSettings(log_dir=tmp_path, retrain_every=None, isolation="thread",
+                               max_epochs=1)  # fmt: skip
+    app = create_app(settings)
+    checkpoints = tmp_path / settings.experiment_name / "checkpoints"
+    on_disk: list[list[str]] = []
+    served: list[Body] = []
+
+    async def scenario(client: httpx.AsyncClient) -> None:
+        for i in range(4):
+            batch = synthetic_events(120, seed=20 + i, prefix=f"p{i}")
+            await ok(client.post("/events", json=batch.payload()), 202)
+            run = await ok(client.post("/retrain"), 202)
+            assert (await finished(client, run["run_id"]))["status"] == "completed"
+            on_disk.append(sorted(path.name for path in checkpoints.iterdir()))
+        served.append(await ok(client.get("/model")))
+        recipient = batch.events[0].recipient
+        served.append(await ok(client.get(f"/score/{recipient}")) | {"recipient": recipient})
+
+    run_service(app, scenario)
+    names = [path.name for path in app.state.retrainer.retention.kept()]
+    assert on_disk[-1] == sorted(names)  # on disk: what the retention keeps, no more
+    assert [len(directories) for directories in on_disk[:2]] == [1, 2]
+    assert all(len(directories) <= 3 for directories in on_disk)  # 2 newest + the served
+    assert [name[-6:] for name in names[-2:]] == ["000003", "000004"]
+    checkpoint = Path(served[0]["checkpoint"])
+    assert set(names[:-2]) <= {checkpoint.relative_to(checkpoints).parts[0]}
+    # The served model's checkpoint still loads, and it is what /score answers with.
+    store = EventStore()
+    store.add(synthetic_events(120, seed=23, prefix="p3").events)
+    score = served[1]
+    loaded = load_served(str(checkpoint))
+    expected = conversion_probability(loaded, store.features(score["recipient"]))
+    assert score["probability"] == pytest.approx(expected, abs=1e-6)
+
+
+def test_retention_keeps_the_served_retrain_and_removes_old_final_weights(tmp_path: Path) -> None:
+    retention = Retention(tmp_path / "checkpoints", keep=2)
+    retrains = []
+    for number in range(1, 5):
+        directory = retention.new_retrain(number)
+        (directory / "step-000000001").mkdir(parents=True)
+        run_dir = tmp_path / f"run-{number}"
+        (run_dir / FINAL_WEIGHTS).mkdir(parents=True)
+        (run_dir / "events.jsonl").write_text("{}\n")
+        retention.ran_in(directory, run_dir)
+        retrains.append(directory)
+    served = retrains[0] / "step-000000001"  # an old retrain whose model is still served
+    assert retention.prune(served) == [retrains[1]]
+    assert retention.kept() == [retrains[0], retrains[2], retrains[3]]
+    assert not retrains[1].exists() and not (tmp_path / "run-2" / FINAL_WEIGHTS).exists()
+    assert (tmp_path / "run-2" / "events.jsonl").exists()  # the run's records stay
+    assert retention.prune(retrains[3] / "step-000000001") == [retrains[0]]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        retrains[2].name, retrains[3].name,
+    ]  # fmt: skip

@@ -2,7 +2,8 @@
 
 =========================  ====================================================================
 ``GET /health``            liveness, counts, the served version, the run in flight
-``POST /events``           a JSON list of events (422 on bad input); may start a retraining
+``POST /events``           a JSON list of events (``store.Event``: recipient, campaign, kind,
+                           t; 422 on bad input); may start a retraining
 ``GET /score/{recipient}`` P(convert) from the served model (404 unknown, 503 before a model)
 ``GET /model``             the served version, its run, checkpoint and held-out metrics
 ``POST /retrain``          start a run now: 202 with its id; 409 while one is in flight (no
@@ -35,14 +36,20 @@ from fastapi.responses import StreamingResponse
 from examples.email_pipeline.retrainer import Busy, NotEnoughData, Retrainer, RetrainSettings
 from examples.email_pipeline.runs import RunHandle
 from examples.email_pipeline.scoring import conversion_probability
-from examples.email_pipeline.store import Event, EventStore
+from examples.email_pipeline.store import EXAMPLE_EVENT, Event, EventStore
 
 __all__ = ("MAX_EVENTS_PER_POST", "create_app")
 
 #: The most events one ``POST /events`` may carry (more: 422).
 MAX_EVENTS_PER_POST = 50_000
 
-EventList = Annotated[list[Event], Body(max_length=MAX_EVENTS_PER_POST)]
+EventList = Annotated[
+    list[Event],
+    Body(
+        max_length=MAX_EVENTS_PER_POST, examples=[[EXAMPLE_EVENT]],
+        description="A JSON list of events (see the Event schema: recipient, campaign, kind, t).",
+    ),
+]  # fmt: skip
 
 
 def _run_of(run_id: str, request: Request) -> RunHandle:
@@ -88,6 +95,9 @@ def create_app(settings: RetrainSettings | None = None) -> FastAPI:
 
     @app.post("/events", status_code=status.HTTP_202_ACCEPTED)
     async def ingest(events: EventList) -> dict[str, Any]:
+        """Store campaign events: each ``{"recipient", "campaign", "kind", "t"}`` with
+        ``kind`` one of ``sent``, ``open``, ``click``, ``convert`` and ``t`` in Unix seconds.
+        A bad event refuses the whole list (422, naming the event's index and field)."""
         added = store.add(events)
         started = retrainer.ingested(added)
         return {"accepted": added, "events": store.total, "retraining_started": started}

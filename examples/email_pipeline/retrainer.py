@@ -9,6 +9,9 @@ served model (one reference assignment on the event loop: atomic for every reque
 when its validation log loss is lower. Cancelling a run stops it at a step boundary; its
 stop checkpoint stays loadable and the served model is untouched.
 
+Each retrain checkpoints into a directory of its own; only the newest ``keep_retrains`` of
+them, and the one the served model came from, stay on disk (see ``retention``).
+
 Example::
 
     retrainer = Retrainer(store, RetrainSettings(log_dir="logs"))
@@ -38,6 +41,7 @@ from core import (
     TrainingConfig,
 )
 from core.errors import config_error
+from examples.email_pipeline.retention import Retention
 from examples.email_pipeline.runs import RunHandle
 from examples.email_pipeline.scoring import ServedModel, build_model, evaluate, load_served
 from examples.email_pipeline.store import EventStore, Split, build_split
@@ -83,6 +87,8 @@ class RetrainSettings:
     seed: int = 0
     min_recipients: int = 10
     keep_runs: int = 50
+    keep_retrains: int = 2
+    """Retrains whose checkpoints stay on disk (the newest; the served model's stays too)."""
     isolation: Literal["thread", "process"] = "process"
     """Where runs train: a child process (the default: ``/score`` never waits on training
     for the interpreter lock) or a thread of the service (no process start, ~3 s here)."""
@@ -91,17 +97,19 @@ class RetrainSettings:
         if self.retrain_every is not None and not self.retrain_every >= 1:
             raise config_error("retrain_every", self.retrain_every, "None or an integer >= 1",
                                "e.g. retrain_every=2000 (new events between runs).")  # fmt: skip
-        for name in ("max_epochs", "batch_size", "min_recipients", "keep_runs"):
+        for name in ("max_epochs", "batch_size", "min_recipients", "keep_runs", "keep_retrains"):
             if not getattr(self, name) >= 1:
                 raise config_error(name, getattr(self, name), "an integer >= 1")
 
-    def training_config(self) -> TrainingConfig:
-        """The run's config tree: the best checkpoint (by val_loss) is kept for the swap."""
+    def training_config(self, checkpoint_dir: Path | None = None) -> TrainingConfig:
+        """The run's config tree: the best checkpoint (by val_loss) is kept for the swap, in
+        ``checkpoint_dir`` (None: the experiment's shared directory)."""
         return TrainingConfig(
             run=RunConfig(experiment_name=self.experiment_name, max_epochs=self.max_epochs,
                           seed=self.seed, log_dir=self.log_dir, isolation=self.isolation),
             optim=OptimConfig(learning_rate=self.learning_rate, max_grad_norm=1.0),
-            checkpoint=CheckpointConfig(save_best=True, monitor="val_loss", keep_last_n=1),
+            checkpoint=CheckpointConfig(save_best=True, monitor="val_loss", keep_last_n=1,
+                                        checkpoint_dir=checkpoint_dir),
             logging=LoggingConfig(progress=False, reports=False),
         )  # fmt: skip
 
@@ -123,6 +131,11 @@ class Retrainer:
         self.runs: OrderedDict[str, RunHandle] = OrderedDict()
         self._new_events = 0
         self._numbers = itertools.count(1)
+        self.retention = Retention(
+            Path(settings.log_dir) / settings.experiment_name / "checkpoints",
+            settings.keep_retrains,
+        )
+        """The retrains' checkpoint directories, pruned before and after each retrain."""
         self._closing = False
 
     def ingested(self, count: int) -> bool:
@@ -190,8 +203,10 @@ class Retrainer:
 
     async def _train_and_decide(self, handle: RunHandle, split: Split) -> None:
         settings = self.settings
+        directory = self.retention.new_retrain(handle.number)
+        await self._prune()  # the retrains a cancelled or failed one left behind
         run = OptimizedTrainingOptimizer(
-            settings.training_config(), model=build_model(settings.seed),
+            settings.training_config(directory), model=build_model(settings.seed),
             train_loader=DataLoader(split.train, batch_size=settings.batch_size, shuffle=True),
             val_loader=DataLoader(split.val, batch_size=512),
         )  # fmt: skip
@@ -203,6 +218,7 @@ class Retrainer:
         finally:
             await stream.aclose()  # ends the pump once the records in hand are taken
             await asyncio.wait([pump])
+        self.retention.ran_in(directory, results.run_dir)
         checkpoint = results.best_checkpoint or results.last_checkpoint
         if checkpoint is None:
             raise RuntimeError("the run wrote no checkpoint to serve from")
@@ -220,6 +236,11 @@ class Retrainer:
         handle.decision = {"swapped": swapped, "candidate": new, "served": old or None,
                            "serving_version": served.version}  # fmt: skip
         log.info("retrain_decided", run_id=handle.run_id, **handle.decision)
+        await self._prune()
+
+    async def _prune(self) -> None:
+        served = self.served
+        await asyncio.to_thread(self.retention.prune, None if served is None else served.checkpoint)
 
     async def _pump(self, handle: RunHandle, stream: EventStream) -> None:
         async for record in stream:

@@ -8,6 +8,22 @@ since the previous email. ``convert`` events are never features: they are the la
 (a recipient converted or not). One recipient in five (by a hash of its id) is held out
 for validation, so a recipient never moves between the splits as events arrive.
 
+Events the service accepts (:class:`Event`; ``POST /events`` takes a JSON list of them)::
+
+    {"recipient": "r42", "campaign": "spring-sale", "kind": "sent", "t": 1700000000.0}
+
+=============  ======  =======================================================================
+field          type    meaning
+=============  ======  =======================================================================
+``recipient``  string  who the email went to: any stable id, 1-128 characters
+``campaign``   string  the campaign the email belongs to: any name, 1-128 characters (a
+                       ``convert`` needs one too; it is not used)
+``kind``       string  ``sent`` (an email went out), ``open`` or ``click`` (the recipient
+                       engaged with this campaign's latest earlier email to them), ``convert``
+                       (the recipient converted: the label, never a feature)
+``t``          number  when it happened, in Unix seconds (UTC): finite, >= 0; any order
+=============  ======  =======================================================================
+
 Example::
 
     store = EventStore()
@@ -28,7 +44,9 @@ from torch.utils.data import TensorDataset
 
 __all__ = (
     "CAMPAIGN_BUCKETS",
+    "EXAMPLE_EVENT",
     "Event",
+    "EventKind",
     "EventStore",
     "MAX_EMAILS",
     "SUBJECT_LEN",
@@ -54,19 +72,43 @@ _DAY_S, _HOUR_S, _MAX_GAP_DAYS = 86_400.0, 3_600.0, 30
 _VALIDATION_ONE_IN = 5
 
 
+EventKind = Literal["sent", "open", "click", "convert"]
+
+#: An event as ``POST /events`` takes it (in a JSON list), shown in the service's ``/docs``.
+EXAMPLE_EVENT: dict[str, str | float] = {
+    "recipient": "r42", "campaign": "spring-sale", "kind": "sent", "t": 1700000000.0
+}  # fmt: skip
+
+
 class Event(BaseModel):
-    """One email-campaign event, as ``POST /events`` receives it (``t``: Unix seconds).
+    """One email-campaign event, as ``POST /events`` receives it (a JSON list of these).
+    Unknown fields, an empty id, another ``kind``, or a negative or infinite ``t`` are
+    refused (422, naming the field); events may arrive in any order.
 
     >>> Event(recipient="r42", campaign="c1", kind="open", t=1_700_000_000.0).kind
     'open'
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", json_schema_extra={"examples": [EXAMPLE_EVENT]}
+    )
 
-    recipient: str = Field(min_length=1, max_length=128)
-    campaign: str = Field(min_length=1, max_length=128)
-    kind: Literal["sent", "open", "click", "convert"]
-    t: float = Field(ge=0.0, allow_inf_nan=False)
+    recipient: str = Field(
+        min_length=1, max_length=128,
+        description="Who the email went to: any stable id of 1-128 characters.",
+    )  # fmt: skip
+    campaign: str = Field(
+        min_length=1, max_length=128,
+        description="The campaign the email belongs to: any name of 1-128 characters.",
+    )  # fmt: skip
+    kind: EventKind = Field(
+        description="'sent': an email went out; 'open', 'click': the recipient engaged with "
+        "this campaign's latest earlier email; 'convert': the recipient converted (the label).",
+    )
+    t: float = Field(
+        ge=0.0, allow_inf_nan=False,
+        description="When it happened, in Unix seconds (UTC): finite and >= 0.",
+    )  # fmt: skip
 
 
 def is_validation(recipient: str) -> bool:
