@@ -30,6 +30,7 @@ install lines, make targets, modules and scripts that bash blocks name.
 from __future__ import annotations
 
 import ast
+import json
 import re
 import sys
 from pathlib import Path
@@ -65,6 +66,13 @@ CLAIMS: dict[tuple[str, str], str] = {
     ("docs/services.md", "## One API, two modes"): (
         "test_the_service_example_trains_in_a_child_process_as_written"
     ),
+    ("docs/checkpoints-and-reliability.md", "## Keeping checkpoints"): (
+        "test_the_keeping_checkpoints_example_runs_as_written"
+    ),
+    ("docs/training.md", "## Smoke runs"): "test_the_smoke_runs_example_runs_as_written",
+    ("docs/logging-and-trackers.md", "## Weights & Biases"): (
+        "test_the_wandb_example_writes_an_offline_run_as_written"
+    ),
     ("docs/seed-api.md", "## The per-batch and synchronous faces"): (
         "test_the_seed_api_example_runs_as_written"
     ),
@@ -98,15 +106,62 @@ def copies(*sections: tuple[str, str]) -> str:
 
 
 def test_the_quick_start_runs_as_written(tmp_path: Path) -> None:
+    """As written, again, then after an edit of the learning rate, in one directory: each
+    time it trains (resume="auto" continues only an unfinished, compatible run)."""
     program = copies(("README.md", "## Quick start"), ("docs/index.md", "## Quick start"))
     assert "async with OptimizedTrainingOptimizer(" in program
     assert 'resume="auto"' in program and "save_best=True" in program
+    assert "learning_rate=1e-3" in program
+    edited = program.replace("learning_rate=1e-3", "learning_rate=3e-3")
+    outputs = []
+    for version in (program, program, edited):
+        done = run_program(version, tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "logs" in done.stdout and "step-" in done.stdout  # the best checkpoint
+        assert "completed" in done.stderr  # the end summary
+        outputs.append(done.stderr)
+    run_dirs = sorted({p.parent for p in (tmp_path / "logs").glob("quickstart/*/events.jsonl")})
+    assert len(run_dirs) == 3
+    for run_dir in run_dirs:  # every run trained its 3 epochs from step 1
+        steps = [r["step"] for r in _records(run_dir) if r["event"] == "train_step"]
+        assert steps[0] == 1 and steps[-1] == 48, (run_dir, steps[:3], steps[-3:])
+    assert "new run" not in outputs[0]
+    assert "new run" in outputs[1] and "completed max_epochs (3 of 3 epochs)" in outputs[1]
+    assert "new run" in outputs[2] and "learning_rate (checkpoint 0.001, now 0.003)" in outputs[2]
+    for run_dir in run_dirs:
+        eventually(run_dir / "performance_summary.txt")  # the reports, in the background
+
+
+def test_the_keeping_checkpoints_example_runs_as_written(tmp_path: Path) -> None:
+    (program,) = python_blocks("docs/checkpoints-and-reliability.md", "## Keeping checkpoints")
     done = run_program(program, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    (run_dir,) = {p.parent for p in (tmp_path / "logs").glob("quickstart/*/events.jsonl")}
-    assert "logs" in done.stdout and "step-" in done.stdout  # the best checkpoint
-    assert "completed" in done.stderr  # the end summary
-    eventually(run_dir / "performance_summary.txt")  # the reports, written in the background
+    kept, loaded = done.stdout.splitlines()[-2:]
+    reasons = [reason for _, reason in ast.literal_eval(kept)]
+    assert 2 <= len(reasons) <= 3 and reasons.count("best") >= 1, kept
+    assert loaded.split()[0] == "64"  # rebuilt by the recorded factory
+    link = tmp_path / "logs" / "experiment" / "checkpoints" / "last"
+    assert link.is_symlink()
+
+
+def test_the_smoke_runs_example_runs_as_written(tmp_path: Path) -> None:
+    (program,) = python_blocks("docs/training.md", "## Smoke runs")
+    done = run_program(program, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-2:] == ["1 1 False", "4 2"], done.stdout
+
+
+def test_the_wandb_example_writes_an_offline_run_as_written(tmp_path: Path) -> None:
+    (program,) = python_blocks("docs/logging-and-trackers.md", "## Weights & Biases")
+    done = run_program(program, tmp_path)  # HOME is tmp_path: no credentials, no network
+    assert done.returncode == 0, done.stderr[-3000:]
+    mode, path = done.stdout.split()[-2:]
+    assert mode == "offline" and "offline-run-" in path
+    assert list((tmp_path / path).glob("run-*.wandb")), path
+
+
+def _records(run_dir: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
 
 
 def test_the_first_program_runs_as_written(tmp_path: Path) -> None:
