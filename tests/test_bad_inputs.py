@@ -389,7 +389,7 @@ async def test_resume_with_another_learning_rate_is_refused_naming_it(log_dir: P
     from core import IncompatibleCheckpointError
 
     await build(log_dir).train()
-    again = build(log_dir, resume="auto", learning_rate=1e-2)
+    again = build(log_dir, resume="strict", learning_rate=1e-2)  # "auto" starts a new run
     with pytest.raises(IncompatibleCheckpointError, match=r"learning_rate \(checkpoint 0.001"):
         await again.train()
 
@@ -400,7 +400,7 @@ async def test_resume_into_a_model_of_other_shapes_names_the_first_key(log_dir: 
     await build(log_dir).train()
     twin = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))
     twin[2].weight = nn.Parameter(torch.zeros(1, 32))  # 32 values as before, another shape
-    again = build(log_dir, resume="auto", model=twin)
+    again = build(log_dir, resume="strict", model=twin)
     with pytest.raises(
         IncompatibleCheckpointError,
         match=r"differs at '2.weight' \(checkpoint shape \[2, 16\], now shape \[1, 32\]\)",
