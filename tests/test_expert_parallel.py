@@ -111,4 +111,4 @@ def test_resuming_on_another_world_size_fails_clearly(jobs: Path, tmp_path: Path
     shutil.copytree(written, tmp_path / "checkpoints")
     with pytest.raises(IncompatibleCheckpointError, match=r"world_size \(checkpoint 2, now 1\)"):
         run_moe_job(mode="expert_parallel", log_dir=tmp_path / "logs",
-                    checkpoint_dir=tmp_path / "checkpoints", resume="auto")  # fmt: skip
+                    checkpoint_dir=tmp_path / "checkpoints", resume="strict")  # fmt: skip
