@@ -73,6 +73,7 @@ CLAIMS: dict[tuple[str, str], str] = {
     ("docs/logging-and-trackers.md", "## Weights & Biases"): (
         "test_the_wandb_example_writes_an_offline_run_as_written"
     ),
+    ("docs/memory-and-speed.md", "## bf16 on a CPU"): "test_the_bf16_on_a_cpu_example_runs",
     ("docs/seed-api.md", "## The per-batch and synchronous faces"): (
         "test_the_seed_api_example_runs_as_written"
     ),
@@ -158,6 +159,15 @@ def test_the_wandb_example_writes_an_offline_run_as_written(tmp_path: Path) -> N
     mode, path = done.stdout.split()[-2:]
     assert mode == "offline" and "offline-run-" in path
     assert list((tmp_path / path).glob("run-*.wandb")), path
+
+
+def test_the_bf16_on_a_cpu_example_runs(tmp_path: Path) -> None:
+    (program,) = python_blocks("docs/memory-and-speed.md", "## bf16 on a CPU")
+    done = run_program(program, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    auto, native, *note = done.stdout.split()
+    assert auto == "fp32" and native in ("True", "False", "None")
+    assert (note == ["None"]) == (native != "False"), note  # a note only where it is emulated
 
 
 def _records(run_dir: Path) -> list[dict[str, object]]:
