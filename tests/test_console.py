@@ -223,6 +223,9 @@ def test_the_banner_says_what_the_run_is_about_to_do() -> None:
     ):
         assert line in banner.splitlines()
     assert banner.splitlines()[-1].split() == ["total", "610", "610", "0.002"]
+    top_3 = copy.deepcopy(RUN_START)
+    top_3["plan"]["save_top_k"] = 3
+    assert "monitor val_loss (min), 3 best checkpoints kept" in format_banner(top_3)
 
 
 def test_the_banner_of_an_older_record_leaves_out_what_it_lacks() -> None:

@@ -101,7 +101,13 @@ def _validation(record: Record) -> str | None:
         mode = plan.get("mode")
         parts.append(f"monitor {monitor}" + (f" ({mode})" if mode else ""))
     if plan.get("save_best"):
-        parts.append("best checkpoint kept")
+        top_k = plan.get("save_top_k")
+        if top_k == -1:
+            parts.append("every best checkpoint kept")
+        elif is_int(top_k) and top_k > 1:
+            parts.append(f"{top_k} best checkpoints kept")
+        else:
+            parts.append("best checkpoint kept")
     return ", ".join(parts) or "on"
 
 
