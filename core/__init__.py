@@ -92,6 +92,7 @@ from core.trackers import (
 )
 from core.trainer.results import TrainingResults
 from core.transforms import ModelTransformsConfig
+from core.tuning import LRFinderResult, find_learning_rate
 
 __version__ = "0.1.0"
 
@@ -128,6 +129,7 @@ __all__ = (
     "GradientAccumulationConfig",
     "IncompatibleCheckpointError",
     "IntegratedGPUTrainingSystem",
+    "LRFinderResult",
     "LoadedWeights",
     "LoaderConfig",
     "LoggingConfig",
@@ -172,6 +174,7 @@ __all__ = (
     "create_mixed_precision_optimizer",
     "create_mixed_precision_trainer",
     "create_optimized_training_optimizer",
+    "find_learning_rate",
     "load_model",
     "load_weights",
     "optimize_batch_size",

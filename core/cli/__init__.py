@@ -4,6 +4,7 @@ from the config tree, the seeds' switches, TOML configs and the commands around 
 Example::
 
     core-train --example digits --epochs 8 --scheduler onecycle
+    core-train find-lr --example digits --batch-size 32
     core-train report logs/digits/<run id>
     core-train info --json
 
@@ -21,6 +22,7 @@ from core.cli.commands import (
     info_command,
     report_command,
 )
+from core.cli.find_lr import find_lr_command
 from core.cli.train import FitOutcome, run_fit
 
 __all__ = ("FitOutcome", "main", "run_fit")
@@ -32,6 +34,7 @@ def _commands() -> dict[str, Callable[[Sequence[str]], int]]:
         "report": report_command,
         "info": info_command,
         "find-batch-size": find_batch_size_command,
+        "find-lr": find_lr_command,
         "check-amp": check_amp_command,
     }
 
@@ -40,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``core-train`` with ``argv`` (default: ``sys.argv[1:]``); the exit status.
 
     The first word picks the command (``fit``, ``report``, ``info``, ``find-batch-size``,
-    ``check-amp``); without one it is ``fit``.
+    ``find-lr``, ``check-amp``); without one it is ``fit``.
 
     >>> main(["--example", "digits", "--epochs", "2", "--print-config"])  # doctest: +SKIP
     0

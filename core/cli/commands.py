@@ -154,9 +154,8 @@ def _device(name: str | None) -> torch.device:
     return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def _search(
-    parser: Parser, model: Any, shape_text: str, target: float | None, device: torch.device
-) -> dict[str, Any]:
+def _search(parser: Parser, model: Any, shape_text: str, target: float | None,
+            device: torch.device, max_batch_size: int = 4096) -> dict[str, Any]:  # fmt: skip
     try:
         shape = check_input_shape([int(p) for p in shape_text.split(",") if p.strip()])
     except (ValueError, ConfigError):
@@ -165,9 +164,12 @@ def _search(
             "integers >= 1, the batch first (32,784)"
         )
     try:
-        return find_batch_size(model, shape, target, device=device).to_dict()
+        search = find_batch_size(model, shape, target, max_batch_size, device=device)
     except ConfigError as exc:
-        parser.error(str(exc))
+        parser.error(str(exc).replace("max_batch_size=", "--max-batch-size=", 1))
+    # The answer is the cap when the cap itself was tried and fit: a larger one might too.
+    capped = search.batch_size >= max_batch_size
+    return search.to_dict() | {"max_batch_size": max_batch_size, "capped": capped}
 
 
 def info_command(argv: Sequence[str]) -> int:
@@ -238,20 +240,24 @@ def find_batch_size_command(argv: Sequence[str]) -> int:
         metavar="G",
         help="default: the device's free memory less 10%%",
     )
+    parser.add_argument("--max-batch-size", type=int, default=4096, metavar="N",
+                        help="the largest size tried (default %(default)d)")  # fmt: skip
     namespace = parser.parse(argv)
     device = _device(namespace.device)
     model = _model(parser, namespace.model, namespace.model_arg, device)
+    target, cap = namespace.target_memory_gb, namespace.max_batch_size
     try:
-        search = _search(parser, model, namespace.input_shape, namespace.target_memory_gb, device)
+        search = _search(parser, model, namespace.input_shape, target, device, cap)
     except OutOfMemoryError as exc:
         print(f"core-train find-batch-size: {exc}")
         return 1
     if namespace.json:
         print(json.dumps(search, indent=2))
         return 0
+    capped = " (the --max-batch-size cap: every size up to it fit; raise it to search further)"
     print(
-        f"batch size: {search['batch_size']} (target {search['target_bytes'] / _GIB:.3f} GiB "
-        f"on {device})"
+        f"batch size: {search['batch_size']}{capped if search['capped'] else ''} "
+        f"(target {search['target_bytes'] / _GIB:.3f} GiB on {device})"
     )
     for trial in search["trials"]:
         peak = trial["peak_bytes"]

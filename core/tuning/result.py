@@ -1,0 +1,83 @@
+"""What a learning-rate range test found: the curve, the suggested rate and why.
+
+Example::
+
+    result = find_learning_rate(model, train_loader)
+    result.suggestion, result.reason
+    result.plot("lr_find.png")          # needs matplotlib: pip install 'core[plots]'
+    json.dumps(result.to_dict())
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from core.tuning.config import LRFinderConfig
+from core.tuning.plot import write_lr_plot
+
+__all__ = ("LRFinderResult",)
+
+
+@dataclass(frozen=True)
+class LRFinderResult:
+    """One range test: ``lrs[i]`` is the learning rate of step ``i``, ``losses[i]`` the
+    loss of the batch that step trained on, ``smoothed_losses[i]`` its bias-corrected
+    moving average. ``suggestion`` is the rate to train with (see
+    :func:`~core.tuning.suggest.suggest_learning_rate`), ``reason`` says how it was read
+    off the curve, ``stopped`` why the sweep ended, ``min_loss_lr`` where the smoothed loss
+    was lowest; ``device`` and ``precision`` are where and how the steps ran."""
+
+    lrs: tuple[float, ...]
+    losses: tuple[float, ...]
+    smoothed_losses: tuple[float, ...]
+    suggestion: float
+    reason: str
+    stopped: str
+    min_loss_lr: float
+    config: LRFinderConfig
+    device: str = "cpu"
+    precision: str = "fp32"
+
+    @property
+    def steps(self) -> int:
+        """The steps that ran (fewer than ``config.num_steps`` after an early stop)."""
+        return len(self.lrs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (JSON-ready): the suggestion, its reason, the curve and the config.
+
+        >>> sorted(result.to_dict())  # doctest: +SKIP
+        ['config', 'losses', 'lrs', 'min_loss_lr', 'reason', 'smoothed_losses', 'steps', ...]
+        """
+        return {
+            "suggestion": self.suggestion,
+            "reason": self.reason,
+            "stopped": self.stopped,
+            "min_loss_lr": self.min_loss_lr,
+            "steps": self.steps,
+            "device": self.device,
+            "precision": self.precision,
+            "lrs": list(self.lrs),
+            "losses": [_finite_or_none(v) for v in self.losses],
+            "smoothed_losses": [_finite_or_none(v) for v in self.smoothed_losses],
+            "config": self.config.to_dict(),
+        }
+
+    def plot(self, path: str | os.PathLike[str]) -> Path:
+        """Draw the loss against the learning rate (log scale) into the PNG ``path``, the
+        suggestion marked; return the path. Raises ``ImportError`` naming the fix when
+        matplotlib (the ``plots`` extra) is not installed."""
+        title = f"Learning-rate range test: {self.steps} steps ({self.stopped})"
+        return write_lr_plot(
+            Path(path), self.lrs, self.losses, self.smoothed_losses,
+            suggestion=self.suggestion, lowest=self.min_loss_lr, title=title,
+        )  # fmt: skip
+
+
+def _finite_or_none(value: float) -> float | None:
+    """JSON has no NaN or infinity: a loss that was not finite is written as null."""
+    return value if math.isfinite(value) else None
