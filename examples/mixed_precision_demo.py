@@ -5,7 +5,8 @@ weights) trains for ``--steps`` optimizer steps through ``MixedPrecisionOptimize
 002's epoch face, driving the run's own step code). Peak memory is that of one training
 step, read by ``core.memory``'s meter (the CUDA allocator's peak; live tensor storages on
 CPU). A table goes to stdout and ``<out>/table.txt``, the numbers to ``<out>/results.json``,
-and a bar plot to ``<out>/comparison.png`` (needs matplotlib: ``pip install 'core[plots]'``).
+and a bar plot to ``<out>/comparison.png`` (needs matplotlib:
+``pip install -e '.[plots]'`` in core's checkout).
 
     python examples/mixed_precision_demo.py                    # 200 steps per precision
     python examples/mixed_precision_demo.py --quick            # a few steps, a tiny model
@@ -135,7 +136,10 @@ def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
     if plot(results, out / "comparison.png"):
         print(f"plot: {out / 'comparison.png'}")
     else:
-        print("plot skipped: matplotlib is not installed (pip install 'core[plots]')")
+        print(
+            "plot skipped: matplotlib is not installed (pip install matplotlib, or "
+            "pip install -e '.[plots]' in core's checkout)"
+        )
     return results
 
 

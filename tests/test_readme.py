@@ -74,6 +74,7 @@ CLAIMS: dict[tuple[str, str], str] = {
         "test_the_wandb_example_writes_an_offline_run_as_written"
     ),
     ("docs/memory-and-speed.md", "## bf16 on a CPU"): "test_the_bf16_on_a_cpu_example_runs",
+    ("docs/training.md", "## Learning-rate finder"): "test_the_lr_finder_example_runs_as_written",
     ("docs/seed-api.md", "## The per-batch and synchronous faces"): (
         "test_the_seed_api_example_runs_as_written"
     ),
@@ -168,6 +169,14 @@ def test_the_bf16_on_a_cpu_example_runs(tmp_path: Path) -> None:
     auto, native, *note = done.stdout.split()
     assert auto == "fp32" and native in ("True", "False", "None")
     assert (note == ["None"]) == (native != "False"), note  # a note only where it is emulated
+
+
+def test_the_lr_finder_example_runs_as_written(tmp_path: Path) -> None:
+    (program,) = python_blocks("docs/training.md", "## Learning-rate finder")
+    done = run_program(program, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    suggestion, reason = done.stdout.strip().splitlines()[-1].split(": ", 1)
+    assert 1e-7 <= float(suggestion) <= 1.0 and "smoothed loss" in reason, done.stdout
 
 
 def _records(run_dir: Path) -> list[dict[str, object]]:

@@ -194,7 +194,10 @@ def test_without_matplotlib_the_summary_is_written_and_one_warning_logged(
     warnings = [e for e in logs if e["event"] == "plots_unavailable"]
     assert len(warnings) == 1
     assert warnings[0]["log_level"] == "warning"
-    assert warnings[0]["fix"] == "pip install 'core[plots]'"
+    assert (
+        warnings[0]["fix"]
+        == "pip install matplotlib, or pip install -e '.[plots]' in core's checkout"
+    )
 
 
 def test_a_missing_events_file_raises_file_not_found(tmp_path: Path) -> None:

@@ -303,7 +303,8 @@ def test_bad_arguments_and_missing_packages_are_named() -> None:
         TensorBoardLogger(rank_zero_only="no")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"tracking_uri='' is invalid"):
         MLflowLogger(tracking_uri="")
-    with pytest.raises(ImportError, match=r"pip install 'core\[trackers\]'") as error:
+    hint = r"pip install -e '\.\[trackers\]' in core's checkout"
+    with pytest.raises(ImportError, match=hint) as error:
         require("no_such_tracking_backend", "MyLogger")
     assert isinstance(error.value, TrackerUnavailableError)
     assert isinstance(error.value, ConfigError)

@@ -302,7 +302,8 @@ def test_bad_arguments_and_a_missing_wandb_are_named(monkeypatch: pytest.MonkeyP
     with pytest.raises(ConfigError, match=r"Fix: pass dir as WandbLogger's own argument"):
         WandbLogger(init_kwargs={"dir": "runs"})
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` now fails
-    with pytest.raises(TrackerUnavailableError, match=r"pip install 'core\[trackers\]'"):
+    hint = r"pip install -e '\.\[trackers\]' in core's checkout"
+    with pytest.raises(TrackerUnavailableError, match=hint):
         WandbLogger()
 
 

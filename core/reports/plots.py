@@ -1,7 +1,8 @@
 """``training_metrics.png``: six panels of a run's records, drawn with matplotlib's Agg
 canvas directly (never pyplot, never the global backend: an application may have its own).
 
-matplotlib is an optional extra (``pip install 'core[plots]'``): without it no PNG is
+matplotlib is an optional extra (``pip install -e '.[plots]'`` in a checkout): without it no
+PNG is
 written and one ``plots_unavailable`` warning is logged per process.
 
 Example::
@@ -95,5 +96,5 @@ def warn_unavailable(exc: ImportError) -> None:
         _warned_unavailable.set()
     _log.warning(
         "plots_unavailable", reason=f"{type(exc).__name__}: {exc}",
-        fix="pip install 'core[plots]'",
+        fix="pip install matplotlib, or pip install -e '.[plots]' in core's checkout",
     )  # fmt: skip

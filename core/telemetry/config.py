@@ -19,7 +19,7 @@ class LoggingConfig:
     After the run, callbacks get ``callback_grace_s`` to finish (trackers upload there).
     ``progress``: on rank 0, a start banner, a progress bar per epoch (a plain line per epoch
     when stderr is not a terminal) and an end summary. ``reports``: at the end of a run,
-    ``training_metrics.png`` (with matplotlib, ``core[plots]``) and
+    ``training_metrics.png`` (with matplotlib, ``pip install -e '.[plots]'``) and
     ``performance_summary.txt`` in the run directory, built from ``events.jsonl``.
     ``profile_steps=(wait, warmup, active)``: a torch.profiler trace of ``active`` steps after
     ``wait + warmup`` steps, written to ``<run_dir>/profile/``."""

@@ -1,7 +1,7 @@
 """Experiment trackers: callbacks that send a run's params, scalars and reports to a backend.
 
 ``CSVLogger`` (stdlib only), ``TensorBoardLogger``, ``MLflowLogger`` and ``WandbLogger`` (the
-``core[trackers]`` extra) share :class:`Tracker`, the base a new tracker subclasses.
+``trackers`` extra) share :class:`Tracker`, the base a new tracker subclasses.
 
 Example::
 

@@ -90,7 +90,7 @@ def require(package: str, tracker: str, extra: str = "trackers") -> None:
     if importlib.util.find_spec(package) is None:
         raise TrackerUnavailableError(
             f"{tracker} needs the {package!r} package, which is not installed. "
-            f"Fix: pip install 'core[{extra}]' (or pip install {package})."
+            f"Fix: pip install {package}, or pip install -e '.[{extra}]' in core's checkout."
         )
 
 

@@ -11,7 +11,8 @@ the run's experiment name, the run name to its ``run_id``. Params are logged in 
 100, values cut at 500 characters; metrics in batches of 1000; the model summary with
 ``log_text``; report files with ``log_artifact``; the end with ``set_terminated``. Needs
 ``mlflow-skinny`` (and, for the default store, ``sqlalchemy`` and ``alembic``):
-``pip install 'core[trackers]'``. mlflow is imported on the tracker's thread (it is slow).
+``pip install -e '.[trackers]'`` in core's checkout. mlflow is imported on the tracker's
+thread (it is slow).
 
 Example::
 

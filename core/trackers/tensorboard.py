@@ -7,7 +7,7 @@ Markdown table (``hparams``), not through ``add_hparams``: that one writes a sep
 sub-run per call and shows only scalars logged with it, which reads worse than one table
 beside the run. The model summary and ``performance_summary.txt`` are texts too;
 ``training_metrics.png`` is an image (decoded with Pillow, else matplotlib; skipped without
-either). Needs the ``tensorboard`` package (``pip install 'core[trackers]'``).
+either). Needs the ``tensorboard`` package (``pip install -e '.[trackers]'`` in core's checkout).
 
 Example::
 

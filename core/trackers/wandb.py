@@ -15,7 +15,7 @@ KILLED 255 (what wandb records for Ctrl-C), and the summary's ``status`` keeps t
 Each run is its own ``wandb.init(reinit="create_new")``: a program's own ``wandb.run`` and
 other trainings in the process are left alone. wandb's service process (``wandb-core``) is
 stopped when the last wandb run of the process finishes. Needs ``wandb``
-(``pip install 'core[trackers]'``); it is imported on the tracker's thread.
+(``pip install -e '.[trackers]'`` in core's checkout); it is imported on the tracker's thread.
 
 Example::
 

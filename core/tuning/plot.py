@@ -20,7 +20,8 @@ __all__ = ("PLOTS_MISSING", "write_lr_plot")
 
 PLOTS_MISSING = (
     "the learning-rate plot needs matplotlib, which is not installed. Fix: "
-    "pip install 'core[plots]' (the curve itself is in to_dict())."
+    "pip install matplotlib, or pip install -e '.[plots]' in core's checkout (the curve "
+    "itself is in to_dict())."
 )
 
 

@@ -4,7 +4,7 @@ Example::
 
     result = find_learning_rate(model, train_loader)
     result.suggestion, result.reason
-    result.plot("lr_find.png")          # needs matplotlib: pip install 'core[plots]'
+    result.plot("lr_find.png")          # needs matplotlib (the plots extra)
     json.dumps(result.to_dict())
 """
 
