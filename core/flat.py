@@ -71,6 +71,7 @@ FLAT_KEYWORDS: dict[str, str] = {
     "micro_batch_size": "accumulation.micro_batch_size",
     "normalize_by": "accumulation.normalize_by",
     "training_mode": "distributed.training_mode",
+    "devices": "distributed.devices",
     "use_distributed_sampler": "data.use_distributed_sampler",
     "device_prefetch": "data.loader.device_prefetch",
     "tf32": "hardware.tf32",

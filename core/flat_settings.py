@@ -61,6 +61,7 @@ class FlatSettings(TypedDict, total=False):
     micro_batch_size: int | None
     normalize_by: Literal["samples", "tokens"]
     training_mode: TrainingMode
+    devices: int | None
     use_distributed_sampler: bool
     device_prefetch: Literal["auto"] | bool
     tf32: bool

@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import NoReturn
 
 from core.cli.factories import EXAMPLES
@@ -20,9 +21,11 @@ from core.cli.recipes import add_recipe_flags
 from core.cli.seed_flags import add_seed_flags
 from core.cli.toml import loads
 from core.config import RunConfig, TrainingConfig
+from core.distributed.devices import ranks_to_start
+from core.distributed.launch import launch_local_ranks, python_module
 from core.errors import ConfigError
 
-__all__ = ("fit_parser", "flag_error", "resolve_config")
+__all__ = ("fit_in_ranks", "fit_parser", "flag_error", "resolve_config")
 
 USAGE = """
   core-train [fit] (--example NAME | --model MODULE:FACTORY --data MODULE:FACTORY)
@@ -53,6 +56,7 @@ examples:
   core-train fit --model mypkg.nets:build --data mypkg.data:loaders --use-amp --grad-accum 4
   core-train --example digits --epochs 3 --print-config > run.toml
   core-train fit --example digits --config run.toml --lr 3e-3
+  core-train fit --example digits --devices 2      (2 DDP ranks, started without torchrun)
   torchrun --standalone --nproc_per_node=2 -m core fit --example digits --gpu-mode multi_gpu
   core-train --example moe --parallel-strategy expert_parallel --experts 8
   torchrun --standalone --nproc_per_node=2 -m core --example moe --parallel-strategy expert_parallel
@@ -141,3 +145,34 @@ def resolve_config(namespace: argparse.Namespace, parser: Parser) -> TrainingCon
 
 def _fail(parser: Parser, message: str) -> NoReturn:
     parser.error(message)
+
+
+def fit_in_ranks(
+    config: TrainingConfig, argv: Sequence[str], namespace: argparse.Namespace, parser: Parser
+) -> int | None:
+    """``--devices N`` outside torchrun: this same command in N ranks, started by torch's
+    elastic launcher as ``torchrun --standalone --nproc-per-node N -m core fit ARGV`` starts
+    them, and the exit status (the first failing rank's; 128 + the signal that stopped them).
+    None: this process trains (no ``--devices``, 1, or it is a rank already); a ``--devices``
+    the machine cannot run exits with status 2.
+
+    >>> fit_in_ranks(config, ["--example", "digits", "--devices", "2"], ns, p)  # doctest: +SKIP
+    0
+    """
+    try:
+        devices = ranks_to_start(config.distributed, isolation=config.run.isolation)
+    except ConfigError as exc:
+        _fail(parser, flag_error(exc, namespace, namespace.config))
+    if devices is None:
+        return None
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:  # SIGTERM/SIGINT here reach every rank (torch's agent), which stops gracefully
+        launch_local_ranks(devices, *python_module("core", ["fit", *argv]))
+    except SignalException as stopped:
+        return 128 + int(stopped.sigval)
+    except ChildFailedError as failed:
+        code = failed.get_first_failure()[1].exitcode
+        return code if code > 0 else 128 - code
+    return 0

@@ -31,7 +31,7 @@ from core.cli.factories import (
     example_factories,
     parse_model_args,
 )
-from core.cli.fit import fit_parser, flag_error, resolve_config
+from core.cli.fit import fit_in_ranks, fit_parser, flag_error, resolve_config
 from core.cli.parser import Parser, given
 from core.cli.recipes import install_batch_transforms, loss_function, scheduler_factory
 from core.cli.toml import dumps
@@ -222,6 +222,9 @@ def run_fit(argv: Sequence[str]) -> FitOutcome:
     if namespace.print_config:
         print(dumps(config), end="")
         return FitOutcome(0)
+    launched = fit_in_ranks(config, argv, namespace, parser)  # --devices N: N ranks of this
+    if launched is not None:
+        return FitOutcome(launched)
     parts = _parts(namespace, parser, config)
     try:
         results, rank = anyio.run(_train, config, parts)

@@ -19,6 +19,8 @@ TrainingMode = Literal[
     "auto", "cpu", "single_gpu", "data_parallel", "distributed", "fsdp", "expert_parallel"
 ]
 MODES: tuple[str, ...] = get_args(TrainingMode)
+_ONE_PROCESS = ("cpu", "single_gpu", "data_parallel")
+_RANKED = tuple(mode for mode in MODES if mode not in _ONE_PROCESS)
 
 
 def _nonnegative_or_unset(value: object) -> bool:
@@ -36,7 +38,12 @@ class MultiGPUConfig:
     ``training_mode="expert_parallel"`` (a model with ``core.moe.MoELayer`` blocks): under
     torchrun experts are sharded over the ranks and tokens exchanged by all-to-all
     (``expert_token_exchange``: "auto", "all_to_all" or "all_gather"); in one process the
-    experts are placed on this machine's GPUs by a cost model."""
+    experts are placed on this machine's GPUs by a cost model.
+
+    ``devices=N`` starts N ranks on this machine (one GPU each with CUDA, gloo ranks on CPU)
+    with torch's own elastic launcher, as ``torchrun --standalone --nproc-per-node N`` would,
+    no torchrun command needed. None (the default) or 1: this process is the job, or one of
+    the ranks torchrun started. Several machines still take ``torchrun --nnodes``."""
 
     training_mode: TrainingMode = "auto"
     enable_data_parallel: bool = True
@@ -60,6 +67,7 @@ class MultiGPUConfig:
     fsdp_mixed_precision: bool = False
     fsdp_reshard_after_forward: bool = True
     expert_token_exchange: TokenExchangeChoice = "auto"
+    devices: int | None = None
 
     def __post_init__(self) -> None:
         check_bool_fields(self)
@@ -92,3 +100,35 @@ class MultiGPUConfig:
             raise config_error("bucket_cap_mb", self.bucket_cap_mb, "a finite number of MB > 0")
         if not isinstance(self.init_method, str):
             raise config_error("init_method", self.init_method, "a URL string such as 'env://'")
+        self._check_devices()
+
+    def _check_devices(self) -> None:
+        """``devices``: a count of processes on this machine, which then sets the ranks."""
+        devices = self.devices
+        if devices is None:
+            return
+        if not (is_int(devices) and devices >= 1):
+            raise config_error(
+                "devices", devices, "None or an integer >= 1 (the processes to start on this "
+                "machine)", "devices=2; for several machines run `torchrun --nnodes M "
+                "--nproc-per-node N` on each (devices= starts ranks on this machine only).",
+            )  # fmt: skip
+        if devices == 1:
+            return
+        if self.training_mode in _ONE_PROCESS:
+            raise config_error(
+                "training_mode", self.training_mode, f"{', '.join(map(repr, _RANKED))} with "
+                f"devices={devices}", f"training_mode='auto' (DDP over the {devices} ranks), "
+                "or devices=None to train in one process.",
+            )  # fmt: skip
+        if not self.enable_distributed:
+            raise config_error(
+                "enable_distributed", False, f"True with devices={devices}",
+                "enable_distributed=True, or devices=None to train in one process.",
+            )  # fmt: skip
+        for name in ("world_size", "rank", "local_rank"):
+            if getattr(self, name) != -1:
+                raise config_error(
+                    name, getattr(self, name), f"-1 with devices={devices} (the launcher "
+                    "gives each rank its own)", f"leave {name} out, or devices=None.",
+                )  # fmt: skip

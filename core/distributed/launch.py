@@ -1,4 +1,5 @@
-"""Launch helpers of the seed API: a free port, an in-process group, and torchrun.
+"""Launch helpers of the seed API: a free port, an in-process group, torchrun, and the ranks
+of ``devices=N`` (torch's elastic launcher, as ``torchrun --standalone`` runs it).
 
 ``launch_distributed_training`` runs ``torchrun`` (``python -m torch.distributed.run``) as a
 subprocess in its own session, so a timeout can stop torchrun and every worker it started.
@@ -6,6 +7,12 @@ Multi-node: run the same command on every node with ``nnodes=N`` and the same
 ``rdzv_endpoint="HOST:PORT"`` (c10d rendezvous)::
 
     launch_distributed_training("train.py", world_size=8, nnodes=2, rdzv_endpoint="10.0.0.1:29500")
+
+``launch_local_ranks`` is ``torchrun --standalone --nproc-per-node N`` without the command:
+the same ``LaunchConfig`` (c10d rendezvous on a free local port, no restarts, ``spawn``),
+the same ``OMP_NUM_THREADS=1`` default, for a function or a command::
+
+    launch_local_ranks(2, *python_module("core", ["fit", "--example", "digits"]))
 """
 
 from __future__ import annotations
@@ -15,7 +22,9 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +34,13 @@ import torch.distributed as dist
 from core.distributed.environment import DistributedEnvironment, rendezvous_address
 from core.errors import config_error
 
-__all__ = ("get_free_port", "launch_distributed_training", "setup_distributed_environment")
+__all__ = (
+    "get_free_port",
+    "launch_distributed_training",
+    "launch_local_ranks",
+    "python_module",
+    "setup_distributed_environment",
+)
 
 TIMEOUT_EXIT_CODE = 124
 
@@ -121,3 +136,65 @@ def _stop_session(process: subprocess.Popen[bytes]) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def python_module(module: str, argv: Sequence[str]) -> tuple[str, list[str]]:
+    """``(entrypoint, args)`` running ``python -u -m module argv`` in each rank, as
+    ``torchrun -m module`` does (the interpreter of this process)."""
+    return sys.executable, ["-u", "-m", module, *argv]
+
+
+def launch_local_ranks(
+    nprocs: int,
+    entrypoint: Callable[..., Any] | str,
+    args: Sequence[Any] = (),
+    *,
+    shutdown_timeout_s: int | None = None,
+) -> dict[int, Any]:
+    """Start ``nprocs`` ranks of one job on this machine and wait for them: the launch
+    ``torchrun --standalone --nproc-per-node nprocs`` makes, through torch's own
+    ``elastic_launch``. ``entrypoint(*args)`` is a module-level function (pickled into
+    ``spawn``-started processes) or a command (:func:`python_module`).
+
+    Returns ``{rank: return value}`` (None for a command). A rank that fails makes torch's
+    agent stop the others and raise ``ChildFailedError``; SIGTERM/SIGINT to this process
+    (its main thread) reach every rank, and ``SignalException`` is raised once they exited
+    or, after ``shutdown_timeout_s`` (torch's default: 30 s), were killed. Blocking: call
+    it from a worker thread or a process of its own, never on an event loop.
+    """
+    if not (isinstance(nprocs, int) and nprocs >= 1):
+        raise config_error("nprocs", nprocs, "an integer >= 1")
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
+        monitor_interval=0.1, start_method="spawn", shutdown_timeout=shutdown_timeout_s,
+    )  # fmt: skip
+    with _torchrun_environment(nprocs, command=isinstance(entrypoint, str)):
+        values: dict[int, Any] = elastic_launch(config, entrypoint)(*args)
+    return values
+
+
+@contextmanager
+def _torchrun_environment(nprocs: int, *, command: bool) -> Iterator[None]:
+    """What torchrun sets before it starts the ranks, restored after: ``OMP_NUM_THREADS=1``
+    unless set (several ranks each spinning a full OpenMP pool on the same cores slow one
+    another down); for a command, the directory holding ``core`` first on PYTHONPATH (its
+    ranks import this ``core``; what PYTHONPATH held stays after it)."""
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "PYTHONPATH")}
+    if nprocs > 1 and saved["OMP_NUM_THREADS"] is None:
+        os.environ["OMP_NUM_THREADS"] = "1"
+    if command:
+        root = str(Path(__file__).resolve().parents[2])
+        before = saved["PYTHONPATH"] or ""
+        if root not in before.split(os.pathsep):
+            os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, before) if p)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

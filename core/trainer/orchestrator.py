@@ -41,6 +41,7 @@ from core.trainer.inference import evaluate_with, predict_with
 from core.trainer.inspection import describe
 from core.trainer.observers import Observers, with_default_callbacks
 from core.trainer.process.crossing import Crossing, crossing_for, resolve
+from core.trainer.process.ranks import ranks_crossing
 from core.trainer.process.supervisor import ChildState, TrainingProcess, warm_up
 from core.trainer.results import TrainingResults
 from core.trainer.run import Run
@@ -94,7 +95,7 @@ class OptimizedTrainingOptimizer(JobViews):
             model_factory=factory_of(model),
         )
         check_runtime(self._runtime, config, callbacks)
-        self._crossing = crossing_for(config, given)
+        self._crossing = ranks_crossing(config, given) or crossing_for(config, given)
         self._isolated = self._crossing is not None
         self._child = ChildState()
         self._callbacks = with_default_callbacks(callbacks, config)

@@ -49,7 +49,9 @@ class JobViews:
 
     @property
     def world_size(self) -> int:
-        return 1 if self._isolated else self._built.strategy.world_size
+        if self._isolated:  # devices=N: the ranks train elsewhere
+            return self._config.distributed.devices or 1
+        return self._built.strategy.world_size
 
     @property
     def is_global_zero(self) -> bool:

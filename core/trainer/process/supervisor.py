@@ -54,6 +54,7 @@ from core.trainer.observers import Observers
 from core.trainer.process import child
 from core.trainer.process.crossing import Crossing
 from core.trainer.process.pipe import Inbox, Message
+from core.trainer.process.ranks import entry_point
 from core.trainer.results import TrainingResults
 
 __all__ = ("ChildState", "TrainingProcess", "start_method", "warm_up")
@@ -141,7 +142,7 @@ class TrainingProcess:
         payload = await anyio.to_thread.run_sync(self.crossing.payload)
         threads = max(1, torch.get_num_threads() // TrainingProcess.running)
         process = context.Process(
-            target=child.main, name="core-training",
+            target=entry_point(self.config), name="core-training",
             args=(self.job_class, self.config, payload, control_in, records_out, threads),
         )  # fmt: skip
         await anyio.to_thread.run_sync(process.start)

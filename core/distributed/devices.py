@@ -1,0 +1,78 @@
+"""``devices=N``: whether this process starts the job's N ranks, checked against the machine.
+
+``MultiGPUConfig(devices=N)`` asks for N processes on this machine, each a rank of one job,
+as ``torchrun --standalone --nproc-per-node N`` would start them. This module decides, once
+per job (at creation), what that means here:
+
+- outside torchrun, N > 1: this process starts N ranks (``core.distributed.launch``), and
+  each runs the job as one of torchrun's ranks would;
+- a rank that the launcher (or torchrun) started, with the same N per machine: nothing to
+  start, it is one of them;
+- under torchrun with another number of processes per machine, N above this machine's CUDA
+  devices, NCCL without CUDA: a :class:`~core.errors.ConfigError` naming the field, the
+  value and the fix.
+
+Example::
+
+    ranks_to_start(MultiGPUConfig(devices=2))   # 2 outside torchrun, None in its ranks
+"""
+
+from __future__ import annotations
+
+import torch
+
+from core.distributed.config import MultiGPUConfig
+from core.distributed.environment import DistributedEnvironment
+from core.errors import config_error
+
+__all__ = ("FIELD", "ranks_to_start")
+
+FIELD = "distributed.devices"
+"""The field's dotted path in the config tree (``devices=`` is its flat keyword)."""
+
+
+def ranks_to_start(config: MultiGPUConfig, *, isolation: str = "thread") -> int | None:
+    """How many ranks this process must start for ``config`` (None: it trains itself).
+
+    ``isolation`` is ``run.isolation``: ``"process"`` is refused with devices > 1 (the ranks
+    already train outside the calling process)."""
+    devices = config.devices
+    if devices is None:
+        return None
+    env = DistributedEnvironment.from_environ()
+    if env is not None:
+        if devices != env.local_world_size:
+            raise config_error(
+                FIELD, devices, f"{env.local_world_size} (this torchrun's --nproc-per-node) or "
+                "None under torchrun", "leave devices out under torchrun (it started the "
+                "ranks already), or run the script with python and devices=N instead.",
+            )  # fmt: skip
+        return None
+    if devices == 1:
+        return None
+    if isolation == "process":
+        raise config_error(
+            FIELD, devices, "None or 1 with run.isolation='process'",
+            f"drop isolation='process': with devices={devices} the ranks already train in "
+            "processes of their own, supervised the same way.",
+        )  # fmt: skip
+    _check_machine(config, devices)
+    return devices
+
+
+def _check_machine(config: MultiGPUConfig, devices: int) -> None:
+    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if cuda:
+        usable = len(config.device_ids) if config.device_ids is not None else cuda
+        named = "of device_ids" if config.device_ids is not None else "of this machine"
+        if devices > usable:
+            raise config_error(
+                FIELD, devices, f"at most {usable}, the CUDA devices {named} (one per rank)",
+                f"devices={usable} or fewer; more ranks than GPUs need several machines "
+                "(torchrun --nnodes on each).",
+            )  # fmt: skip
+    elif config.backend == "nccl":
+        raise config_error(
+            "distributed.backend", "nccl", f"'gloo' or None for devices={devices} on a machine "
+            "without CUDA", "backend=None (gloo on CPU).",
+        )  # fmt: skip

@@ -1,0 +1,128 @@
+"""One rank of a ``devices=N`` job (``core.trainer.process.ranks``): started by torch's
+elastic launcher (``spawn``) with torchrun's environment, it rebuilds the job from what
+crossed and trains it as a rank of a torchrun job does.
+
+Rank 0 relays its records to the launcher and returns ``(results, final weights path)``, the
+model's full weights saved under ``<run_dir>/final_weights/``. :data:`CANCEL` (the launcher's
+cancel, passed on by torch's agent) cancels ``train()``: the rank stops at a step boundary
+with its checkpoint and exits (status 129). Any other exception is pickled into the launcher's
+folder (with the rank's traceback as a note on Python 3.11+) before it ends the rank. A rank
+whose launcher is gone cancels itself the same way, and exits if that takes longer than
+``stop_grace_s`` + :data:`STOP_MARGIN_S`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import signal
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from core.config import TrainingConfig
+from core.distributed.environment import DistributedEnvironment
+from core.trainer.process import child
+from core.trainer.process.crossing import Crossing
+from core.trainer.process.pipe import Sender
+
+__all__ = ("CANCEL", "STOP_MARGIN_S", "rank_main")
+
+CANCEL = signal.SIGHUP
+"""What the launcher sends itself on a cancel: torch's agent passes it to every rank, where
+it cancels ``train()`` (SIGTERM and SIGINT stay the signals a run reports as such)."""
+STOP_MARGIN_S = 15
+"""Seconds past ``stop_grace_s`` a stopping rank gets to write its checkpoint and exit."""
+
+
+def rank_main(
+    job_class: Any, config: TrainingConfig, payload: bytes, records: Connection, errors: str
+) -> tuple[Any, str] | None:
+    """One rank: the job rebuilt and trained; rank 0 returns ``(results, final weights)``."""
+    env = DistributedEnvironment.from_environ()
+    rank = env.rank if env is not None else 0
+    if rank != 0:
+        records.close()
+    try:
+        return asyncio.run(_train_rank(job_class, config, payload, records, rank))
+    except asyncio.CancelledError:  # stopped at its checkpoint; torch's agent is shutting down
+        # and would never collect a return value (the rank would wait for it, then be killed)
+        raise SystemExit(128 + CANCEL) from None
+    except BaseException as exc:
+        _keep(exc, Path(errors), rank)
+        raise
+
+
+async def _train_rank(
+    job_class: Any, config: TrainingConfig, payload: bytes, records: Connection, rank: int
+) -> tuple[Any, str] | None:
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(CANCEL, task.cancel)
+    _watch_parent(loop, task, config.run.stop_grace_s + STOP_MARGIN_S)
+    sender = Sender(records) if rank == 0 else None
+    try:
+        objects = Crossing.unpack(payload)
+        callbacks = [child.Relay(sender)] if sender is not None else []
+        job = job_class(child.training_config(config), callbacks=callbacks, **objects)
+        async with job:
+            results = await job.train()
+            strategy = job.multi_gpu_trainer.strategy  # a collective under FSDP2
+            state = await asyncio.to_thread(strategy.model_state_dict, job.model)
+            if rank != 0:
+                return None
+            final = await asyncio.to_thread(
+                child.save_final_weights, _Weights(state), Path(results.run_dir),
+                results.global_step, results.epochs_completed,
+            )  # fmt: skip
+            return results, str(final)
+    finally:
+        if sender is not None:
+            sender.close()
+
+
+class _Weights:
+    """A full state dict where ``save_final_weights`` expects a model (under DDP/FSDP2 the
+    rank's model is wrapped or sharded; the caller's model loads the full one)."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self._state = state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._state
+
+
+def _watch_parent(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], grace_s: float) -> None:
+    """The launcher gone (killed): cancel this rank's run, as a cancel would; exit if it has
+    not ended ``grace_s`` later."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        try:
+            loop.call_soon_threadsafe(task.cancel)
+        except RuntimeError:  # the run already ended
+            return
+        time.sleep(grace_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="core-parent-watch", daemon=True).start()
+
+
+def _keep(error: BaseException, errors: Path, rank: int) -> None:
+    """``error`` pickled for the launcher, with this rank's traceback as a note (3.11+)."""
+    add_note = getattr(error, "add_note", None)
+    if add_note is not None:
+        add_note(f"(raised in rank {rank}: {''.join(traceback.format_exception(error))})")
+    try:
+        data = pickle.dumps(error)
+        pickle.loads(data)
+    except Exception:
+        data = pickle.dumps(RuntimeError(f"rank {rank}: {type(error).__name__}: {error}"))
+    (errors / f"rank{rank}.pickle").write_bytes(data)

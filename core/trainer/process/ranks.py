@@ -1,0 +1,220 @@
+"""``devices=N`` from the Python API: ``train()`` starts the job's N ranks itself.
+
+The job runs in a supervised training process exactly as under ``isolation="process"``
+(``core.trainer.process.supervisor``: what crosses, cancellation, heartbeat, a process that
+died, the final weights loaded into the caller's model, records relayed to ``events()`` and
+the callbacks). Here that process is the launcher: :func:`main` starts N ranks with torch's
+elastic launcher (``core.distributed.launch.launch_local_ranks``, the launch ``torchrun
+--standalone --nproc-per-node N`` makes) and waits for them. Each rank (:func:`rank_main`)
+rebuilds the job from what crossed and trains it as a rank of a torchrun job does; rank 0
+relays its records to the launcher, which forwards them with its own heartbeat (one writer
+on the pipe to the caller), then returns its results and its final weights.
+
+How the ranks end:
+
+- completed: rank 0's results, its model's full weights saved under ``final_weights/``;
+- cancelled (``task.cancel()``; the caller gone): the launcher sends itself SIGHUP, which
+  torch's agent passes to every rank, where it cancels ``train()``: each stops at a step
+  boundary with its checkpoint; a rank still running ``stop_grace_s`` + 15 s later is killed;
+- a signal forwarded by the caller (``handle_signals``): passed on the same way, the ranks
+  stop as signalled ones do and ``train()`` raises rank 0's ``SignalReceived``;
+- a rank failed: the agent stops the others; ``train()`` raises the first failing rank's
+  exception (each rank pickles its own into a folder the launcher reads), or
+  ``TrainingProcessDied`` naming the rank for one killed by a signal;
+- the launcher killed: each rank sees its parent gone and cancels itself the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import pickle
+import shutil
+import signal
+import tempfile
+import threading
+from collections.abc import Callable, Mapping
+from multiprocessing import get_context
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from core.checkpointing.store import CheckpointStore
+from core.config import TrainingConfig
+from core.distributed.devices import ranks_to_start
+from core.distributed.launch import launch_local_ranks
+from core.errors import ConfigError, TrainingProcessDied
+from core.trainer.process import child
+from core.trainer.process.crossing import Crossing
+from core.trainer.process.pipe import Message, Sender
+from core.trainer.process.rank import CANCEL, STOP_MARGIN_S, rank_main
+
+__all__ = ("entry_point", "main", "ranks_crossing")
+
+_STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_AGENT_LOGGERS = (
+    "torch.distributed.elastic",
+    "torch.distributed.launcher",
+    "torch.multiprocessing",
+)
+
+
+def ranks_crossing(config: TrainingConfig, given: Mapping[str, Any]) -> Crossing | None:
+    """The checked crossing of a job whose ``train()`` starts ``devices=N`` ranks; None where
+    this process trains the job itself (no ``devices``, 1, or a rank already)."""
+    devices = ranks_to_start(config.distributed, isolation=config.run.isolation)
+    if devices is None:
+        return None
+    crossing = Crossing(given)
+    try:
+        crossing.check()
+    except ConfigError as exc:  # the same check, worded for ranks
+        message = (
+            str(exc)
+            .replace("(isolation='process')", f"(devices={devices}: each rank rebuilds it)")
+            .replace(
+                "or use isolation='thread'", f"or run it under torchrun --nproc-per-node {devices}"
+            )
+        )
+        error = ConfigError(message)
+        error.field = exc.field
+        raise error from None
+    return crossing
+
+
+def entry_point(config: TrainingConfig) -> Callable[..., None]:
+    """What the training process runs: the job (``child.main``), or the launcher of its
+    ``devices=N`` ranks (:func:`main`)."""
+    return main if (config.distributed.devices or 1) > 1 else child.main
+
+
+def main(
+    job_class: Any, config: TrainingConfig, payload: bytes, control: Connection, out: Connection,
+    threads: int,
+) -> None:  # fmt: skip
+    """The launcher's entry point (``child.main``'s arguments; ``threads`` is unused: the
+    ranks take torchrun's ``OMP_NUM_THREADS=1`` unless it is set)."""
+    os.setpgrp()
+    os.nice(child.NICENESS)
+    for stop in _STOPS:  # until torch's agent installs its own handlers: the same effect
+        signal.signal(stop, _raise_signal)
+    sender, done, cancelled = Sender(out), threading.Event(), threading.Event()
+    records_in, records_out = get_context("spawn").Pipe(duplex=False)
+    errors = Path(tempfile.mkdtemp(prefix="core-ranks-"))
+    forward = threading.Thread(target=_forward, args=(records_in, sender, done), daemon=True)
+    forward.start()
+    threading.Thread(target=_beat, args=(sender, done), daemon=True).start()
+    threading.Thread(target=_listen, args=(control, cancelled, done), daemon=True).start()
+    try:
+        ended = _launch(job_class, config, payload, records_out, errors, cancelled)
+    finally:
+        for stop in _STOPS:  # a late cancel must not cut the report short
+            signal.signal(stop, signal.SIG_IGN)
+        done.set()
+        forward.join(STOP_MARGIN_S)
+    sender.put(ended)
+    sender.close()
+    out.close()
+    shutil.rmtree(errors, ignore_errors=True)
+
+
+def _launch(
+    job_class: Any, config: TrainingConfig, payload: bytes, records: Connection, errors: Path,
+    cancelled: threading.Event,
+) -> Message:  # fmt: skip
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    devices = int(config.distributed.devices or 1)
+    _quiet_agent()
+    try:
+        values = launch_local_ranks(
+            devices, rank_main, (job_class, config, payload, records, str(errors)),
+            shutdown_timeout_s=math.ceil(config.run.stop_grace_s) + STOP_MARGIN_S,
+        )  # fmt: skip
+        return ("ended", "completed", values[0])
+    except SignalException:
+        if cancelled.is_set():
+            return ("ended", "cancelled", _last_checkpoint(config))
+        return ("ended", "failed", _kept(errors, [0]) or RuntimeError("the ranks were stopped"))
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        kept = _kept(errors, [rank, *sorted(exc.failures)])
+        if kept is not None:
+            return ("ended", "failed", kept)
+        name = failure.signal_name() if failure.exitcode < 0 else None
+        why = f" (rank {rank} of {devices})"
+        died = TrainingProcessDied(
+            None if name else failure.exitcode, name, _last_checkpoint(config), why=why
+        )
+        return ("ended", "failed", died)
+    except Exception as exc:  # the launch itself failed (a rendezvous error)
+        return ("ended", "failed", exc)
+
+
+def _quiet_agent() -> None:
+    """Torch's agent logs each failure, stop and shutdown step; here ``train()`` raises what
+    happened (a rank's own exception, with its traceback), so its loggers keep to CRITICAL."""
+    import torch.distributed.elastic.agent.server.local_elastic_agent
+    import torch.distributed.launcher.api  # noqa: F401 (their loggers)
+
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(_AGENT_LOGGERS):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _raise_signal(signum: int, frame: object) -> None:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    raise SignalException(f"process {os.getpid()} got signal {signum}", signal.Signals(signum))
+
+
+def _forward(records: Connection, sender: Sender, done: threading.Event) -> None:
+    """Rank 0's batches to the caller, until the ranks are gone and the pipe is drained."""
+    while True:
+        if records.poll(0.1):
+            try:
+                batch: list[Message] = records.recv()
+            except (EOFError, OSError):
+                return
+            for message in batch:
+                sender.put(message)
+        elif done.is_set():
+            return
+
+
+def _beat(sender: Sender, done: threading.Event) -> None:
+    while not done.wait(child.HEARTBEAT_S):
+        sender.put(("alive",))
+
+
+def _listen(control: Connection, cancelled: threading.Event, done: threading.Event) -> None:
+    """A ``"cancel"`` from the caller, or its end, stops the ranks (through torch's agent)."""
+    try:
+        while control.recv() != "cancel":
+            pass
+    except (EOFError, OSError):
+        pass
+    if not done.is_set():
+        cancelled.set()
+        os.kill(os.getpid(), CANCEL)
+
+
+def _kept(errors: Path, ranks: list[int]) -> BaseException | None:
+    """The exception the first of ``ranks`` that kept one raised."""
+    for rank in ranks:
+        path = errors / f"rank{rank}.pickle"
+        try:
+            error = pickle.loads(path.read_bytes())
+        except Exception:
+            continue
+        if isinstance(error, BaseException):
+            return error
+    return None
+
+
+def _last_checkpoint(config: TrainingConfig) -> str | None:
+    store = CheckpointStore(config.checkpoint_directory, keep_last_n=1)
+    newest = store.newest_valid(lambda path, why: None) if store.directory.is_dir() else None
+    return str(newest) if newest else None
