@@ -75,6 +75,9 @@ CLAIMS: dict[tuple[str, str], str] = {
     ),
     ("docs/memory-and-speed.md", "## bf16 on a CPU"): "test_the_bf16_on_a_cpu_example_runs",
     ("docs/training.md", "## Learning-rate finder"): "test_the_lr_finder_example_runs_as_written",
+    ("docs/distributed.md", "## Launching several processes without torchrun"): (
+        "test_the_devices_example_starts_two_ranks_as_written"
+    ),
     ("docs/seed-api.md", "## The per-batch and synchronous faces"): (
         "test_the_seed_api_example_runs_as_written"
     ),
@@ -177,6 +180,18 @@ def test_the_lr_finder_example_runs_as_written(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     suggestion, reason = done.stdout.strip().splitlines()[-1].split(": ", 1)
     assert 1e-7 <= float(suggestion) <= 1.0 and "smoothed loss" in reason, done.stdout
+
+
+@pytest.mark.distributed
+def test_the_devices_example_starts_two_ranks_as_written(tmp_path: Path) -> None:
+    (program,) = python_blocks(
+        "docs/distributed.md", "## Launching several processes without torchrun"
+    )
+    done = run_program(program, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    accuracy, ranks = done.stdout.strip().splitlines()[-2:]
+    assert accuracy.startswith("val_accuracy=") and "after 24 steps" in accuracy, done.stdout
+    assert ranks.startswith("2 ranks"), done.stdout
 
 
 def _records(run_dir: Path) -> list[dict[str, object]]:

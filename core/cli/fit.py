@@ -29,10 +29,11 @@ __all__ = ("fit_in_ranks", "fit_parser", "flag_error", "resolve_config")
 
 USAGE = """
   core-train [fit] (--example NAME | --model MODULE:FACTORY --data MODULE:FACTORY)
-                   [--config RUN.TOML] [options]
+                   [--config RUN.TOML] [--devices N] [options]
   core-train report RUN_DIR
   core-train info [--json] [--model MODULE:FACTORY --input-shape N,...]
   core-train find-batch-size --model MODULE:FACTORY --input-shape N,... [--target-memory-gb G]
+  core-train find-lr (--example NAME | --model MODULE:FACTORY --data MODULE:FACTORY) [options]
   core-train check-amp MODULE:FACTORY [--dtype fp16|bf16] [--json]"""
 
 DESCRIPTION = """\
