@@ -60,8 +60,12 @@ class Seen(Callback):
 
 
 def same_weights(a: nn.Module, b: nn.Module) -> bool:
+    """Bit-equal weights, wherever each model lives: on CUDA a thread-mode run moves the
+    caller's model to the GPU, a process-mode run loads the weights into it where it is."""
     ours, theirs = a.state_dict(), b.state_dict()
-    return ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    return ours.keys() == theirs.keys() and all(
+        torch.equal(ours[k].cpu(), theirs[k].cpu()) for k in ours
+    )
 
 
 def test_a_child_trains_the_same_weights_and_the_service_sees_every_record(tmp_path: Path) -> None:
