@@ -56,7 +56,9 @@ def torchrun_job(
 
 
 def final(out: Path, rank: int = 0) -> dict[str, Any]:
-    state: dict[str, Any] = torch.load(out / f"final.rank{rank}.pt", weights_only=True)
+    state: dict[str, Any] = torch.load(
+        out / f"final.rank{rank}.pt", map_location="cpu", weights_only=True
+    )  # a thread-mode run saves its GPU tensors, a process-mode one the caller's CPU copy
     return state
 
 
