@@ -11,17 +11,29 @@ True
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Literal
 
-__all__ = ("Ranked", "better", "offer")
+__all__ = ("WORST", "Ranked", "better", "offer")
 
 Ranked = list[list[float | str]]
 
 
-def better(value: float, than: float, mode: Literal["min", "max"]) -> bool:
-    """Whether ``value`` improves on ``than`` (lower for ``"min"``, higher for ``"max"``)."""
-    return value < than if mode == "min" else value > than
+_SIGN = {"min": 1.0, "max": -1.0}
+WORST = {"min": math.inf, "max": -math.inf}
+"""What no value is worse than, per mode: where a search for the best starts."""
+
+
+def better(value: float, than: float, mode: Literal["min", "max"], margin: float = 0.0) -> bool:
+    """Whether ``value`` improves on ``than`` by more than ``margin`` (lower for ``"min"``,
+    higher for ``"max"``): the one definition ``save_top_k`` and early stopping share.
+
+    >>> better(0.9, 1.0, "min"), better(0.9, 1.0, "max"), better(0.95, 1.0, "min", 0.1)
+    (True, False, False)
+    """
+    sign = _SIGN[mode]
+    return sign * value < sign * than - margin
 
 
 def offer(

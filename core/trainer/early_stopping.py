@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
+from core.checkpointing.ranking import WORST, better
+
 __all__ = ("EarlyStopping", "watched")
 
 Mode = Literal["min", "max"]
@@ -44,17 +46,12 @@ class EarlyStopping:
         self.min_delta = min_delta
         self.mode: Mode = mode
         self.monitor = monitor
-        self.best = math.inf if mode == "min" else -math.inf
+        self.best = WORST[mode]
         self.bad_epochs = 0
-
-    def _improves(self, value: float) -> bool:
-        if self.mode == "min":
-            return value < self.best - self.min_delta
-        return value > self.best + self.min_delta
 
     def update(self, value: float) -> bool:
         """Record one epoch's metric; return True when training should stop."""
-        if math.isfinite(value) and self._improves(value):
+        if math.isfinite(value) and better(value, self.best, self.mode, self.min_delta):
             self.best = value
             self.bad_epochs = 0
         else:
