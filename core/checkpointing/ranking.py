@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
-__all__ = ("WORST", "Ranked", "better", "offer")
+__all__ = ("Ranked", "WORST", "better", "offer")
 
 Ranked = list[list[float | str]]
 
