@@ -158,23 +158,35 @@ class TrainingProcessDied(CoreError, RuntimeError):
     """Raised by ``train()`` under ``run.isolation="process"`` when the training process
     ended without reporting how its run ended: killed by a signal (the OOM killer's SIGKILL,
     a segfault), ``os._exit``, or killed after not stopping within ``stop_grace_s``.
-    ``exit_code`` and ``signal_name`` say how it ended (one is None); ``checkpoint`` is the
+    ``exit_code`` and ``signal_name`` say how it ended (one is None; both where nobody could
+    tell: the fork server that reports it had died); ``checkpoint`` is the
     last good checkpoint, from which ``resume="auto"`` continues."""
 
     def __init__(
         self, exit_code: int | None, signal_name: str | None, checkpoint: str | None,
-        *, why: str = "",
+        *, why: str = "", finished: str | None = None,
     ) -> None:  # fmt: skip
         self.exit_code, self.signal_name, self.checkpoint = exit_code, signal_name, checkpoint
-        how = f"was killed by {signal_name}" if signal_name else f"exited with code {exit_code}"
-        kept = (
-            f"the last good checkpoint is {checkpoint}; resume='auto' continues from it"
-            if checkpoint
-            else "no checkpoint was written yet; resume='auto' starts over"
+        how = (
+            f"was killed by {signal_name}"
+            if signal_name
+            else f"exited with code {exit_code}"
+            if exit_code is not None
+            else "ended"
         )
+        if checkpoint and finished:
+            kept = (
+                f"the run had finished ({finished}): its last checkpoint {checkpoint} holds the "
+                "trained weights, which core.load_weights(checkpoint, model) loads; "
+                "resume='auto' would start a new run"
+            )
+        elif checkpoint:
+            kept = f"the last good checkpoint is {checkpoint}; resume='auto' continues from it"
+        else:
+            kept = "no checkpoint was written yet; resume='auto' starts over"
+        ended = "" if finished else " before its run ended"
         super().__init__(
-            f"the training process {how}{why} before its run ended; the service is unharmed. "
-            f"{kept}."
+            f"the training process {how}{why}{ended}; the service is unharmed. {kept}."
         )
 
 

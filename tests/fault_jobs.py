@@ -7,7 +7,8 @@ Trains a small model with dropout on shuffled data in fp16 with an LR schedule a
 checkpoints every ``--every-n-steps`` steps; then writes its final state to
 ``DIR/final.rank<R>.pt``. Faults are injected from inside the process, at a chosen forward
 call: SIGKILL itself, stall between a checkpoint's write and its commit, exit once, hang, or
-freeze the whole process (a C call that holds the GIL).
+freeze the whole process (a C call that holds the GIL), or (``--kill-at-handback``) SIGKILL
+the training process while it hands the trained weights back.
 With ``--isolation process`` the model trains in a child process, where the faults strike;
 the final state's optimizer, scheduler and scaler then come from the run's last checkpoint.
 """
@@ -58,6 +59,11 @@ class Faulty(nn.Module):
         out: torch.Tensor = self.net(x)
         return out
 
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        if self.args.kill_at_handback and _called_from("hand_back"):
+            os.kill(os.getpid(), signal.SIGKILL)  # the training process, handing back
+        return super().state_dict(*args, **kwargs)
+
     def _inject(self) -> None:
         a = self.args
         if self.calls == a.kill_at_call:
@@ -78,6 +84,15 @@ class Faulty(nn.Module):
             time.sleep(a.pause_s)
         if a.slow_s:
             time.sleep(a.slow_s)
+
+
+def _called_from(function: str) -> bool:
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == function:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 def stall_before_commit(out: Path, from_step: int) -> Any:
@@ -110,6 +125,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pause-at-call", type=int, default=-1)
     p.add_argument("--pause-s", type=float, default=1.0)
     p.add_argument("--freeze-at-call", type=int, default=-1)
+    p.add_argument("--kill-at-handback", action="store_true")
     p.add_argument("--runner", choices=("anyio", "asyncio"), default="anyio")
     p.add_argument("--hang-loader-at-batch", type=int, default=-1)
     p.add_argument("--stop-grace-s", type=float, default=30.0)

@@ -3,6 +3,9 @@ level, so they pickle, and importable as factories (``"tests.isolation_parts:mak
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -62,3 +65,10 @@ class Big(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.out(torch.tanh(self.wide(x)))
         return out
+
+
+def killed_while_building() -> nn.Module:
+    """A model whose building, in a training process, ends it as the OOM killer would."""
+    if multiprocessing.parent_process() is not None:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return make_model()

@@ -11,6 +11,7 @@ import asyncio
 import functools
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from core import (
     Callback,
     CheckpointError,
     ConfigError,
+    TrainingProcessDied,
     create_optimized_training_optimizer,
 )
 from core.callbacks import Record, RunInfo
@@ -319,23 +321,59 @@ def test_a_child_that_exits_on_its_own_is_reported_with_its_exit_code(tmp_path: 
     assert "the training process exited with code 1 before its run ended" in done.stdout
 
 
-def test_a_script_without_a_main_guard_is_told_why_its_child_died(tmp_path: Path) -> None:
-    script = tmp_path / "unguarded.py"
-    script.write_text(
-        "import asyncio\nfrom tests import isolation_parts as p\n"
-        "from core import create_optimized_training_optimizer as c\n"
-        f"job = c(model=p.make_model(), train_loader=p.make_loader(), log_dir={str(tmp_path)!r},"
-        " isolation='process', progress=False)\nasyncio.run(job.train())\n"
-    )
-    done = subprocess.run(
-        [sys.executable, str(script)], env=ENV, capture_output=True, text=True, timeout=120,
-        check=False,
+def run_program(tmp_path: Path, source: str, how: str) -> subprocess.CompletedProcess[str]:
+    """``source`` run as a script file, under ``python -c``, or from standard input."""
+    script = tmp_path / "program.py"
+    script.write_text(source)
+    command = {"file": [str(script)], "-c": ["-c", source], "stdin": ["-"]}[how]
+    return subprocess.run(
+        [sys.executable, *command], env=ENV, capture_output=True, text=True, timeout=120,
+        check=False, cwd=tmp_path, input=source if how == "stdin" else None,
     )  # fmt: skip
-    assert done.returncode != 0, done.stderr[-2000:]
-    assert "TrainingProcessDied: the training process exited with code 1 before its run opened" in (
-        done.stderr
+
+
+PROGRAM = (
+    "import asyncio\nfrom tests import isolation_parts as p\n"
+    "from core import create_optimized_training_optimizer as c\n"
+)
+
+
+def test_a_script_without_a_main_guard_gets_one_clear_error(tmp_path: Path) -> None:
+    done = run_program(
+        tmp_path,
+        PROGRAM + "job = c(model=p.make_model(), train_loader=p.make_loader(), "
+        f"log_dir={str(tmp_path)!r}, isolation='process', progress=False)\n"
+        "asyncio.run(job.train())\n",
+        "file",
     )
-    assert "under `if __name__ ==" in done.stderr
+    assert done.returncode != 0, done.stderr[-2000:]
+    assert "TrainingProcessDied: the training process exited with code 86 at once" in done.stderr
+    assert 'Fix: start it under `if __name__ == "__main__":`' in done.stderr
+    assert done.stderr.count("Traceback") == 1 and "bootstrapping" not in done.stderr
+
+
+@pytest.mark.parametrize("how", ["-c", "stdin"])
+def test_a_model_class_defined_in_an_unimportable_main_is_refused_at_creation(
+    tmp_path: Path, how: str
+) -> None:
+    source = PROGRAM + (
+        "import torch\nclass Net(torch.nn.Linear):\n    pass\n"
+        "if __name__ == '__main__':\n"
+        "    c(model=Net(8, 2), train_loader=p.make_loader(), isolation='process')\n"
+    )
+    done = run_program(tmp_path, source, how)
+    assert done.returncode == 1
+    assert re.search(
+        r"ConfigError: model=Net\(.*\) cannot cross .* it needs Net, defined in __main__, which "
+        r"that process cannot import .* Fix: move Net into a module", done.stderr,
+    ), done.stderr  # fmt: skip
+
+
+def test_a_training_process_killed_before_its_run_opens_says_so(tmp_path: Path) -> None:
+    job = build(tmp_path, "process", model="tests.isolation_parts:killed_while_building")
+    with pytest.raises(TrainingProcessDied, match=r"killed by SIGKILL before its run opened, "
+                       r"while it built the model and data \(the OOM killer"):  # fmt: skip
+        asyncio.run(job.train())
 
 
 def test_a_damaged_checkpoint_is_skipped_and_said_so_through_the_relay(tmp_path: Path) -> None:
@@ -389,3 +427,59 @@ def test_a_frozen_child_is_killed_once_it_is_silent_for_the_stop_grace(tmp_path:
     assert process.returncode == 3, output
     assert "killed by SIGKILL after it sent nothing for stop_grace_s (1 s)" in output
     assert "the last good checkpoint is" in output and time.monotonic() - started < 15
+
+
+# The fork server dies (killed, or picked by the OOM killer) while its child trains -----
+def fork_server_of(process: subprocess.Popen[str]) -> psutil.Process:
+    trainer = child_of(process)
+    server = trainer.parent()
+    assert server is not None and "forkserver" in " ".join(server.cmdline())
+    return server
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fault", "then", "code", "expect"),
+    [
+        (("--slow-s", "0.05"), "sigterm", 143, "at a step boundary; checkpoint"),
+        (("--freeze-at-call", "8", "--stop-grace-s", "1"), "sigterm", 3,
+         "killed by SIGKILL after it sent nothing for stop_grace_s (1 s)"),
+        (("--slow-s", "0.05"), "sigkill", 3, "the training process was killed by SIGKILL before"),
+    ],
+)  # fmt: skip
+def test_a_dead_fork_server_changes_nothing_the_service_sees(
+    tmp_path: Path, fault: tuple[str, ...], then: str, code: int, expect: str
+) -> None:
+    process = service(tmp_path, *fault)
+    trainer = child_of(process)
+    wait_for(lambda: train_steps(tmp_path) >= 4, process)
+    fork_server_of(process).kill()
+    time.sleep(0.3)  # its pipe to the service closes: the child must not look dead
+    assert trainer.is_running()
+    if "--freeze-at-call" in fault:
+        wait_for((tmp_path / "frozen").exists, process)
+    if then == "sigterm":
+        process.send_signal(signal.SIGTERM)
+    else:
+        trainer.kill()
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == code and expect in output, output
+    assert "exited with code 255" not in output
+    assert not psutil.pid_exists(trainer.pid)  # reaped, not left a zombie of the service
+
+
+@pytest.mark.slow
+def test_a_kill_while_handing_the_weights_back_says_what_resume_will_do(tmp_path: Path) -> None:
+    killed = job(tmp_path, "--isolation", "process", "--kill-at-handback")
+    assert killed.returncode == 3, killed.stdout + killed.stderr
+    message = killed.stdout
+    assert "killed by SIGKILL while it handed the trained weights back; " in message
+    assert "the run had finished (it completed max_epochs (3 of 3 epochs))" in message
+    assert "resume='auto' would start a new run" in message
+    final = re.search(r"its last checkpoint (\S+) holds the trained weights", message)
+    assert final and Path(final.group(1)).name.startswith("step-000000036-")
+    assert not list((tmp_path / "logs").rglob("final_weights/.*"))  # nothing left unswept
+    again = job(tmp_path, "--isolation", "process", "--resume", "auto")
+    assert again.returncode == 0, again.stdout + again.stderr
+    fresh = [r for run in records(tmp_path / "logs") for r in run if r["event"] == "fresh_start"]
+    assert fresh and fresh[-1]["reason"] == "finished"

@@ -32,7 +32,7 @@ from core.checkpointing.manifest import MANIFEST, followed, read_verified
 from core.checkpointing.store import STATE, CheckpointStore
 from core.errors import CheckpointError, IncompatibleCheckpointError
 
-__all__ = ("LoadedWeights", "load_weights")
+__all__ = ("LoadedWeights", "load_weights", "plain_name")
 
 _LEADING = re.compile(r"^(?:module\.)+")
 _INNER = re.compile(r"(?:^|(?<=\.))(?:_orig_mod|_checkpoint_wrapped_module|_fsdp_wrapped_module)\.")
@@ -56,7 +56,7 @@ class LoadedWeights:
     unexpected_keys: tuple[str, ...] = ()
 
 
-def _plain(name: str) -> str:
+def plain_name(name: str) -> str:
     """A parameter name without the prefixes wrappers add."""
     return _INNER.sub("", _LEADING.sub("", name))
 
@@ -71,13 +71,13 @@ def _shape(value: object) -> tuple[int, ...] | None:
 
 def _match(saved: Mapping[str, Any], target: Mapping[str, Any]) -> dict[str, str]:
     """Saved name -> model name: equal names first, then equal plain names."""
-    plain = {_plain(name): name for name in target}
+    plain = {plain_name(name): name for name in target}
     mapping = {}
     for name in saved:
         if name in target:
             mapping[name] = name
-        elif _plain(name) in plain and plain[_plain(name)] not in saved:
-            mapping[name] = plain[_plain(name)]
+        elif plain_name(name) in plain and plain[plain_name(name)] not in saved:
+            mapping[name] = plain[plain_name(name)]
     return mapping
 
 

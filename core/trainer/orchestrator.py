@@ -97,6 +97,9 @@ class OptimizedTrainingOptimizer(JobViews):
         check_runtime(self._runtime, config, callbacks)
         self._crossing = ranks_crossing(config, given) or crossing_for(config, given)
         self._isolated = self._crossing is not None
+        self.isolation: dict[str, Any] = {"mode": config.run.isolation}
+        """Where this job trains and how its objects got there (``run_start``'s
+        ``resolved.isolation``; a training process adds what crossed, and how)."""
         self._child = ChildState()
         self._callbacks = with_default_callbacks(callbacks, config)
         self._hub = EventHub()
@@ -164,7 +167,7 @@ class OptimizedTrainingOptimizer(JobViews):
     def describe(self) -> dict[str, Any]:
         """What the config resolved to (each part's description, as in ``run_start``) and the
         plan: steps per epoch, effective batch, micro-batches as they stand now."""
-        return describe(self._config, self._built)
+        return describe(self._config, self._built) | {"isolation": dict(self.isolation)}
 
     # -- using the trained model ----------------------------------------------------------
     async def evaluate(self, loader: Iterable[Any] | None = None) -> dict[str, float | None]:

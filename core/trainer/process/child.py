@@ -27,9 +27,12 @@ from core.callbacks import Callback, Record, RunInfo
 from core.checkpointing.store import CheckpointStore
 from core.config import TrainingConfig
 from core.trainer.process.crossing import Crossing
+from core.trainer.process.handback import HandBack
 from core.trainer.process.pipe import Sender
+from core.trainer.process.shared import Packed
+from core.trainer.results import TrainingResults
 
-__all__ = ("FINAL_WEIGHTS", "HEARTBEAT_S", "NICENESS", "main")
+__all__ = ("FINAL_WEIGHTS", "HEARTBEAT_S", "NICENESS", "crossed", "hand_back", "main")
 
 FINAL_WEIGHTS = "final_weights"
 HEARTBEAT_S = 1.0
@@ -58,12 +61,33 @@ def training_config(config: TrainingConfig) -> TrainingConfig:
     return replace(config, run=run, logging=replace(config.logging, progress=False))
 
 
-def save_final_weights(model: Any, run_dir: Path, step: int, epoch: int) -> Path:
+def save_final_weights(state: dict[str, Any], run_dir: Path, step: int, epoch: int) -> Path:
     """The model's weights as a checkpoint (manifest with sha256) the parent verifies."""
     store = CheckpointStore(run_dir / FINAL_WEIGHTS, keep_last_n=1)
     staging = store.stage(step)
-    store.write_state(staging, {"model": model.state_dict()})
+    store.write_state(staging, {"model": state})
     return store.commit(staging, step, {"epoch": epoch, "reason": "final"})
+
+
+def crossed(packed: Packed, mode: str) -> dict[str, Any]:
+    """How a job's objects crossed into its training process (``run_start``)."""
+    return {
+        "mode": mode, "crossing": "shared_memory", "tensor_bytes": packed.tensor_bytes,
+        "hand_back": "shared_memory" if packed.model else "checkpoint",
+    }  # fmt: skip
+
+
+def hand_back(packed: Packed, job: Any, results: TrainingResults) -> str | None:
+    """The trained weights on their way back to the service: into the shared memory they
+    crossed in (None), or, where they do not fit the given model, as a verified checkpoint
+    (its path). Under FSDP2 every rank calls it (the full state is a collective)."""
+    state = job.multi_gpu_trainer.strategy.model_state_dict(job.model)
+    if job.multi_gpu_trainer.strategy.rank != 0 or HandBack(packed).write(state):
+        return None
+    final = save_final_weights(
+        state, Path(results.run_dir), results.global_step, results.epochs_completed
+    )
+    return str(final)
 
 
 def _listen(control: Connection, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
@@ -81,7 +105,7 @@ def _listen(control: Connection, loop: asyncio.AbstractEventLoop, task: asyncio.
 
 
 async def _train(
-    job_class: Any, config: TrainingConfig, payload: bytes, sender: Sender, control: Connection
+    job_class: Any, config: TrainingConfig, packed: Packed, sender: Sender, control: Connection
 ) -> None:
     task = asyncio.current_task()
     assert task is not None
@@ -89,15 +113,13 @@ async def _train(
     beat = asyncio.create_task(_heartbeat(sender))
     job = None
     try:
-        objects = Crossing.unpack(payload)
+        objects = Crossing.unpack(packed)
         job = job_class(training_config(config), callbacks=[Relay(sender)], **objects)
+        job.isolation = crossed(packed, "process")
         async with job:
             results = await job.train()
-            final = await asyncio.to_thread(
-                save_final_weights, job.model, Path(results.run_dir), results.global_step,
-                results.epochs_completed,
-            )  # fmt: skip
-        sender.put(("ended", "completed", (results, str(final))))
+            final = await asyncio.to_thread(hand_back, packed, job, results)
+        sender.put(("ended", "completed", (results, final)))
     except asyncio.CancelledError:
         last = job.last_checkpoint if job is not None and job.run_dir is not None else None
         sender.put(("ended", "cancelled", last))
@@ -115,7 +137,7 @@ async def _heartbeat(sender: Sender) -> None:
 
 
 def main(
-    job_class: Any, config: TrainingConfig, payload: bytes, control: Connection, out: Connection,
+    job_class: Any, config: TrainingConfig, packed: Packed, control: Connection, out: Connection,
     threads: int,
 ) -> None:  # fmt: skip
     """The training process's entry point (``job_class`` is the orchestrator's class, passed
@@ -126,7 +148,7 @@ def main(
     torch.set_num_threads(threads)
     sender = Sender(out)
     try:
-        asyncio.run(_train(job_class, config, payload, sender, control))
+        asyncio.run(_train(job_class, config, packed, sender, control))
     finally:
         sender.close()
         out.close()

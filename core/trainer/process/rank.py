@@ -29,6 +29,7 @@ from core.distributed.environment import DistributedEnvironment
 from core.trainer.process import child
 from core.trainer.process.crossing import Crossing
 from core.trainer.process.pipe import Sender
+from core.trainer.process.shared import Packed
 
 __all__ = ("CANCEL", "STOP_MARGIN_S", "rank_main")
 
@@ -40,15 +41,15 @@ STOP_MARGIN_S = 15
 
 
 def rank_main(
-    job_class: Any, config: TrainingConfig, payload: bytes, records: Connection, errors: str
-) -> tuple[Any, str] | None:
+    job_class: Any, config: TrainingConfig, packed: Packed, records: Connection, errors: str
+) -> tuple[Any, str | None] | None:
     """One rank: the job rebuilt and trained; rank 0 returns ``(results, final weights)``."""
     env = DistributedEnvironment.from_environ()
     rank = env.rank if env is not None else 0
     if rank != 0:
         records.close()
     try:
-        return asyncio.run(_train_rank(job_class, config, payload, records, rank))
+        return asyncio.run(_train_rank(job_class, config, packed, records, rank))
     except asyncio.CancelledError:  # stopped at its checkpoint; torch's agent is shutting down
         # and would never collect a return value (the rank would wait for it, then be killed)
         raise SystemExit(128 + CANCEL) from None
@@ -58,8 +59,8 @@ def rank_main(
 
 
 async def _train_rank(
-    job_class: Any, config: TrainingConfig, payload: bytes, records: Connection, rank: int
-) -> tuple[Any, str] | None:
+    job_class: Any, config: TrainingConfig, packed: Packed, records: Connection, rank: int
+) -> tuple[Any, str | None] | None:
     task = asyncio.current_task()
     assert task is not None
     loop = asyncio.get_running_loop()
@@ -67,34 +68,17 @@ async def _train_rank(
     _watch_parent(loop, task, config.run.stop_grace_s + STOP_MARGIN_S)
     sender = Sender(records) if rank == 0 else None
     try:
-        objects = Crossing.unpack(payload)
+        objects = Crossing.unpack(packed, private=True)  # each rank trains its own copy
         callbacks = [child.Relay(sender)] if sender is not None else []
         job = job_class(child.training_config(config), callbacks=callbacks, **objects)
+        job.isolation = child.crossed(packed, f"rank {rank} of {config.distributed.devices}")
         async with job:
             results = await job.train()
-            strategy = job.multi_gpu_trainer.strategy  # a collective under FSDP2
-            state = await asyncio.to_thread(strategy.model_state_dict, job.model)
-            if rank != 0:
-                return None
-            final = await asyncio.to_thread(
-                child.save_final_weights, _Weights(state), Path(results.run_dir),
-                results.global_step, results.epochs_completed,
-            )  # fmt: skip
-            return results, str(final)
+            final = await asyncio.to_thread(child.hand_back, packed, job, results)
+            return (results, final) if rank == 0 else None
     finally:
         if sender is not None:
             sender.close()
-
-
-class _Weights:
-    """A full state dict where ``save_final_weights`` expects a model (under DDP/FSDP2 the
-    rank's model is wrapped or sharded; the caller's model loads the full one)."""
-
-    def __init__(self, state: dict[str, Any]) -> None:
-        self._state = state
-
-    def state_dict(self) -> dict[str, Any]:
-        return self._state
 
 
 def _watch_parent(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], grace_s: float) -> None:

@@ -46,9 +46,10 @@ from core.distributed.devices import ranks_to_start
 from core.distributed.launch import launch_local_ranks
 from core.errors import ConfigError, TrainingProcessDied
 from core.trainer.process import child
-from core.trainer.process.crossing import Crossing
+from core.trainer.process.crossing import Crossing, exit_if_importing_main
 from core.trainer.process.pipe import Message, Sender
 from core.trainer.process.rank import CANCEL, STOP_MARGIN_S, rank_main
+from core.trainer.process.shared import Packed
 
 __all__ = ("entry_point", "main", "ranks_crossing")
 
@@ -66,6 +67,7 @@ def ranks_crossing(config: TrainingConfig, given: Mapping[str, Any]) -> Crossing
     devices = ranks_to_start(config.distributed, isolation=config.run.isolation)
     if devices is None:
         return None
+    exit_if_importing_main()
     crossing = Crossing(given)
     try:
         crossing.check()
@@ -90,7 +92,7 @@ def entry_point(config: TrainingConfig) -> Callable[..., None]:
 
 
 def main(
-    job_class: Any, config: TrainingConfig, payload: bytes, control: Connection, out: Connection,
+    job_class: Any, config: TrainingConfig, packed: Packed, control: Connection, out: Connection,
     threads: int,
 ) -> None:  # fmt: skip
     """The launcher's entry point (``child.main``'s arguments; ``threads`` is unused: the
@@ -107,7 +109,7 @@ def main(
     threading.Thread(target=_beat, args=(sender, done), daemon=True).start()
     threading.Thread(target=_listen, args=(control, cancelled, done), daemon=True).start()
     try:
-        ended = _launch(job_class, config, payload, records_out, errors, cancelled)
+        ended = _launch(job_class, config, packed, records_out, errors, cancelled)
     finally:
         for stop in _STOPS:  # a late cancel must not cut the report short
             signal.signal(stop, signal.SIG_IGN)
@@ -120,7 +122,7 @@ def main(
 
 
 def _launch(
-    job_class: Any, config: TrainingConfig, payload: bytes, records: Connection, errors: Path,
+    job_class: Any, config: TrainingConfig, packed: Packed, records: Connection, errors: Path,
     cancelled: threading.Event,
 ) -> Message:  # fmt: skip
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -130,7 +132,7 @@ def _launch(
     _quiet_agent()
     try:
         values = launch_local_ranks(
-            devices, rank_main, (job_class, config, payload, records, str(errors)),
+            devices, rank_main, (job_class, config, packed, records, str(errors)),
             shutdown_timeout_s=math.ceil(config.run.stop_grace_s) + STOP_MARGIN_S,
         )  # fmt: skip
         return ("ended", "completed", values[0])

@@ -30,7 +30,6 @@ import functools
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.forkserver
-import os
 import signal
 import threading
 import time
@@ -44,6 +43,7 @@ import anyio.abc
 import torch
 from torch import nn
 
+from core.checkpointing.compatibility import finished
 from core.checkpointing.store import CheckpointStore
 from core.checkpointing.weights import load_weights
 from core.config import TrainingConfig
@@ -52,19 +52,27 @@ from core.telemetry.events import EventHub
 from core.trainer.async_tools import to_the_end
 from core.trainer.observers import Observers
 from core.trainer.process import child
-from core.trainer.process.crossing import Crossing
+from core.trainer.process.crossing import MAIN_NOT_GUARDED, Crossing
+from core.trainer.process.handback import HandBack
 from core.trainer.process.pipe import Inbox, Message
 from core.trainer.process.ranks import entry_point
+from core.trainer.process.shared import Packed
+from core.trainer.process.watch import ExitStatus, WatchedProcess, subreaper
 from core.trainer.results import TrainingResults
 
 __all__ = ("ChildState", "TrainingProcess", "start_method", "warm_up")
 
 _EXIT_MARGIN_S = 15.0  # to exit, after the child reported how its run ended
-_NEVER_STARTED = (
-    " before its run opened (its stderr says why; a script that starts training when it is"
-    ' imported must do so under `if __name__ == "__main__":`, as the training process'
-    " imports the script's main module)"
+_NEVER_STARTED = " before its run opened (its stderr says why)"
+_NOT_GUARDED = (
+    " at once: the training process imports this program's main module, and the program"
+    ' creates its run when imported. Fix: start it under `if __name__ == "__main__":`'
 )
+_KILLED_EARLY = (
+    " before its run opened, while it built the model and data (the OOM killer sends SIGKILL"
+    " when memory runs out: the kernel log, dmesg, says so)"
+)
+_STATUS_UNKNOWN = " (how is unknown: the fork server that reports it had died)"
 
 
 @dataclass
@@ -126,6 +134,7 @@ class TrainingProcess:
         self.eof = False
         self.signals: list[int] = []
         self.killed_why = ""
+        self.packed: Packed | None = None
 
     async def execute(self) -> TrainingResults:
         """Start the child, relay it to its end, and return or raise as it ended."""
@@ -139,40 +148,46 @@ class TrainingProcess:
         context = start_method()
         control_in, control_out = context.Pipe(duplex=False)
         records_in, records_out = context.Pipe(duplex=False)
-        payload = await anyio.to_thread.run_sync(self.crossing.payload)
+        self.packed = await anyio.to_thread.run_sync(self.crossing.pack, self.model)
         threads = max(1, torch.get_num_threads() // TrainingProcess.running)
         process = context.Process(
             target=entry_point(self.config), name="core-training",
-            args=(self.job_class, self.config, payload, control_in, records_out, threads),
+            args=(self.job_class, self.config, self.packed, control_in, records_out, threads),
         )  # fmt: skip
-        await anyio.to_thread.run_sync(process.start)
-        self.state.pid = process.pid
-        control_in.close()  # the child's ends: end-of-file here once the child is gone
-        records_out.close()
-        inbox = Inbox(records_in)
-        self.hub.reopen()
+        subreaper.acquire()  # before the start: a fork server that dies leaves its child here
         try:
-            async with anyio.create_task_group() as watchers:
-                self.observers.start(watchers, self.hub)
-                try:
-                    await self._supervise(process, inbox)
-                finally:  # in a task of its own: a repeated native cancel cannot cut it short
-                    await to_the_end(
-                        watchers, functools.partial(self._finish, process, inbox, control_out)
-                    )
+            await anyio.to_thread.run_sync(process.start)
+            watched = WatchedProcess(process)
+            self.state.pid = watched.pid
+            control_in.close()  # the child's ends: end-of-file here once the child is gone
+            records_out.close()
+            inbox = Inbox(records_in)
+            self.hub.reopen()
+            try:
+                async with anyio.create_task_group() as watchers:
+                    self.observers.start(watchers, self.hub)
+                    try:
+                        await self._supervise(watched, inbox)
+                    finally:  # in a task of its own: a repeated native cancel cannot cut it
+                        await to_the_end(
+                            watchers, functools.partial(self._finish, watched, inbox, control_out)
+                        )
+            finally:
+                records_in.close()
+                control_out.close()
+            status = await anyio.to_thread.run_sync(watched.exit_status)
         finally:
-            records_in.close()
-            control_out.close()
-        return await self._outcome(process)
+            subreaper.release()
+        return await self._outcome(status)
 
-    async def _supervise(self, process: Any, inbox: Inbox) -> None:
+    async def _supervise(self, process: WatchedProcess, inbox: Inbox) -> None:
         async with anyio.create_task_group() as tg:
             if self.config.run.handle_signals:
                 tg.start_soon(self._forward_signals, process, inbox)
             await self._relay(inbox)
             tg.cancel_scope.cancel()
 
-    async def _finish(self, process: Any, inbox: Inbox, control: Any) -> None:
+    async def _finish(self, process: WatchedProcess, inbox: Inbox, control: Any) -> None:
         """Stop a child that is still running (this train() was cancelled), wait for it to
         exit, then let the callbacks see the last records."""
         self._dispatch(inbox)
@@ -201,7 +216,7 @@ class TrainingProcess:
             elif message[0] == "eof":
                 self.eof = True
 
-    async def _stop_child(self, process: Any, inbox: Inbox, control: Any) -> None:
+    async def _stop_child(self, process: WatchedProcess, inbox: Inbox, control: Any) -> None:
         try:
             control.send("cancel")
         except OSError:
@@ -211,7 +226,7 @@ class TrainingProcess:
             await self._relay(inbox)
             watchdog.cancel_scope.cancel()
 
-    async def _kill_if_silent(self, process: Any, inbox: Inbox) -> None:
+    async def _kill_if_silent(self, process: WatchedProcess, inbox: Inbox) -> None:
         """Once asked to stop: kill a child that sent nothing, not even its once-a-second
         heartbeat, for ``stop_grace_s`` (it is frozen; a stuck step alone is the child's own
         stop's to give up on)."""
@@ -224,7 +239,7 @@ class TrainingProcess:
                 return
             await anyio.sleep(min(1.0, limit - silent + 0.05))
 
-    async def _forward_signals(self, process: Any, inbox: Inbox) -> None:
+    async def _forward_signals(self, process: WatchedProcess, inbox: Inbox) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
         stop = (signal.SIGTERM, signal.SIGINT)
@@ -233,8 +248,7 @@ class TrainingProcess:
                 with anyio.open_signal_receiver(*stop) as received:
                     async for signum in received:
                         self.signals.append(int(signum))
-                        if process.pid is not None and process.is_alive():
-                            os.kill(process.pid, signum)
+                        process.send(signum)
                         if len(self.signals) == 1:  # a frozen child is killed, as on a cancel
                             deadline.start_soon(self._kill_if_silent, process, inbox)
         finally:
@@ -242,37 +256,59 @@ class TrainingProcess:
                 for stop_signal in stop:
                     signal.signal(stop_signal, signal.SIG_IGN)
 
-    async def _close(self, process: Any) -> None:
+    async def _close(self, process: WatchedProcess) -> None:
         """Wait for the child to exit, then let the callbacks see the last records."""
-        await anyio.to_thread.run_sync(process.join, _EXIT_MARGIN_S)
-        if process.is_alive():
+        if not await anyio.to_thread.run_sync(process.join, _EXIT_MARGIN_S):
             process.kill()
             await anyio.to_thread.run_sync(process.join)
         await self.observers.catch_up()
         self.hub.close()
         await self.observers.finish()
 
-    def _last_good_checkpoint(self) -> str | None:
-        """The checkpoint ``resume="auto"`` would take (the records may lag behind it)."""
+    def _last_good_checkpoint(self) -> tuple[str | None, str | None]:
+        """The checkpoint ``resume="auto"`` would take (the records may lag behind it), and
+        why its run had finished (None where it had not: ``resume="auto"`` continues it)."""
+        if self.state.run_dir is not None:  # a hand-back through a checkpoint, cut short
+            final = CheckpointStore(self.state.run_dir / child.FINAL_WEIGHTS, keep_last_n=1)
+            if final.directory.is_dir():
+                final.sweep_staging()
         store = CheckpointStore(self.config.checkpoint_directory, keep_last_n=1)
         newest = store.newest_valid(lambda path, why: None) if store.directory.is_dir() else None
-        self.state.last_checkpoint = str(newest) if newest else self.state.last_checkpoint
-        return self.state.last_checkpoint
+        if newest is None:
+            return self.state.last_checkpoint, None
+        self.state.last_checkpoint = str(newest)
+        run = self.config.run
+        trainer = store.load_state(newest)["trainer"]
+        return str(newest), finished(trainer, max_epochs=run.max_epochs, max_steps=run.max_steps)
 
-    async def _outcome(self, process: Any) -> TrainingResults:
+    async def _outcome(self, status: ExitStatus) -> TrainingResults:
         if self.ended is None:
-            code = process.exitcode
-            name = signal.Signals(-code).name if code is not None and code < 0 else None
-            last = await anyio.to_thread.run_sync(self._last_good_checkpoint)
-            why = self.killed_why or ("" if self.state.run_dir else _NEVER_STARTED)
-            raise TrainingProcessDied(None if name else code, name, last, why=why)
+            last, done = await anyio.to_thread.run_sync(self._last_good_checkpoint)
+            why = self.killed_why or self._why(status)
+            if done is not None:
+                why += " while it handed the trained weights back"
+            raise TrainingProcessDied(status.code, status.signal_name, last, why=why, finished=done)
         how, detail = self.ended[1], self.ended[2]
         if how == "failed":
             raise detail
         if how == "cancelled":  # the service's own cancellation propagates from _supervise
-            raise TrainingProcessDied(process.exitcode, None, detail, why=" after a cancel")
+            raise TrainingProcessDied(status.code, None, detail, why=" after a cancel")
         results, final = detail
         self.state.best_checkpoint = results.best_checkpoint
-        await anyio.to_thread.run_sync(load_weights, final, self.model)
+        if final is None:  # in the shared memory the weights crossed in
+            assert self.packed is not None
+            await anyio.to_thread.run_sync(HandBack(self.packed).load_into, self.model)
+        else:
+            await anyio.to_thread.run_sync(load_weights, final, self.model)
         assert isinstance(results, TrainingResults)
         return results
+
+    def _why(self, status: ExitStatus) -> str:
+        """Why a child ended without a word, as far as its exit and its records tell."""
+        if self.state.run_dir is not None:
+            return "" if status.known else _STATUS_UNKNOWN
+        if status.code == MAIN_NOT_GUARDED:
+            return _NOT_GUARDED
+        if status.signal_name is not None:
+            return _KILLED_EARLY
+        return _NEVER_STARTED if status.known else _STATUS_UNKNOWN

@@ -1,0 +1,235 @@
+"""Objects holding tensors, crossing into another process through one block of shared memory.
+
+Pickling a model writes every weight into the pickle's bytes, and unpickling copies them out
+again: a 58M-parameter model was copied four times on its way into a training process and
+back. Here the pickle holds only the structure (modules, settings, and which storage each
+tensor views, at what offset, size and stride), and each tensor storage it meets is laid out
+in one block of shared memory, copied there once (:func:`pack`). The block crosses with the
+process's start as one file descriptor; in the other process (:meth:`Packed.unpack`) every
+tensor is a view of the block, and no byte is copied.
+
+The block is the other process's own copy: the objects given are left untouched, and the
+other process may train on it. Tensors that shared a storage still share one there (a tied
+embedding, the optimizer holding the model's parameters, views). A CUDA tensor crosses
+through host memory (one device-to-host copy here) and is put back on its device there.
+
+:data:`Packed.model` lays out the given model's state dict in the same block (its own
+storages, or, for a model named by a factory, regions only it uses), so that the trained
+weights come back the same way (``core.trainer.process.handback``).
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+__all__ = ("ALIGN", "Packed", "SharedBlock", "Slot", "main_is_importable", "pack", "structure_of")
+
+ALIGN = 64
+"""Byte alignment of each storage in the block (any element size divides it)."""
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+class SharedBlock:
+    """One block of shared memory holding many storages, each a byte range of it.
+
+    It pickles (for a process start, ``torch.multiprocessing``'s reductions) as a file
+    descriptor of the same memory, never as its bytes."""
+
+    def __init__(self, storage: torch.UntypedStorage) -> None:
+        self._storage = storage
+
+    @classmethod
+    def allocate(cls, nbytes: int) -> SharedBlock:
+        """A new block of ``nbytes`` (uninitialised: every range is written before use)."""
+        return cls(torch.UntypedStorage._new_shared(max(nbytes, 1)))
+
+    @property
+    def nbytes(self) -> int:
+        return self._storage.nbytes()
+
+    def storage(self, offset: int, nbytes: int) -> torch.UntypedStorage:
+        """Bytes ``offset .. offset + nbytes`` as a storage of their own (the same memory)."""
+        part: torch.UntypedStorage = self._storage[offset : offset + nbytes]
+        return part
+
+    def bytes_view(self, offset: int, nbytes: int) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.uint8).set_(self.storage(offset, nbytes))
+
+    def private_copy(self) -> SharedBlock:
+        """A copy in this process's own memory (a rank of several must not train on the
+        memory its siblings train on)."""
+        return SharedBlock(self._storage.clone())
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one tensor of the model's state dict lies in the block."""
+
+    offset: int
+    """The byte offset of its storage's range in the block."""
+    nbytes: int
+    """The byte size of that range."""
+    dtype: torch.dtype
+    storage_offset: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+
+    def view(self, block: SharedBlock) -> torch.Tensor:
+        """The tensor, as a view of ``block``."""
+        storage = block.storage(self.offset, self.nbytes)
+        empty = torch.empty(0, dtype=self.dtype)
+        return empty.set_(storage, self.storage_offset, self.size, self.stride)
+
+
+@dataclass(frozen=True)
+class _Range:
+    """One storage's bytes in the block, and the device it lives on."""
+
+    offset: int
+    nbytes: int
+    device: torch.device
+
+
+@dataclass(frozen=True)
+class Packed:
+    """What crosses: the pickled structure, the block its storages lie in, and where each
+    entry of the given model's state dict lies (empty without a model object)."""
+
+    structure: bytes
+    block: SharedBlock
+    ranges: tuple[_Range, ...]
+    model: Mapping[str, Slot]
+
+    @property
+    def tensor_bytes(self) -> int:
+        return self.block.nbytes
+
+    def unpack(self, *, private: bool = False) -> Any:
+        """The objects, their tensors views of the block (of a copy of it with ``private``)."""
+        block = self.block.private_copy() if private else self.block
+        return _Unpickler(io.BytesIO(self.structure), block, self.ranges).load()
+
+
+def main_is_importable() -> bool:
+    """Whether a process started by ``multiprocessing`` (spawn, fork server) can import this
+    program's ``__main__``: a script or ``python -m`` module can be, while ``python -c``,
+    standard input and an interactive session or notebook leave nothing to import."""
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None):
+        return True
+    path = getattr(main, "__file__", None)
+    return isinstance(path, str) and Path(path).is_file()
+
+
+class _StructurePickler(pickle.Pickler):
+    """Pickles the structure; each storage becomes a reference (its index in
+    :attr:`storages`). Classes and functions of an unimportable ``__main__`` are collected in
+    :attr:`unimportable`, for the caller to refuse before anything is started."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.storages: list[torch.UntypedStorage] = []
+        self.unimportable: list[str] = []
+        self._index: dict[int, int] = {}
+        self._main_importable = main_is_importable()
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, torch.storage.TypedStorage):
+            return ("storage", self.add(obj._untyped_storage), obj.dtype)  # as torch.save does
+        if (
+            not self._main_importable
+            and isinstance(obj, (type, types.FunctionType))
+            and obj.__module__ == "__main__"
+        ):
+            self.unimportable.append(obj.__qualname__)
+        return None
+
+    def add(self, untyped: torch.UntypedStorage) -> int:
+        """The index of ``untyped`` (one per storage, however many tensors view it)."""
+        key = untyped._cdata
+        if key not in self._index:
+            self._index[key] = len(self.storages)
+            self.storages.append(untyped)
+        return self._index[key]
+
+
+class _Discard(io.RawIOBase):
+    def write(self, data: Any) -> int:
+        return len(data)
+
+
+def structure_of(objects: object) -> list[str]:
+    """Pickle ``objects``' structure (no tensor data) and return the names of the classes
+    and functions of an unimportable ``__main__`` it refers to (where there are some, even
+    if pickling then failed); raises what pickling raises otherwise."""
+    pickler = _StructurePickler(_Discard())  # type: ignore[arg-type]
+    try:
+        pickler.dump(objects)
+    except Exception:
+        if pickler.unimportable:
+            return pickler.unimportable
+        raise
+    return pickler.unimportable
+
+
+def pack(objects: object, model: torch.nn.Module | None) -> Packed:
+    """``objects`` as they cross: their structure pickled, their storages copied into one new
+    block; with ``model``, its state dict laid out in the block too (for the way back: a
+    storage ``objects`` did not hold gets a range of its own, left unwritten)."""
+    buffer = io.BytesIO()
+    pickler = _StructurePickler(buffer)
+    pickler.dump(objects)
+    crossing = len(pickler.storages)
+    state = model.state_dict() if model is not None else {}
+    indices = {key: pickler.add(tensor.untyped_storage()) for key, tensor in state.items()}
+    ranges, offset = [], 0
+    for untyped in pickler.storages:
+        ranges.append(_Range(offset, untyped.nbytes(), untyped.device))
+        offset += _aligned(untyped.nbytes())
+    block = SharedBlock.allocate(offset)
+    for untyped, where in zip(pickler.storages[:crossing], ranges, strict=False):
+        source = torch.empty(0, dtype=torch.uint8, device=untyped.device).set_(untyped)
+        block.bytes_view(where.offset, where.nbytes).copy_(source)
+    slots = {key: _slot(ranges[indices[key]], tensor) for key, tensor in state.items()}
+    return Packed(buffer.getvalue(), block, tuple(ranges), slots)
+
+
+def _slot(where: _Range, tensor: torch.Tensor) -> Slot:
+    return Slot(
+        where.offset, where.nbytes, tensor.dtype, int(tensor.storage_offset()),
+        tuple(tensor.size()), tuple(tensor.stride()),
+    )  # fmt: skip
+
+
+class _Unpickler(pickle.Unpickler):
+    """Resolves each storage reference to its range of the block (one storage per range, so
+    views of one storage stay views of one), on the device it came from."""
+
+    def __init__(self, file: IO[bytes], block: SharedBlock, ranges: tuple[_Range, ...]) -> None:
+        super().__init__(file)
+        self._block, self._ranges = block, ranges
+        self._loaded: dict[int, torch.UntypedStorage] = {}
+
+    def persistent_load(self, pid: Any) -> Any:
+        _, index, dtype = pid
+        if index not in self._loaded:
+            where = self._ranges[index]
+            bytes_ = self._block.bytes_view(where.offset, where.nbytes)
+            if where.device.type != "cpu":  # crossed through host memory: back on its device
+                bytes_ = bytes_.to(where.device)
+            self._loaded[index] = bytes_.untyped_storage()
+        return torch.storage.TypedStorage(
+            wrap_storage=self._loaded[index], dtype=dtype, _internal=True
+        )
