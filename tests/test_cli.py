@@ -1,6 +1,7 @@
 """core-train: every leaf of the config tree has a flag, the seed switches set the leaves
 they name, TOML configs round-trip and flags override them, bad command lines exit 2 naming
-the flag, the value and what is allowed, and fit trains through the orchestrator."""
+the flag, the value and what is allowed, fit trains through the orchestrator, and
+core.load_model rebuilds the model of its checkpoints."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from torch import nn
 from torch.optim.lr_scheduler import OneCycleLR
 from torch.utils.data import DataLoader
 
-from core import TrainingConfig
+from core import Factory, TrainingConfig, load_model
+from core.checkpointing.model_loading import model_factory_of
 from core.cli import main, run_fit
 from core.cli.fit import fit_parser, resolve_config
 from core.cli.flags import LeafAction
@@ -230,6 +232,35 @@ def test_fit_trains_a_factory_model_with_the_recipes(tmp_path: Path) -> None:
     assert outcome.results.global_step == 2 * 4  # OneCycleLR stepped exactly total_steps
     saved = json.loads((outcome.results.run_dir / "results.json").read_text())
     assert saved["command"][:3] == ["core-train", "--model", "tests.test_cli:tiny_model"]
+
+
+def test_load_model_rebuilds_the_model_of_a_fit_checkpoint(tmp_path: Path) -> None:
+    outcome = run_fit([
+        "--model", "tests.test_cli:tiny_model", "--model-arg", "hidden=8",
+        "--data", "tests.test_cli:tiny_data", "--batch-size", "32", "--epochs", "1",
+        "--num-workers", "0", "--log-dir", str(tmp_path), "--no-progress", "--no-reports",
+        "--seed", "0",
+    ])  # fmt: skip
+    assert outcome.exit_code == 0 and outcome.results is not None
+    checkpoint = outcome.results.last_checkpoint
+    assert checkpoint is not None
+    assert model_factory_of(checkpoint) == Factory("tests.test_cli:tiny_model", hidden=8)
+    model = load_model(checkpoint)
+    fresh = tiny_model(hidden=8)
+    assert type(model) is type(fresh) and model[0].out_features == 8 and not model.training
+    saved = torch.load(Path(checkpoint) / "state.pt", weights_only=True)["model"]
+    assert saved.keys() == model.state_dict().keys()
+    assert all(torch.equal(t, saved[k]) for k, t in model.state_dict().items())
+    assert not torch.equal(model[0].weight, fresh[0].weight)  # trained, not the initial weights
+
+
+def test_model_args_that_checkpoints_cannot_record_exit_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--model", "tests.test_cli:tiny_model", "--model-arg", "hidden=nan",
+            "--data", "tests.test_cli:tiny_data"]  # fmt: skip
+    assert main(argv) == 2
+    assert "--model-arg 'hidden=nan': not a JSON value; allowed:" in capsys.readouterr().err
 
 
 def test_info_reports_devices_and_the_recommended_precision(

@@ -6,14 +6,20 @@ The contracts::
     model_factory(**kwargs) -> nn.Module
     data_factory(batch_size: int, num_workers: int) -> (train_loader, val_loader | None)
 
+A run is given its model as the :class:`BuiltModel` that names its factory and keywords, so
+its checkpoints record them and ``core.load_model(checkpoint)`` rebuilds it.
+
 Example::
 
     model_factory, data_factory = example_factories("digits")
+    made_by = model_record("examples.digits:build_model", {})
+    model = BuiltModel(made_by, model_factory())       # what the run is given as its model
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -21,8 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from torch import nn
+from typing_extensions import override
+
+from core.errors import ConfigError
+from core.factory import Factory
 
 __all__ = (
+    "BuiltModel",
     "DataFactory",
     "EXAMPLES",
     "ModelFactory",
@@ -31,6 +42,7 @@ __all__ = (
     "email_sequence_data",
     "example_factories",
     "import_object",
+    "model_record",
     "parse_model_args",
 )
 
@@ -125,6 +137,55 @@ def parse_model_args(pairs: list[str]) -> dict[str, object]:
             raise ValueError(f"{pair!r}: allowed: KEY=VALUE with KEY a Python name")
         kwargs[key] = _scalar(raw)
     return kwargs
+
+
+def model_record(spec: str, kwargs: dict[str, object]) -> Factory:
+    """``Factory(spec, **kwargs)``: how a run's checkpoints record its model; ``ValueError``
+    names the flag at fault (a ``--model-arg`` value that is no JSON value, ``nan`` or
+    ``inf``; a ``--model`` name :class:`~core.factory.Factory` refuses).
+
+    >>> model_record("tests.test_cli:tiny_model", {"hidden": 8})
+    Factory('tests.test_cli:tiny_model', hidden=8)
+    """
+    for key, value in kwargs.items():
+        try:
+            json.dumps(value, allow_nan=False)
+        except ValueError:
+            raise ValueError(
+                f"--model-arg {f'{key}={value!r}'!r}: not a JSON value; allowed: a finite "
+                "number, a string, true/false or none (checkpoints record the model factory's "
+                "keywords, for core.load_model). Fix: give a finite number, or set it inside "
+                "the factory."
+            ) from None
+    try:
+        return Factory(spec, **kwargs)
+    except ConfigError as exc:
+        raise ValueError(f"--model {spec!r}: {exc}") from None
+
+
+class BuiltModel(Factory):
+    """The :class:`~core.factory.Factory` that made ``model``, handing over ``model`` itself
+    when called: a run given it trains the model ``fit`` built and checked, and records the
+    factory in its checkpoints. It pickles with ``model`` (its weights cross into a training
+    process, as a model object's do)."""
+
+    __slots__ = ("model",)
+
+    def __init__(self, made_by: Factory, model: nn.Module, /) -> None:
+        super().__init__(made_by.target, **made_by.kwargs)
+        self.model = model
+
+    @override
+    def __call__(self) -> nn.Module:
+        return self.model
+
+    @override
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_built, (self.target, self.kwargs, self.model))
+
+
+def _built(target: str, kwargs: dict[str, Any], model: nn.Module) -> BuiltModel:
+    return BuiltModel(Factory(target, **kwargs), model)
 
 
 def _scalar(raw: str) -> object:

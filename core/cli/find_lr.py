@@ -120,7 +120,7 @@ def _search(namespace: Any, config: TrainingConfig, parts: dict[str, Any]) -> LR
 
     amp = config.precision
     return find_learning_rate(
-        parts["model"], parts["train_loader"], loss_fn=parts["loss_fn"], optimizer=optimizer,
+        parts["model"].model, parts["train_loader"], loss_fn=parts["loss_fn"], optimizer=optimizer,
         min_lr=namespace.min_lr, max_lr=namespace.max_lr, num_steps=namespace.num_steps,
         max_grad_norm=config.optim.max_grad_norm, device=namespace.device,
         precision=amp.dtype if amp.enable_amp else "fp32",

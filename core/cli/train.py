@@ -1,5 +1,7 @@
 """``core-train fit``, run: the factories called, the recipes built around the model, the
-orchestrator driven to the end, and the outcome printed (this is a program: it prints).
+orchestrator driven to the end, and the outcome printed (this is a program: it prints). The
+run is given its model as the factory that made it (``BuiltModel``): its checkpoints record
+``--model`` and its ``--model-arg`` keywords, and ``core.load_model`` rebuilds the model.
 
 Example::
 
@@ -24,11 +26,13 @@ from torch import nn
 from core.cli.experts import expert_model_problem, experts_refused, with_experts
 from core.cli.factories import (
     EXAMPLES,
+    BuiltModel,
     DataFactory,
     ModelFactory,
     build_data,
     build_model,
     example_factories,
+    model_record,
     parse_model_args,
 )
 from core.cli.fit import fit_in_ranks, fit_parser, flag_error, resolve_config
@@ -48,12 +52,15 @@ from core.trainer.results import TrainingResults
 __all__ = ("FitOutcome", "run_fit")
 
 
-def _factories(namespace: argparse.Namespace, parser: Parser) -> tuple[ModelFactory, DataFactory]:
+def _factories(
+    namespace: argparse.Namespace, parser: Parser
+) -> tuple[str, ModelFactory, DataFactory]:
+    """The model factory's import path, the model factory and the data factory."""
     try:
         if namespace.example:
             if namespace.model or namespace.data:
                 parser.error("--example and --model/--data both say what to train; give one")
-            return example_factories(namespace.example)
+            return (EXAMPLES[namespace.example][0], *example_factories(namespace.example))
         if not (namespace.model and namespace.data):
             parser.error(
                 f"nothing to train: give --example {{{','.join(EXAMPLES)}}}, or --model "
@@ -62,7 +69,7 @@ def _factories(namespace: argparse.Namespace, parser: Parser) -> tuple[ModelFact
         flag, spec = "--model", namespace.model
         model = build_model(spec)
         flag, spec = "--data", namespace.data
-        return model, build_data(spec)
+        return namespace.model, model, build_data(spec)
     except ValueError as exc:
         if namespace.example:
             parser.error(f"--example {exc}")
@@ -79,8 +86,9 @@ def _workers(config: TrainingConfig, env: DistributedEnvironment | None) -> int:
 
 
 def _parts(namespace: argparse.Namespace, parser: Parser, config: TrainingConfig) -> dict[str, Any]:
-    """The runtime objects of the run: loaders, model, loss and scheduler."""
-    model_factory, data_factory = _factories(namespace, parser)
+    """The runtime objects of the run: loaders, model (a :class:`BuiltModel`), loss and
+    scheduler."""
+    spec, model_factory, data_factory = _factories(namespace, parser)
     try:
         kwargs = parse_model_args(namespace.model_arg)
     except ValueError as exc:
@@ -88,6 +96,7 @@ def _parts(namespace: argparse.Namespace, parser: Parser, config: TrainingConfig
     experts = getattr(namespace, "experts", None)
     try:
         kwargs = with_experts(kwargs, experts, model_factory)
+        made_by = model_record(spec, kwargs)  # what the run's checkpoints record
     except ValueError as exc:
         parser.error(str(exc))
     try:
@@ -134,7 +143,7 @@ def _parts(namespace: argparse.Namespace, parser: Parser, config: TrainingConfig
     except ValueError as exc:
         parser.error(str(exc))
     return {
-        "model": model,
+        "model": BuiltModel(made_by, model),
         "train_loader": train_loader,
         "val_loader": val_loader,
         "loss_fn": loss,
