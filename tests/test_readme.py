@@ -169,7 +169,7 @@ def test_the_bf16_on_a_cpu_example_runs(tmp_path: Path) -> None:
     (program,) = python_blocks("docs/memory-and-speed.md", "## bf16 on a CPU")
     done = run_program(program, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    auto, native, *note = done.stdout.split()
+    auto, native, *note = done.stdout.splitlines()[-1].split()  # after the bf16 warning
     assert auto == "fp32" and native in ("True", "False", "None")
     assert (note == ["None"]) == (native != "False"), note  # a note only where it is emulated
 
@@ -288,8 +288,13 @@ def test_the_service_example_trains_in_a_child_process_as_written(tmp_path: Path
     done = run_program(program, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["16", "True"]
-    (final,) = (tmp_path / "logs").glob("*/*/final_weights/step-000000016-*")
-    assert (final / "manifest.json").is_file()
+    (events,) = (tmp_path / "logs").glob("*/*/events.jsonl")
+    start = json.loads(events.read_text().splitlines()[0])
+    assert start["event"] == "run_start"
+    isolation = start["resolved"]["isolation"]
+    assert isolation["crossing"] == isolation["hand_back"] == "shared_memory"
+    assert isolation["tensor_bytes"] >= 4 * start["resolved"]["parameters"]
+    assert not list((tmp_path / "logs").rglob("final_weights"))  # no checkpoint to hand back
 
 
 # --- the commands the bash blocks show ---------------------------------------------------
