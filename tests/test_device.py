@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from core.hardware.device import CudaDevice, Device, device_of
+from core.precision import policy
 from core.precision.config import MixedPrecisionConfig
 from core.precision.plugins import FP32, Autocast
 from core.precision.policy import fallback_precision, resolve_precision
@@ -21,10 +22,20 @@ def test_a_cpu_device_has_no_accelerator_extras() -> None:
     cpu.empty_cache()  # nothing to do, and no error
 
 
-def test_precision_asks_the_device_what_auto_and_fallback_mean() -> None:
+@pytest.mark.parametrize("native_bf16", [True, None, False])
+def test_precision_asks_the_device_what_auto_and_fallback_mean(
+    native_bf16: bool | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fp16 falls back to bf16 on a CPU with bf16 instructions (or where nobody can tell),
+    to fp32 on one that would only emulate it (as slow as fp32, and less precise)."""
+    monkeypatch.setattr(policy, "cpu_has_native_bf16", lambda: native_bf16)
     cpu = torch.device("cpu")
     assert type(resolve_precision(MixedPrecisionConfig(), cpu)) is FP32
-    assert isinstance(fallback_precision(MixedPrecisionConfig(), cpu), Autocast)
+    fallback = fallback_precision(MixedPrecisionConfig(), cpu)
+    if native_bf16 is False:
+        assert type(fallback) is FP32
+    else:
+        assert isinstance(fallback, Autocast) and fallback.dtype == torch.bfloat16
 
 
 def test_a_cuda_device_names_its_index_without_touching_a_gpu() -> None:

@@ -9,14 +9,18 @@ Multi-node: run the same command on every node with ``nnodes=N`` and the same
     launch_distributed_training("train.py", world_size=8, nnodes=2, rdzv_endpoint="10.0.0.1:29500")
 
 ``launch_local_ranks`` is ``torchrun --standalone --nproc-per-node N`` without the command:
-the same ``LaunchConfig`` (c10d rendezvous on a free local port, no restarts, ``spawn``),
-the same ``OMP_NUM_THREADS=1`` default, for a function or a command::
+torch's elastic agent, no restarts, the same ``OMP_NUM_THREADS=1`` default, for a function or
+a command, and two differences that take seconds off the start (measured in
+``benchmarks/startup.py``): the rendezvous is the static one on a free local port (one
+machine, no nodes to wait for), and a function's ranks are forked from this process, which
+has imported torch already, where it never initialized CUDA (``spawn`` otherwise)::
 
     launch_local_ranks(2, *python_module("core", ["fit", "--example", "digits"]))
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -43,6 +47,7 @@ __all__ = (
 )
 
 TIMEOUT_EXIT_CODE = 124
+_PORT_ATTEMPTS = 3
 
 
 def get_free_port(host: str = "127.0.0.1") -> int:
@@ -153,8 +158,9 @@ def launch_local_ranks(
 ) -> dict[int, Any]:
     """Start ``nprocs`` ranks of one job on this machine and wait for them: the launch
     ``torchrun --standalone --nproc-per-node nprocs`` makes, through torch's own
-    ``elastic_launch``. ``entrypoint(*args)`` is a module-level function (pickled into
-    ``spawn``-started processes) or a command (:func:`python_module`).
+    ``elastic_launch``. ``entrypoint(*args)`` is a function (a module-level one where this
+    process initialized CUDA: it is pickled into ``spawn``-started ranks) or a command
+    (:func:`python_module`).
 
     Returns ``{rank: return value}`` (None for a command). A rank that fails makes torch's
     agent stop the others and raise ``ChildFailedError``; SIGTERM/SIGINT to this process
@@ -166,14 +172,44 @@ def launch_local_ranks(
         raise config_error("nprocs", nprocs, "an integer >= 1")
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=str(uuid.uuid4()),
-        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
-        monitor_interval=0.1, start_method="spawn", shutdown_timeout=shutdown_timeout_s,
-    )  # fmt: skip
-    with _torchrun_environment(nprocs, command=isinstance(entrypoint, str)):
-        values: dict[int, Any] = elastic_launch(config, entrypoint)(*args)
-    return values
+    start_method, target = "spawn", entrypoint
+    if callable(entrypoint) and not torch.cuda.is_initialized():
+        start_method, target = "fork", _as_if_spawned(entrypoint)
+    attempts = 0
+    while True:
+        attempts += 1
+        config = LaunchConfig(
+            min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=str(uuid.uuid4()),
+            rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{get_free_port()}",
+            rdzv_configs={"rank": 0}, max_restarts=0, monitor_interval=0.1,
+            start_method=start_method, shutdown_timeout=shutdown_timeout_s,
+        )  # fmt: skip
+        try:
+            with _torchrun_environment(nprocs, command=isinstance(entrypoint, str)):
+                values: dict[int, Any] = elastic_launch(config, target)(*args)
+            return values
+        except dist.DistNetworkError:  # the free port was taken before its store bound it
+            if attempts == _PORT_ATTEMPTS:
+                raise
+
+
+def _as_if_spawned(entrypoint: Callable[..., Any]) -> Callable[..., Any]:
+    """``entrypoint`` for a rank forked from this process, started as a spawned one would
+    be: the default handlers of the stop signals (not this process's, nor torch's agent's),
+    and the OpenMP pool size torchrun's ``OMP_NUM_THREADS`` sets (an inherited pool ignores
+    the variable)."""
+
+    @functools.wraps(entrypoint)
+    def rank(*args: Any) -> Any:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for stop in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(stop, signal.SIG_DFL)
+        threads = os.environ.get("OMP_NUM_THREADS", "")
+        if threads.isdigit() and int(threads) > 0:
+            torch.set_num_threads(int(threads))
+        return entrypoint(*args)
+
+    return rank
 
 
 @contextmanager

@@ -137,6 +137,8 @@ class RunLog:
         self._file = _GuardedFile(self.events_path, lambda why: self._degraded(name, why))
         self._queue: deque[_Queued] = deque()
         self._drain_lock = threading.Lock()
+        self.wrote_a_step = False
+        """Whether a ``train_step`` record was written (the run's first step is visible)."""
 
     def _degraded(self, name: str, why: str) -> None:
         """Tell ``events()`` (the file cannot be told) that a log file stopped being written."""
@@ -178,6 +180,8 @@ class RunLog:
                 record = {"event": event, "ts": _iso(ts), "level": level, "run_id": run_id,
                           "rank": rank, **fields}  # fmt: skip
                 publish(record)
+                if event == "train_step":
+                    self.wrote_a_step = True
                 chunk.append(orjson.dumps(record, default=repr, option=_ORJSON_OPTIONS))
                 count += 1
                 if len(chunk) == _CHUNK:

@@ -1,6 +1,7 @@
 """One rank of a ``devices=N`` job (``core.trainer.process.ranks``): started by torch's
-elastic launcher (``spawn``) with torchrun's environment, it rebuilds the job from what
-crossed and trains it as a rank of a torchrun job does.
+elastic launcher with torchrun's environment (forked from the launcher, which imported torch
+and never touched CUDA), it rebuilds the job from what crossed and trains it as a rank of a
+torchrun job does.
 
 Rank 0 relays its records to the launcher and returns ``(results, final weights path)``, the
 model's full weights saved under ``<run_dir>/final_weights/``. :data:`CANCEL` (the launcher's

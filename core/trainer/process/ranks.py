@@ -26,6 +26,7 @@ How the ranks end:
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -103,6 +104,7 @@ def main(
         signal.signal(stop, _raise_signal)
     sender, done, cancelled = Sender(out), threading.Event(), threading.Event()
     records_in, records_out = get_context("spawn").Pipe(duplex=False)
+    os.register_at_fork(after_in_child=functools.partial(_let_go, control, out, records_in))
     errors = Path(tempfile.mkdtemp(prefix="core-ranks-"))
     forward = threading.Thread(target=_forward, args=(records_in, sender, done), daemon=True)
     forward.start()
@@ -153,6 +155,13 @@ def _launch(
         return ("ended", "failed", died)
     except Exception as exc:  # the launch itself failed (a rendezvous error)
         return ("ended", "failed", exc)
+
+
+def _let_go(*connections: Connection) -> None:
+    """In a rank forked from this launcher: close its copies of the launcher's own pipe
+    ends, so that the caller sees end-of-file when the launcher dies, whatever its ranks do."""
+    for connection in connections:
+        connection.close()
 
 
 def _quiet_agent() -> None:

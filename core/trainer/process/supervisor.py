@@ -43,8 +43,6 @@ import anyio.abc
 import torch
 from torch import nn
 
-from core.checkpointing.compatibility import finished
-from core.checkpointing.store import CheckpointStore
 from core.checkpointing.weights import load_weights
 from core.config import TrainingConfig
 from core.errors import TrainingProcessDied
@@ -52,9 +50,10 @@ from core.telemetry.events import EventHub
 from core.trainer.async_tools import to_the_end
 from core.trainer.observers import Observers
 from core.trainer.process import child
-from core.trainer.process.crossing import MAIN_NOT_GUARDED, Crossing
+from core.trainer.process.crossing import Crossing
 from core.trainer.process.handback import HandBack
 from core.trainer.process.pipe import Inbox, Message
+from core.trainer.process.postmortem import last_good_checkpoint, why_it_ended
 from core.trainer.process.ranks import entry_point
 from core.trainer.process.shared import Packed
 from core.trainer.process.watch import ExitStatus, WatchedProcess, subreaper
@@ -63,16 +62,6 @@ from core.trainer.results import TrainingResults
 __all__ = ("ChildState", "TrainingProcess", "start_method", "warm_up")
 
 _EXIT_MARGIN_S = 15.0  # to exit, after the child reported how its run ended
-_NEVER_STARTED = " before its run opened (its stderr says why)"
-_NOT_GUARDED = (
-    " at once: the training process imports this program's main module, and the program"
-    ' creates its run when imported. Fix: start it under `if __name__ == "__main__":`'
-)
-_KILLED_EARLY = (
-    " before its run opened, while it built the model and data (the OOM killer sends SIGKILL"
-    " when memory runs out: the kernel log, dmesg, says so)"
-)
-_STATUS_UNKNOWN = " (how is unknown: the fork server that reports it had died)"
 
 
 @dataclass
@@ -96,13 +85,24 @@ class ChildState:
             self.last_checkpoint = record["path"]
 
 
+_PRELOAD = (
+    child.__name__,
+    "anyio._backends._asyncio",
+    "psutil",
+    "torch.distributed.elastic.agent.server.local_elastic_agent",
+    "torch.distributed.launcher.api",
+)
+"""What the fork server imports once: the training process, its event loop's backend, and
+the launcher of ``devices=N`` ranks."""
+
+
 def start_method() -> multiprocessing.context.ForkServerContext:
     """Training processes start from a fork server that imported torch and ``core`` once:
     a fresh, single-threaded interpreter that never touched CUDA (as safe with CUDA as
-    ``spawn``), which the first training process of a service waits for (about 2 s on a
-    2-core CPU) and the next ones do not (tens of milliseconds instead of the imports)."""
+    ``spawn``), which the first training process of a service waits for (the imports:
+    ``benchmarks/startup.py`` measures them) and the next ones do not."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([child.__name__])
+    context.set_forkserver_preload(list(_PRELOAD))
     return context
 
 
@@ -265,26 +265,13 @@ class TrainingProcess:
         self.hub.close()
         await self.observers.finish()
 
-    def _last_good_checkpoint(self) -> tuple[str | None, str | None]:
-        """The checkpoint ``resume="auto"`` would take (the records may lag behind it), and
-        why its run had finished (None where it had not: ``resume="auto"`` continues it)."""
-        if self.state.run_dir is not None:  # a hand-back through a checkpoint, cut short
-            final = CheckpointStore(self.state.run_dir / child.FINAL_WEIGHTS, keep_last_n=1)
-            if final.directory.is_dir():
-                final.sweep_staging()
-        store = CheckpointStore(self.config.checkpoint_directory, keep_last_n=1)
-        newest = store.newest_valid(lambda path, why: None) if store.directory.is_dir() else None
-        if newest is None:
-            return self.state.last_checkpoint, None
-        self.state.last_checkpoint = str(newest)
-        run = self.config.run
-        trainer = store.load_state(newest)["trainer"]
-        return str(newest), finished(trainer, max_epochs=run.max_epochs, max_steps=run.max_steps)
-
     async def _outcome(self, status: ExitStatus) -> TrainingResults:
         if self.ended is None:
-            last, done = await anyio.to_thread.run_sync(self._last_good_checkpoint)
-            why = self.killed_why or self._why(status)
+            last, done = await anyio.to_thread.run_sync(
+                last_good_checkpoint, self.config, self.state.run_dir, self.state.last_checkpoint
+            )
+            self.state.last_checkpoint = last
+            why = self.killed_why or why_it_ended(status, opened=self.state.run_dir is not None)
             if done is not None:
                 why += " while it handed the trained weights back"
             raise TrainingProcessDied(status.code, status.signal_name, last, why=why, finished=done)
@@ -302,13 +289,3 @@ class TrainingProcess:
             await anyio.to_thread.run_sync(load_weights, final, self.model)
         assert isinstance(results, TrainingResults)
         return results
-
-    def _why(self, status: ExitStatus) -> str:
-        """Why a child ended without a word, as far as its exit and its records tell."""
-        if self.state.run_dir is not None:
-            return "" if status.known else _STATUS_UNKNOWN
-        if status.code == MAIN_NOT_GUARDED:
-            return _NOT_GUARDED
-        if status.signal_name is not None:
-            return _KILLED_EARLY
-        return _NEVER_STARTED if status.known else _STATUS_UNKNOWN

@@ -1,0 +1,57 @@
+"""What a training process that ended without a word left behind: why it ended, as far as
+its exit status and its records tell, and the last good checkpoint of its run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from core.checkpointing.compatibility import finished
+from core.checkpointing.store import CheckpointStore
+from core.config import TrainingConfig
+from core.trainer.process.child import FINAL_WEIGHTS
+from core.trainer.process.crossing import MAIN_NOT_GUARDED
+from core.trainer.process.watch import ExitStatus
+
+__all__ = ("last_good_checkpoint", "why_it_ended")
+
+_NEVER_STARTED = " before its run opened (its stderr says why)"
+_NOT_GUARDED = (
+    " at once: the training process imports this program's main module, and the program"
+    ' creates its run when imported. Fix: start it under `if __name__ == "__main__":`'
+)
+_KILLED_EARLY = (
+    " before its run opened, while it built the model and data (the OOM killer sends SIGKILL"
+    " when memory runs out: the kernel log, dmesg, says so)"
+)
+_STATUS_UNKNOWN = " (how is unknown: the fork server that reports it had died)"
+
+
+def why_it_ended(status: ExitStatus, *, opened: bool) -> str:
+    """Why a child ended without reporting how its run ended (``opened``: its run had
+    opened its directory), to follow "the training process was killed by SIGKILL"."""
+    if opened:
+        return "" if status.known else _STATUS_UNKNOWN
+    if status.code == MAIN_NOT_GUARDED:
+        return _NOT_GUARDED
+    if status.signal_name is not None:
+        return _KILLED_EARLY
+    return _NEVER_STARTED if status.known else _STATUS_UNKNOWN
+
+
+def last_good_checkpoint(
+    config: TrainingConfig, run_dir: Path | None, recorded: str | None
+) -> tuple[str | None, str | None]:
+    """The checkpoint ``resume="auto"`` would take (the records, ``recorded``, may lag behind
+    it), and why its run had finished (None where it had not: ``resume="auto"`` continues
+    it). A hand-back through a checkpoint that was cut short leaves no staging behind."""
+    if run_dir is not None:
+        final = CheckpointStore(run_dir / FINAL_WEIGHTS, keep_last_n=1)
+        if final.directory.is_dir():
+            final.sweep_staging()
+    store = CheckpointStore(config.checkpoint_directory, keep_last_n=1)
+    newest = store.newest_valid(lambda path, why: None) if store.directory.is_dir() else None
+    if newest is None:
+        return recorded, None
+    run = config.run
+    trainer = store.load_state(newest)["trainer"]
+    return str(newest), finished(trainer, max_epochs=run.max_epochs, max_steps=run.max_steps)
