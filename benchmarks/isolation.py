@@ -102,12 +102,14 @@ async def one_run(model: nn.Module, data: DataLoader[Any], isolation: str, log_d
     async with anyio.create_task_group() as tg:
         await tg.start(beat.run)
         created = time.perf_counter()
-        config = TrainingConfig(  # no checkpoint: what crosses is measured, not the disk
+        # No checkpoint: what crosses is measured, not the disk. No reports: their writer,
+        # a background process in both modes, would draw one run's figure in the next window.
+        config = TrainingConfig(
             run=RunConfig(experiment_name=isolation, max_epochs=1, log_dir=log_dir,
                           isolation=isolation, seed=0),
             optim=OptimConfig(learning_rate=1e-4),
             checkpoint=CheckpointConfig(checkpoint_every_n_epochs=None, save_on_cancel=False),
-            logging=LoggingConfig(progress=False),
+            logging=LoggingConfig(progress=False, reports=False),
         )  # fmt: skip
         job = OptimizedTrainingOptimizer(config, model=model, train_loader=data, callbacks=[clock])
         async with job:

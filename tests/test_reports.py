@@ -8,11 +8,13 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import anyio
 import numpy as np
+import psutil
 import pytest
 import structlog
 import torch
@@ -30,7 +32,13 @@ from core.reports import (
     write_reports,
     write_training_plot,
 )
-from core.reports.apart import ERROR_FILE, ReportsFailed, write_reports_apart
+from core.reports.apart import (
+    ERROR_FILE,
+    NICENESS,
+    ReportsFailed,
+    start_reports,
+    write_reports_apart,
+)
 from core.reports.fmt import percentile, seconds
 from core.telemetry.records import RECORDS
 from tests.helpers import eventually, loaders, make_model
@@ -160,6 +168,26 @@ def test_reports_start_at_once_and_outlive_the_process_that_started_them(
     assert done.stdout.split() == ["False"]  # returned while the writer was still drawing
     with Image.open(eventually(run_dir / PLOT_FILE, timeout_s=120)):
         pass  # written by the child after its parent was gone
+
+
+def test_the_writer_runs_below_a_training_process_even_in_a_session_of_its_own(
+    run_dir: Path,
+) -> None:
+    """Its own session is its own scheduling group under Linux's autogroup, where a nice
+    value alone only counts within the group: both are set, or the next training shares its
+    cores with this figure."""
+    job = start_reports(run_dir)
+    (writer,) = (p for p in psutil.Process().children() if "write_reports" in " ".join(p.cmdline()))
+    seen = [writer.nice()]
+    while seen[-1] != NICENESS and writer.is_running() and writer.status() != "zombie":
+        time.sleep(0.01)
+        seen.append(writer.nice())
+    group = Path(f"/proc/{writer.pid}/autogroup")
+    grouped = group.read_text() if group.exists() else None
+    job.wait(timeout_s=120)
+    assert NICENESS == 19 and seen[-1] == 19, seen
+    if grouped is not None:
+        assert grouped.strip().endswith("nice 19"), grouped
 
 
 def test_a_crashed_runs_truncated_log_still_reports(run_dir: Path) -> None:

@@ -7,7 +7,8 @@ model, the application), which hold the GIL for a few hundred milliseconds and s
 application's event loop; and matplotlib costs about a second. A child process has its own
 heap and GIL. It loads ``core.reports`` alone (it needs neither torch nor the rest of
 ``core``). It runs in its own session: it finishes its files even after the training
-process has exited, and a Ctrl-C meant for the training process does not reach it.
+process has exited, and a Ctrl-C meant for the training process does not reach it. It runs
+at a low CPU priority (:data:`NICENESS`): a service's next training goes first.
 
 Example::
 
@@ -32,6 +33,7 @@ from core.reports import REPORT_FILES, write_reports
 
 __all__ = (
     "ERROR_FILE",
+    "NICENESS",
     "ReportJob",
     "ReportsFailed",
     "start_reports",
@@ -43,12 +45,26 @@ _log = structlog.get_logger("core")
 
 ERROR_FILE = "reports_error.txt"
 """Written into the run directory by a report writer that failed: its traceback."""
+NICENESS = 19
+"""The report writer's CPU priority (at least this nice), the lowest: below the service and
+below a training process (nice 10), so that the next training does not share its cores
+with the last one's figure (a few CPU seconds of matplotlib each). On a machine kept busy,
+the figure waits; ``ReportJob.wait`` waits for it. Where Linux puts each session in a
+scheduling group of its own (autogroup), the writer's group gets the same niceness: a nice
+value alone only counts within its group."""
 
 # Loads the core.reports package from its directory without running core/__init__.py; a
 # failure leaves its traceback next to the log (the parent may be gone by then).
 _CHILD = """
-import sys, traceback, types
+import os, sys, traceback, types
 from pathlib import Path
+nice = max(os.getpriority(os.PRIO_PROCESS, 0), int(sys.argv[4]))
+os.setpriority(os.PRIO_PROCESS, 0, nice)
+try:  # a session of its own is a scheduling group of its own (Linux's autogroup)
+    with open("/proc/self/autogroup", "w") as group:
+        group.write(str(nice))
+except OSError:
+    pass
 package = types.ModuleType("core")
 package.__path__ = [sys.argv[1]]
 sys.modules["core"] = package
@@ -133,7 +149,7 @@ def _warn_once_without_matplotlib() -> None:
 def _spawn(run_dir: Path) -> subprocess.Popen[bytes]:
     package = Path(__file__).resolve().parent.parent
     return subprocess.Popen(
-        [sys.executable, "-c", _CHILD, str(package), str(run_dir), ERROR_FILE],
+        [sys.executable, "-c", _CHILD, str(package), str(run_dir), ERROR_FILE, str(NICENESS)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,  # outlives this process; not reached by its Ctrl-C
     )  # fmt: skip
