@@ -3,6 +3,7 @@ memory (the structure pickled, no tensor data), and the trained weights come bac
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -81,6 +82,21 @@ def test_the_trained_weights_come_back_into_the_given_model_in_place() -> None:
     assert given.embedding.weight is parameter
     for name, value in trained.state_dict().items():
         assert torch.equal(given.state_dict()[name], value), name
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_REMOVE is Linux's")
+def test_released_memory_goes_back_to_the_system_and_the_given_model_keeps_its_weights() -> None:
+    """The block's pages are freed by ``release`` itself (off the event loop, the lock
+    released), not later by the deallocation that holds the lock: shared memory read after
+    it is the kernel's fresh zero pages."""
+    given = Tied()
+    packed = pack({"model": given}, given)
+    trained = packed.unpack()["model"]
+    before = given.embedding.weight.detach().clone()
+    assert torch.equal(trained.embedding.weight, before) and before.abs().sum() > 0
+    packed.release()
+    assert trained.embedding.weight.abs().sum() == 0  # its pages are gone
+    assert torch.equal(given.embedding.weight, before)  # the caller's own memory is untouched
 
 
 def test_a_model_built_elsewhere_comes_back_through_ranges_of_its_own() -> None:

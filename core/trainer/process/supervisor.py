@@ -143,6 +143,10 @@ class TrainingProcess:
             return await self._execute()
         finally:
             TrainingProcess.running -= 1
+            if self.packed is not None:  # the child is gone and the weights are back
+                packed, self.packed = self.packed, None
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(packed.release)
 
     async def _execute(self) -> TrainingResults:
         context = start_method()
