@@ -100,12 +100,18 @@ def test_a_native_cancellation_at_any_moment_ends_the_run_and_its_callbacks(
     tmp_path: Path,
 ) -> None:
     # A cancellation that lands while the run closes (a callback still busy) once left the
-    # callbacks' streams open and train() waiting for them forever.
+    # callbacks' streams open and train() waiting for them forever; one that landed while
+    # the run opened its log wrote run_end with status "failed".
     for trial, after_s in enumerate((0.0, 0.001, 0.003, 0.006, 0.01, 0.02, 0.04, 0.08)):
         for form in FORMS:
-            optimizer = build(tmp_path / f"{trial}-{form}", 1, callbacks=[Busy()])
+            log_dir = tmp_path / f"{trial}-{form}"
+            optimizer = build(log_dir, 1, callbacks=[Busy()])
             with contextlib.suppress(asyncio.CancelledError, TimeoutError):
                 asyncio.run(cancel_natively(optimizer, form, after_s))
+            runs = records(log_dir, "resume") if (log_dir / "resume").is_dir() else []
+            for run in runs:
+                ends = [r["status"] for r in run if r["event"] == "run_end"]
+                assert ends in (["cancelled"], ["completed"]), (after_s, form, ends)
 
 
 # Ctrl-C under asyncio.run with the default settings (handle_signals=False) -------------

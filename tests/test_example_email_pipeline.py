@@ -238,7 +238,7 @@ def test_every_n_new_events_starts_a_run_and_shutdown_cancels_it(tmp_path: Path)
 
     run_service(app, scenario)
     (handle,) = in_flight
-    assert handle.finished.is_set() and handle.status == "cancelled"
+    assert handle.finished.is_set() and handle.status == "cancelled", handle.error
     assert app.state.retrainer.current is None and app.state.retrainer.served.version == 1
 
 

@@ -79,6 +79,10 @@ class Run:
                 results = await self._run(description, on_open)
             except Exception as exc:  # re-raised unwrapped, after the task group
                 failure = exc
+            except anyio.get_cancelled_exc_class():
+                if end.error is None and end.status == "failed":  # before its supervision began
+                    end.status = "cancelled"
+                raise
             finally:
                 if worker.abandoned:
                     end.status = "abandoned"
