@@ -64,7 +64,8 @@ class SharedBlock:
         a SIGBUS on first use), with the interpreter lock released: an anonymous shared
         file reserved by ``posix_fallocate``, then mapped. Torch's own ``_new_shared``
         reserves it holding the lock, 40 ms per 130 MB on a 2-core CPU: a stall of the
-        event loop's thread. It stays the way where torch shares memory by file name."""
+        event loop's thread. Where torch shares memory by file name instead (or there is
+        no ``memfd_create``), the block is torch's own."""
         size = max(nbytes, 1)
         if not hasattr(os, "memfd_create") or get_sharing_strategy() != "file_descriptor":
             return cls(torch.UntypedStorage._new_shared(size))
