@@ -68,12 +68,12 @@ from typing import Any
 import anyio
 import anyio.abc
 import anyio.to_thread
-import psutil
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
 import core
+from benchmarks.machine_load import DISTURBED_CORES, OtherLoad
 from core import (
     OptimConfig,
     OptimizedTrainingOptimizer,
@@ -87,7 +87,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CORE_DIR = os.path.dirname(core.__file__) + os.sep  # as code objects name their files
 GOAL_P99_MS = 5.0
 GOAL_WORST_MS = 20.0
-DISTURBED_CORES = 0.1
 _SPEC = re.compile(r"^(alone|train|process|torch)(?::(\d+))?$")
 
 
@@ -146,49 +145,6 @@ def latency_summary(lateness_s: Sequence[float], missed: int | None) -> dict[str
         "over_5ms": sum(x > 5 for x in ms),
         "over_20ms": sum(x > 20 for x in ms),
     }
-
-
-def machine_busy_s() -> float | None:
-    """CPU seconds all processes have spent busy since boot (None where unknown)."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + fields[4]  # idle, iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def own_cpu_s() -> float:
-    """CPU seconds of this process and of every process it started: its children that ended,
-    and those alive with what they reaped (a fork server and the training processes it
-    forked for this one: ``isolation="process"``)."""
-    times = os.times()
-    total = times.user + times.system + times.children_user + times.children_system
-    for process in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            cpu = process.cpu_times()
-            total += cpu.user + cpu.system + cpu.children_user + cpu.children_system
-    return total
-
-
-class OtherLoad:
-    """How many cores other processes kept busy during a window: measured, so that a figure
-    taken while someone else used the machine can be told apart."""
-
-    def __enter__(self) -> OtherLoad:
-        self._busy = machine_busy_s()
-        self._own = own_cpu_s()
-        self._wall = time.perf_counter()
-        self.cores: float | None = None
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        busy = machine_busy_s()
-        if busy is None or self._busy is None:
-            return
-        own = own_cpu_s() - self._own
-        wall = time.perf_counter() - self._wall
-        self.cores = max(0.0, (busy - self._busy - own) / wall) if wall > 0 else None
 
 
 # -- stall tracing ----------------------------------------------------------------------------

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime
 import json
 import os
@@ -51,12 +50,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
+from benchmarks.machine_load import DISTURBED_CORES, OtherLoad
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL_S = 1.0
 """``devices=2`` from ``train()`` may take at most this much longer than bare torchrun."""
-DISTURBED_CORES = 0.1
 BARE_SCRIPT = """\
 import torch
 import torch.distributed as dist
@@ -77,45 +75,14 @@ ROWS = (
 )
 
 
-# -- other processes' load --------------------------------------------------------------------
-def machine_busy_s() -> float:
-    """CPU seconds every process has spent busy since boot."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def own_cpu_s() -> float:
-    """CPU seconds of this process and every process it started (those that ended, and those
-    alive with what they reaped: the fork server, its launcher and the ranks)."""
-    times = os.times()
-    total = times.user + times.system + times.children_user + times.children_system
-    for process in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            cpu = process.cpu_times()
-            total += cpu.user + cpu.system + cpu.children_user + cpu.children_system
-    return total
-
-
-class OtherLoad:
-    """Cores other processes kept busy between :meth:`start` and :meth:`stop`."""
-
-    def start(self) -> None:
-        self._busy, self._own, self._wall = machine_busy_s(), own_cpu_s(), time.perf_counter()
-
-    def stop(self) -> float:
-        busy, own = machine_busy_s() - self._busy, own_cpu_s() - self._own
-        return max(0.0, (busy - own) / max(time.perf_counter() - self._wall, 1e-9))
-
-
 def wait_for_quiet(limit_s: float) -> None:
     """Wait until other processes keep less than DISTURBED_CORES busy for 2 s (at most
     ``limit_s``)."""
     deadline, quiet = time.monotonic() + limit_s, 0
     while quiet < 2 and time.monotonic() < deadline:
-        load = OtherLoad()
-        load.start()
-        time.sleep(1.0)
-        quiet = quiet + 1 if load.stop() < DISTURBED_CORES else 0
+        with OtherLoad() as load:
+            time.sleep(1.0)
+        quiet = quiet + 1 if (load.cores or 0.0) < DISTURBED_CORES else 0
 
 
 # -- the scenarios, each in a child interpreter -----------------------------------------------
@@ -193,12 +160,10 @@ async def devices_scenario(log_dir: Path) -> dict[str, float]:
 
 def child(scenario: str) -> None:
     """Run one scenario here; print its seconds and the other load as one JSON line."""
-    load = OtherLoad()
-    load.start()
-    with tempfile.TemporaryDirectory() as tmp:
+    with OtherLoad() as load, tempfile.TemporaryDirectory() as tmp:
         main = process_scenario if scenario == "process" else devices_scenario
         seconds = asyncio.run(main(Path(tmp)))
-    print(json.dumps({"seconds": seconds, "other": load.stop()}))
+    print(json.dumps({"seconds": seconds, "other": load.cores or 0.0}))
 
 
 # -- the parent: alternated runs --------------------------------------------------------------
@@ -246,7 +211,7 @@ def run_torchrun(timeout_s: float) -> Sample:
         code = process.wait(timeout=timeout_s)
         if seconds is None or code != 0:
             raise RuntimeError(f"torchrun exited with {code} before the all_reduce")
-        return Sample({"collective": seconds}, load.stop())
+        return Sample({"collective": seconds}, load.stop() or 0.0)
 
 
 def summary(values: list[float]) -> str:
