@@ -76,7 +76,7 @@ def test_only_staging_of_a_writer_that_is_provably_gone_is_swept(tmp_path: Path)
     dead.mkdir()
     elsewhere.mkdir()
     assert store.committed() == []
-    assert store.sweep_staging() == [dead]
+    assert store.sweep() == [dead]
     assert live.exists() and elsewhere.exists() and not dead.exists()
 
 

@@ -193,8 +193,12 @@ def test_a_short_loader_is_cycled_and_a_spent_iterator_ends_the_sweep() -> None:
     loader = CountedLoader()
     found = find_learning_rate(make_model(), loader, num_steps=25)
     assert found.steps == 25 and loader.passes == 9 and found.stopped == "ran all 25 steps"
-    once = find_learning_rate(make_model(), iter(loader.batches), num_steps=25)
+    once = find_learning_rate(make_model(), iter(loader.batches), num_steps=50)
     assert once.steps == 3 and "ran out after 3 batches" in once.stopped
+    # Three points are no curve: no suggestion, and the reason says the loader ran out.
+    assert once.suggestion is None
+    assert once.reason.startswith("no suggestion: the train loader ran out after 3 batches")
+    assert "3 of 50 steps, fewer than the 10" in once.reason and "Fix: a loader" in once.reason
 
 
 @pytest.mark.parametrize(

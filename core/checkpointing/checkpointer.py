@@ -24,7 +24,8 @@ from typing import Any, Protocol
 from torch import nn
 from torch.optim import Optimizer
 
-from core.checkpointing.compatibility import differences, shape_difference
+from core.checkpointing.choice import choose
+from core.checkpointing.compatibility import incompatibility, objection, recorded_difference
 from core.checkpointing.config import CheckpointConfig
 from core.checkpointing.disk import disk_error, free_bytes, is_write_failure
 from core.checkpointing.manifest import followed
@@ -86,6 +87,8 @@ class Checkpointer:
         self.last_path: str | None = None
         """The newest checkpoint this run wrote or resumed from (the last good one)."""
         self.stale = False
+        self._passed: list[dict[str, str]] = []
+        """The lineages ``resume="auto"`` passed over, and why."""
 
     def describe(self) -> dict[str, Any]:
         """Every checkpoint setting, and the directory they are written to."""
@@ -105,10 +108,11 @@ class Checkpointer:
 
     # -- saving ---------------------------------------------------------------------------
     def begin_run(self, run_id: str) -> None:
-        """Name the checkpoints this run writes (and owns) after ``run_id``."""
-        self.store.run_id = run_id
-        self.store.parent = None
-        self.store.kept = set()
+        """Name the checkpoints this run writes after ``run_id``, in a lineage of its own
+        until it resumes one; clean up what killed writers left (whatever ``resume`` is)."""
+        self.store.begin(run_id)
+        if self.strategy.is_global_zero:
+            self.store.sweep()
 
     def keep_best(self, paths: list[str]) -> None:
         """Keep ``paths`` apart from ``keep_last_n`` as the run's best checkpoints; one that
@@ -156,12 +160,16 @@ class Checkpointer:
                     **strategy.checkpoint_state(self.model, self.optimizer),
                 }
                 self.store.write_state(staging, payload)
-                meta: dict[str, Any] = {"epoch": epoch, "reason": reason}
+                meta: dict[str, Any] = {
+                    "epoch": epoch,
+                    "reason": reason,
+                    "fingerprint": payload["fingerprint"],
+                }
                 if self.model_factory is not None:  # core.load_model rebuilds the model
                     meta["model_factory"] = self.model_factory.to_dict()
-                final = self.store.commit(staging, step, meta, replace=True)
-                if self.config.save_last:
-                    self.store.link_last(final)
+                final = self.store.commit(
+                    staging, step, meta, replace=True, link_last=self.config.save_last
+                )
         except BaseException as exc:
             if not is_write_failure(exc):
                 raise
@@ -200,71 +208,91 @@ class Checkpointer:
             raise CheckpointError(f"{message}. {_FIX}") from exc
 
     # -- resuming -------------------------------------------------------------------------
-    def find(self) -> Path | None:
-        """The checkpoint ``resume`` names: the newest valid one for "auto", else the path."""
-        target = self.config.resume
+    def restore(self) -> dict[str, Any] | None:
+        """Resume as ``resume`` says: this rank's RNG states, or None to start a new run.
+
+        ``"auto"`` continues the newest lineage this run can continue (same settings and
+        model, unfinished), passing over newer ones it cannot and saying so; a
+        ``fresh_start`` record says why none was taken. ``"strict"`` continues the newest
+        lineage's newest checkpoint, and a path that checkpoint, finished or not; both
+        raise :class:`~core.errors.IncompatibleCheckpointError` where it differs."""
+        target, payload, self._passed = self.config.resume, None, []
         if target is None:
             return None
-        if str(target) in ("auto", "strict"):
-            found = None
-            if self.strategy.is_global_zero:
-                self.store.sweep_staging()
-                found = self.store.newest_valid(self._report_invalid)
-            chosen = self.strategy.broadcast_object(str(found) if found else None)
-            return Path(chosen) if chosen else None
-        path = followed(Path(target))
-        self.store.verify(path)
-        return path
+        if str(target) == "auto":
+            chosen, payload = self._choose()
+        elif str(target) == "strict":
+            chosen = self._newest()
+        else:
+            chosen = followed(Path(target))
+            self.store.verify(chosen)
+        return None if chosen is None else self._load(chosen, payload)
 
-    def _report_invalid(self, path: Path, reason: str) -> None:
-        self.report_error("error", kind="checkpoint_invalid", path=str(path), reason=reason)
+    def _newest(self) -> Path | None:
+        found = None
+        if self.strategy.is_global_zero:
+            found = self.store.newest_valid(self._report_invalid)
+        chosen = self.strategy.broadcast_object(str(found) if found else None)
+        return Path(chosen) if chosen else None
 
-    def load(self, path: Path) -> dict[str, Any] | None:
-        """Restore model, optimizer and trainer state; return this rank's RNG states.
+    def _choose(self) -> tuple[Path | None, dict[str, Any] | None]:
+        """Rank 0 reads each lineage's newest checkpoint, the newest lineage first, and
+        takes the first this run can continue; every rank learns which."""
+        found, payload, passed = None, None, list[dict[str, str]]()
+        if self.strategy.is_global_zero:
+            store, fingerprint = self.store, self.state.fingerprint()
+            found, payload, passed = choose(
+                store.lineages(),
+                lambda path: recorded_difference(store.recorded_fingerprint(path), fingerprint),
+                lambda path: store.verifies(path, self._report_invalid),
+                self._read, self._why_not,
+            )  # fmt: skip
+        chosen, self._passed = self.strategy.broadcast_object(
+            (str(found) if found else None, passed)
+        )
+        if chosen is None and self._passed:
+            self.emit("fresh_start", **self._passed[0], passed_over=self._passed)
+        return (Path(chosen) if chosen else None), payload
 
-        Under ``resume="auto"`` a checkpoint this run cannot continue (other settings or
-        model, or a finished run) is left alone: a ``fresh_start`` record says why, and
-        None means "start a new run". Otherwise that is an
-        :class:`~core.errors.IncompatibleCheckpointError`."""
+    def _why_not(self, payload: dict[str, Any]) -> tuple[str, str] | None:
+        model, state = self.strategy.unwrap(self.model), self.state
+        return objection(payload, state.fingerprint(), model.state_dict, state.finished)
+
+    def _read(self, path: Path) -> dict[str, Any]:
         payload = self.store.load_state(path)
         if payload.get("format") != FORMAT:
             raise CheckpointError(
                 f"checkpoint {path} has format {payload.get('format')!r}, expected {FORMAT}"
             )
-        lenient = self.config.resume == "auto"
-        differ = self._incompatibility(payload)
+        return payload
+
+    def _report_invalid(self, path: Path, reason: str) -> None:
+        self.report_error("error", kind="checkpoint_invalid", path=str(path), reason=reason)
+
+    def _load(self, path: Path, payload: dict[str, Any] | None) -> dict[str, Any]:
+        """Restore model, optimizer and trainer state from ``path`` (``payload``: its state,
+        when already read); return this rank's RNG states. A checkpoint that differs from
+        this run raises :class:`~core.errors.IncompatibleCheckpointError`."""
+        payload, model = payload or self._read(path), self.strategy.unwrap(self.model)
+        differ = incompatibility(payload, self.state.fingerprint(), model.state_dict)
         if differ is not None:
-            if lenient:
-                self.emit("fresh_start", path=str(path), reason="incompatible", detail=differ)
-                return None
             raise IncompatibleCheckpointError(
                 f"cannot resume from {path}: {differ}. Fix: restore those settings, or start "
                 "a new run (resume='auto' starts one when they differ, resume=None always "
                 "does; or another experiment_name/checkpoint_dir)."
             )
-        ended = self.state.finished(payload["trainer"])
-        if ended is not None and lenient:
-            self.emit("fresh_start", path=str(path), reason="finished", detail=ended)
-            return None
         self.strategy.load_checkpoint_state(self.model, self.optimizer, payload, path / "sharded")
         self.state.load_state_dict(payload["trainer"])
-        rngs = payload["rng"]
-        rank = self.strategy.rank
         self.last_saved_step = payload["trainer"]["global_step"]
         self.last_path = str(path)
-        self.store.parent = path.name  # this run's checkpoints descend from this one
-        self.emit(
-            "resumed", path=str(path), step=self.last_saved_step, epoch=payload["trainer"]["epoch"]
+        continued = self.strategy.broadcast_object(
+            self.store.continue_from(path) if self.strategy.is_global_zero else None
         )
+        self.emit(
+            "resumed", path=str(path), step=self.last_saved_step,
+            epoch=payload["trainer"]["epoch"], lineage=self.store.lineage,
+            branched=not continued, passed_over=self._passed,
+        )  # fmt: skip
+        rngs, rank = payload["rng"], self.strategy.rank
         mine: dict[str, Any] = rngs[rank] if rank < len(rngs) else rngs[0]
         return mine
-
-    def _incompatibility(self, payload: dict[str, Any]) -> str | None:
-        """What differs between the checkpoint and this run (settings, then the model)."""
-        differ = differences(payload["fingerprint"], self.state.fingerprint())
-        if differ:
-            return f"the configuration differs in {', '.join(differ)}"
-        if isinstance(payload.get("model"), dict):
-            current = self.strategy.unwrap(self.model).state_dict()
-            return shape_difference(current, payload["model"])
-        return None

@@ -10,19 +10,71 @@ something to say; ``resume="strict"`` (or a path) raises
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ("differences", "finished", "shape_difference")
+__all__ = (
+    "differences",
+    "finished",
+    "incompatibility",
+    "objection",
+    "recorded_difference",
+    "shape_difference",
+)
 
 
 def differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
-    """The fingerprint entries that differ, each with both values."""
-    return [
-        f"{key} (checkpoint {saved.get(key)!r}, now {now.get(key)!r})"
-        for key in sorted(set(saved) | set(now))
-        if saved.get(key) != now.get(key)
-    ]
+    """The fingerprint entries that differ, each with both values. Entries only one side
+    has (another optimizer's hyperparameters, a setting older checkpoints did not record)
+    are named only when nothing both sides have differs.
+
+    >>> differences({"optimizer": "AdamW", "betas": [0.9, 0.99]}, {"optimizer": "SGD"})
+    ["optimizer (checkpoint 'AdamW', now 'SGD')"]
+    """
+    differ = [key for key in sorted(set(saved) | set(now)) if saved.get(key) != now.get(key)]
+    both = [key for key in differ if key in saved and key in now]
+    shown = both or differ
+    return [f"{key} (checkpoint {saved.get(key)!r}, now {now.get(key)!r})" for key in shown]
+
+
+def recorded_difference(
+    recorded: Mapping[str, Any] | None, fingerprint: Mapping[str, Any]
+) -> str | None:
+    """What differs between the fingerprint a manifest ``recorded`` (JSON) and this run's,
+    in words; None when they agree or nothing was recorded (the state then decides)."""
+    if recorded is None:
+        return None
+    differ = differences(recorded, json.loads(json.dumps(fingerprint)))
+    return f"the configuration differs in {', '.join(differ)}" if differ else None
+
+
+def incompatibility(
+    payload: Mapping[str, Any], fingerprint: Mapping[str, Any],
+    model_state: Callable[[], Mapping[str, Any]],
+) -> str | None:  # fmt: skip
+    """What differs between a checkpoint's ``payload`` and this run (its ``fingerprint``,
+    then its model's state, read only if the settings agree), in words; else None."""
+    differ = differences(payload["fingerprint"], fingerprint)
+    if differ:
+        return f"the configuration differs in {', '.join(differ)}"
+    if isinstance(payload.get("model"), dict):
+        return shape_difference(model_state(), payload["model"])
+    return None
+
+
+def objection(
+    payload: Mapping[str, Any], fingerprint: Mapping[str, Any],
+    model_state: Callable[[], Mapping[str, Any]],
+    finished: Callable[[dict[str, Any]], str | None],
+) -> tuple[str, str] | None:  # fmt: skip
+    """Why ``resume="auto"`` leaves a checkpoint alone: ``("incompatible", what differs)``
+    or ``("finished", what ended it)``; None when the run continues it."""
+    differ = incompatibility(payload, fingerprint, model_state)
+    if differ is not None:
+        return "incompatible", differ
+    ended = finished(payload["trainer"])
+    return None if ended is None else ("finished", ended)
 
 
 def shape_difference(current: Mapping[str, Any], saved: Mapping[str, Any]) -> str | None:

@@ -28,15 +28,19 @@ class CheckpointConfig:
     ``checkpoint_dir=None`` means ``<log_dir>/<experiment_name>/checkpoints``, shared by the
     experiment's runs. ``resume``:
 
-    - ``"auto"``: continue the newest valid checkpoint when it is compatible (same model
-      and settings) and its run is unfinished (fewer epochs or steps than this run's
-      ``max_epochs``/``max_steps``, not stopped early); otherwise start a new run and say
-      why in one line (a ``fresh_start`` record naming the differing settings). Re-running
-      an edited script trains.
-    - ``"strict"``: continue the newest valid checkpoint whatever it is: an incompatible one
-      is an :class:`~core.errors.IncompatibleCheckpointError`, a finished run stays
-      finished. For services that must never silently start over.
+    - ``"auto"``: continue the newest lineage whose newest valid checkpoint is compatible
+      (same model, optimizer and scheduler settings, data shape and seed) and unfinished
+      (fewer epochs or steps than this run's ``max_epochs``/``max_steps``, not stopped
+      early), passing over newer lineages it cannot continue; when there is none, start a
+      new run and say why in one line (a ``fresh_start`` record naming the differing
+      settings). Re-running an edited script trains.
+    - ``"strict"``: continue the newest lineage's newest valid checkpoint whatever it is: an
+      incompatible one is an :class:`~core.errors.IncompatibleCheckpointError`, a finished
+      run stays finished. For services that must never silently start over.
     - the path of a checkpoint directory (strict, that one), or None to start fresh.
+
+    ``keep_last_n``, ``save_top_k`` and ``save_last`` count over the lineage (every run that
+    continued it), so restarts never grow the checkpoints.
 
     ``save_best=True`` also keeps the checkpoint where ``monitor`` (``val_loss``,
     ``train_loss``, ``val_accuracy`` or ``val_<metric>``) was best (lowest with

@@ -43,5 +43,5 @@ class NoCheckpoints(Checkpointer):
         return None
 
     @override
-    def find(self) -> Path | None:
+    def restore(self) -> dict[str, Any] | None:
         return None

@@ -2,7 +2,7 @@
 
 A read-only view of the checkpoint directory, read from the manifests each time it is
 asked (another run may commit meanwhile): every committed checkpoint, the last committed
-first, with ``latest`` (what ``resume="auto"`` would take: the last committed one that
+first, with ``latest`` (what ``resume="strict"`` would take: the last committed one that
 verifies), ``best`` (the run's best, with ``save_best``), :meth:`Checkpoints.verify`,
 :meth:`Checkpoints.load` (the weights into a model) and :meth:`Checkpoints.lineage` (the
 chain a checkpoint's weights came through, across resumed runs).
@@ -44,6 +44,7 @@ class CheckpointInfo:
     parent: str | None  # the checkpoint (a name in the same directory) that run resumed from
     committed_at_ns: int
     best: bool  # the current run's best checkpoint
+    lineage: str | None = None  # the lineage it belongs to (its retention is counted there)
 
     @property
     def name(self) -> str:
@@ -91,7 +92,8 @@ class Checkpoints(Sequence[CheckpointInfo]):
 
     @property
     def latest(self) -> CheckpointInfo | None:
-        """The checkpoint ``resume="auto"`` takes: the last committed one that verifies."""
+        """The last committed checkpoint that verifies (what ``resume="strict"`` takes;
+        ``"auto"`` may pass over its lineage for an older one it can continue)."""
         path = self._store.newest_valid(lambda path, why: None)
         return None if path is None else self._find(path)
 
@@ -154,5 +156,6 @@ def _info(path: Path, best_name: str | None) -> CheckpointInfo | None:
             reason=str(manifest["reason"]), run_id=manifest.get("run_id"),
             parent=manifest.get("parent"), committed_at_ns=int(manifest["committed_at_ns"]),
             best=path.name == best_name,
+            lineage=manifest.get("lineage", manifest.get("run_id")),
         )  # fmt: skip
     return None  # an unreadable manifest: listed by nobody, refused by verify and resume

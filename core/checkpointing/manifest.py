@@ -9,7 +9,8 @@ anywhere, no file present that it does not list, and every file of the recorded 
 Example of a manifest::
 
     {"manifest_version": 2, "step": 20, "epoch": 1, "reason": "step",
-     "run_id": "20261122-031500.123-a1b2c3", "parent": null, "committed_at_ns": 1795...,
+     "run_id": "20261122-031500.123-a1b2c3", "lineage": "20261122-031500.123-a1b2c3",
+     "parent": null, "committed_at_ns": 1795...,
      "files": {"state.pt": {"sha256": "9f86d0...", "bytes": 48213}}}
 """
 
@@ -40,6 +41,8 @@ VERSION = 2
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _OPTIONAL: dict[str, tuple[type, ...]] = {
     "model_factory": (dict,),  # how the run made its model (core.load_model)
+    "lineage": (str,),  # the lineage it belongs to (absent before lineages: its run_id)
+    "fingerprint": (dict,),  # the settings its state depends on (a copy of state.pt's)
 }
 _FIELDS: dict[str, tuple[type, ...]] = {
     "manifest_version": (int,),

@@ -3,18 +3,19 @@
 Layout: ``<checkpoint_dir>/step-000000123-<run_id>/`` holds ``state.pt`` (``torch.save``),
 for FSDP2 a ``sharded/`` ``torch.distributed.checkpoint`` directory (its ``.metadata``
 written last), and ``manifest.json`` (``core.checkpointing.manifest``: the run that wrote it,
-the checkpoint it descends from, its commit time, every file's size and sha256). Writing
-happens in a hidden staging directory next to it, unique to the writer
-(``.step-000000123-<run_id>.staging-<host>-<pid>-<token>``); every file and the staging
-directory are fsynced, then the staging directory is renamed into place and the parent
-directory fsynced. The rename is the commit: a process killed at any earlier moment leaves
-only a staging directory, which is never chosen and is swept once its writer is provably
-gone (same host, process not alive).
+its lineage, the checkpoint it descends from, its commit time, every file's size and
+sha256). Writing happens in a hidden staging directory next to it, unique to the writer;
+every file and the staging directory are fsynced, then the staging directory is renamed
+into place (or swapped with the checkpoint it replaces) and the parent directory fsynced:
+that is the commit. Then the ``last`` link moves, then old checkpoints are pruned, each
+step safe to be killed after (``core.checkpointing.atomic``).
 
-Runs of one experiment share the directory and never touch each other's checkpoints: names
-carry the run id, a run prunes only its own (the newest ``keep_last_n`` of them are kept),
-and the newest checkpoint is the one committed last (commit order, not step number), so
-``resume="auto"`` follows the latest lineage even after a resume from an older step.
+**Lineages.** A run that starts fresh begins a lineage (named after its run id); a run that
+resumes from the newest checkpoint of a lineage continues it, one that resumes from an older
+checkpoint of it branches into a lineage of its own. Retention counts over the lineage, not
+the run: a job restarted a thousand times keeps its newest ``keep_last_n`` checkpoints and
+its best ones (``kept``), like one that never stopped. Checkpoints of other lineages in the
+same directory are never touched. "Newest" is commit order, not step number.
 
 Loading uses ``torch.load(weights_only=True)`` only, and a sharded checkpoint's
 ``.metadata`` is read through an allow-list first
@@ -33,7 +34,6 @@ import pickle
 import re
 import secrets
 import shutil
-import socket
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -41,6 +41,8 @@ from typing import IO, Any, BinaryIO, cast
 
 import torch
 
+from core.checkpointing import atomic
+from core.checkpointing.atomic import fsync_path
 from core.checkpointing.dcp_metadata import check_metadata
 from core.checkpointing.manifest import MANIFEST, VERSION, file_entries, read_verified
 from core.errors import CheckpointError, UnsafeCheckpointError
@@ -49,30 +51,6 @@ __all__ = ("CheckpointStore",)
 
 STATE = "state.pt"
 _COMMITTED = re.compile(r"^step-(\d{9})(?:-([A-Za-z0-9._-]+))?$")
-_STAGING = re.compile(r"^\.step-\d{9}.*\.staging-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]+$")
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _owner_tag() -> str:
-    """``<host>-<pid>-<token>``: who wrote a staging name (swept once that process is gone)."""
-    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
 class _HashingWriter:
@@ -93,8 +71,9 @@ class _HashingWriter:
 class CheckpointStore:
     """Writes, lists, verifies, loads and prunes the checkpoints in one directory.
 
-    ``run_id`` names the checkpoints this store writes and owns; ``parent`` is the name of
-    the checkpoint the run resumed from (its lineage), recorded in each manifest.
+    ``run_id`` names the checkpoints this store writes; ``lineage`` is the lineage they
+    join (the run id of the run that began it), whose retention this store keeps;
+    ``parent`` is the name of the checkpoint the run resumed from, recorded in each manifest.
     """
 
     def __init__(
@@ -109,13 +88,35 @@ class CheckpointStore:
         self.keep_last_n = keep_last_n
         self.safe_globals = list(safe_globals)
         self.run_id = run_id or secrets.token_hex(3)
+        self.lineage = self.run_id
         self.parent: str | None = None
         self._synced: dict[Path, dict[str, Any]] = {}  # hashed and fsynced as written
         self.kept: set[str] = set()
-        """Names of this run's checkpoints kept apart from ``keep_last_n`` (the best one)."""
+        """Names of the lineage's checkpoints kept apart from ``keep_last_n`` (its best)."""
         self.before_commit: Callable[[Path], None] | None = None
         """Test hook: called with the staging directory after every file is written and
         synced, right before the commit rename (fault-injection tests stall here)."""
+
+    def begin(self, run_id: str) -> None:
+        """Write the checkpoints of run ``run_id``, which begins a lineage of its own."""
+        self.run_id = self.lineage = run_id
+        self.parent = None
+        self.kept = set()
+
+    def continue_from(self, path: Path) -> bool:
+        """After a resume from ``path``: join its lineage when it is the lineage's newest
+        valid checkpoint (True); otherwise the run branches, in a lineage of its own."""
+        self.parent = path.name
+        lineage = self.lineage_of(path)
+        stamp = self._commit_time(path)
+        newer = [
+            other for other in self.committed()
+            if self.lineage_of(other) == lineage and self._commit_time(other) > stamp
+        ]  # fmt: skip
+        if lineage is None or any(self.verifies(other) for other in newer):
+            return False
+        self.lineage = lineage
+        return True
 
     # -- writing --------------------------------------------------------------------------
     def final_path(self, step: int) -> Path:
@@ -125,7 +126,7 @@ class CheckpointStore:
     def stage(self, step: int) -> Path:
         """A fresh, empty staging directory, unique to this writer, for ``step``."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        staging = self.directory / f".{self.final_path(step).name}.staging-{_owner_tag()}"
+        staging = atomic.hidden(self.final_path(step), "staging")
         staging.mkdir()
         return staging
 
@@ -140,93 +141,91 @@ class CheckpointStore:
         self._synced[target] = {"sha256": writer.digest.hexdigest(), "bytes": writer.size}
 
     def commit(
-        self, staging: Path, step: int, meta: dict[str, Any], *, replace: bool = False
-    ) -> Path:
+        self, staging: Path, step: int, meta: dict[str, Any], *, replace: bool = False,
+        link_last: bool = False,
+    ) -> Path:  # fmt: skip
         """Hash, sync and atomically publish ``staging`` as this run's checkpoint of ``step``
-        (``replace``: in place of this run's checkpoint of ``step``, if it has one)."""
+        (``replace``: in place of this run's checkpoint of ``step``, if it has one); then
+        point ``last`` at it (``link_last``), then prune the lineage. A kill between any
+        two of these steps leaves a valid newest checkpoint (``core.checkpointing.atomic``)."""
         files = file_entries(staging, self._synced)
         for name in files:
             if staging / name not in self._synced:
-                _fsync_path(staging / name)
+                fsync_path(staging / name)
         self._synced = {}
         manifest = {
             "manifest_version": VERSION, **meta, "step": step, "run_id": self.run_id,
-            "parent": self.parent, "committed_at_ns": time.time_ns(), "files": files,
+            "lineage": self.lineage, "parent": self.parent,
+            "committed_at_ns": time.time_ns(), "files": files,
         }  # fmt: skip
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        _fsync_path(staging / MANIFEST)
+        fsync_path(staging / MANIFEST)
         directories = {(staging / name).parent for name in files} | {staging}
         for directory in sorted(directories, reverse=True):
-            _fsync_path(directory)
+            fsync_path(directory)
         if self.before_commit is not None:
             self.before_commit(staging)
         final = self.final_path(step)
-        replaced = None
-        if final.exists():
-            if not replace:
-                raise CheckpointError(f"{final} already exists; a run never commits a step twice")
-            # Out of sight first (a staging name: swept if we die here), then the new one in.
-            replaced = final.with_name(f".{final.name}.staging-{_owner_tag()}")
-            final.rename(replaced)
-        staging.rename(final)
-        _fsync_path(self.directory)
-        if replaced is not None:
-            shutil.rmtree(replaced, ignore_errors=True)
+        atomic.publish(staging, final, replace=replace)
+        if link_last:
+            atomic.link_last(self.directory, final)
         self.prune()
         return final
-
-    def link_last(self, target: Path) -> None:
-        """Point ``<directory>/last`` at ``target`` (a relative link, swapped atomically)."""
-        link = self.directory / "last"
-        temporary = self.directory / f".last.{_owner_tag()}"
-        temporary.symlink_to(target.name, target_is_directory=True)
-        temporary.replace(link)
 
     def discard(self, staging: Path) -> None:
         """Remove a staging directory after a failed write (best effort)."""
         shutil.rmtree(staging, ignore_errors=True)
 
     def prune(self) -> list[Path]:
-        """Delete this run's committed checkpoints beyond its newest ``keep_last_n``, except
-        those named in ``kept`` (the best one)."""
-        mine = [p for p in self.committed() if self._owner(p) == self.run_id]
-        removed = [p for p in mine[self.keep_last_n :] if p.name not in self.kept]
+        """Delete the lineage's committed checkpoints beyond its newest ``keep_last_n``,
+        except those named in ``kept`` (its best) and the one ``last`` links to."""
+        ours = [p for p in self.committed() if self.lineage_of(p) == self.lineage]
+        spared = self.kept | {atomic.last_target(self.directory)}
+        removed = [p for p in ours[self.keep_last_n :] if p.name not in spared]
         for path in removed:
-            shutil.rmtree(path, ignore_errors=True)
+            atomic.retire(path)
         return removed
 
-    def sweep_staging(self) -> list[Path]:
-        """Remove staging directories whose writer is provably gone: written on this host
-        by a process that is no longer alive. Other writers' staging is left alone."""
-        if not self.directory.exists():
-            return []
-        host = socket.gethostname()
-        stale = []
-        for path in self.directory.iterdir():
-            match = _STAGING.match(path.name)
-            if match and match["host"] == host and not _pid_alive(int(match["pid"])):
-                stale.append(path)
-        for path in stale:
-            shutil.rmtree(path, ignore_errors=True)
-        return stale
+    def sweep(self) -> list[Path]:
+        """Clean up what killed writers left behind (``core.checkpointing.atomic.sweep``)."""
+        return atomic.sweep(self.directory)
 
     # -- reading --------------------------------------------------------------------------
     @staticmethod
-    def _owner(path: Path) -> str | None:
-        match = _COMMITTED.match(path.name)
-        return match[2] if match else None
+    def _manifest(path: Path) -> dict[str, Any]:
+        """The manifest of ``path`` as it reads (unverified), or {}."""
+        with contextlib.suppress(OSError, ValueError):
+            manifest = json.loads((path / MANIFEST).read_text())
+            if isinstance(manifest, dict):
+                return manifest
+        return {}
 
-    @staticmethod
-    def _commit_time(path: Path) -> int:
+    @classmethod
+    def lineage_of(cls, path: Path) -> str | None:
+        """The lineage ``path`` belongs to, by its manifest (before lineages: its run)."""
+        manifest = cls._manifest(path)
+        lineage = manifest.get("lineage", manifest.get("run_id"))
+        return lineage if isinstance(lineage, str) else None
+
+    @classmethod
+    def _commit_time(cls, path: Path) -> int:
         """When ``path`` was committed, by its manifest (unverified here), else its mtime."""
-        manifest = path / MANIFEST
-        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
-            stamp = json.loads(manifest.read_text()).get("committed_at_ns")
-            if isinstance(stamp, int):
-                return stamp
+        stamp = cls._manifest(path).get("committed_at_ns")
+        if isinstance(stamp, int):
+            return stamp
         with contextlib.suppress(OSError):
-            return manifest.stat().st_mtime_ns
+            return (path / MANIFEST).stat().st_mtime_ns
         return 0
+
+    def verifies(self, path: Path, on_invalid: Callable[[Path, str], None] | None = None) -> bool:
+        """Whether ``path`` verifies; ``on_invalid`` hears why not."""
+        try:
+            self.verify(path)
+        except CheckpointError as exc:
+            if on_invalid is not None:
+                on_invalid(path, str(exc))
+            return False
+        return True
 
     def committed(self) -> list[Path]:
         """Committed checkpoint directories, the last committed first (not yet verified)."""
@@ -241,14 +240,20 @@ class CheckpointStore:
 
     def newest_valid(self, on_invalid: Callable[[Path, str], None]) -> Path | None:
         """The last committed checkpoint that verifies; the others before it are reported."""
+        return next((path for path in self.committed() if self.verifies(path, on_invalid)), None)
+
+    def lineages(self) -> list[list[Path]]:
+        """The committed checkpoints grouped by lineage (not verified), the lineage
+        committed to last first, each lineage's newest first."""
+        grouped: dict[str | None, list[Path]] = {}
         for path in self.committed():
-            try:
-                self.verify(path)
-            except CheckpointError as exc:
-                on_invalid(path, str(exc))
-                continue
-            return path
-        return None
+            grouped.setdefault(self.lineage_of(path), []).append(path)
+        return list(grouped.values())
+
+    def recorded_fingerprint(self, path: Path) -> dict[str, Any] | None:
+        """The settings fingerprint ``path``'s manifest records (unverified), if any."""
+        recorded = self._manifest(path).get("fingerprint")
+        return recorded if isinstance(recorded, dict) else None
 
     def load_state(self, path: Path) -> dict[str, Any]:
         """``state.pt`` of a checkpoint, unpickled with ``weights_only=True`` only, after its

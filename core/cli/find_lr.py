@@ -103,12 +103,17 @@ def find_lr_command(argv: Sequence[str]) -> int:
         print(json.dumps(result.to_dict() | files, indent=2))
         return 0
     sweep = f"{result.config.min_lr:g} -> {result.config.max_lr:g}"
-    print(f"suggested learning rate: {result.suggestion:.3g}")
+    found = result.suggestion
+    print(
+        "no learning rate suggested" if found is None else f"suggested learning rate: {found:.3g}"
+    )
     print(f"  why: {result.reason}")
     print(f"  sweep: {result.steps} steps, {sweep} ({result.stopped})")
     print(f"curve: {files['curve_file']}")
     print(f"plot: {files['plot_file'] or files['plot_note']}")
-    print(f"train with it: core-train fit ... --lr {result.suggestion:.3g}")
+    if found is None:
+        return 1
+    print(f"train with it: core-train fit ... --lr {found:.3g}")
     return 0
 
 

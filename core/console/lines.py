@@ -61,10 +61,13 @@ def format_epoch_line(record: Record, max_epochs: object = None) -> str:
 def _notable(record: Record) -> str | None:
     event = record.get("event")
     if event == "resumed":
-        return f"resumed from {record.get('path')} (step {record.get('step')})"
+        return f"resumed from {record.get('path')} (step {record.get('step')}){_lineage(record)}"
     if event == "fresh_start":
+        passed = record.get("passed_over")
+        older = len(passed) - 1 if isinstance(passed, list) and len(passed) > 1 else 0
         return (
             f"new run: resume='auto' left {record.get('path')} alone, {record.get('detail')} "
+            f"{f'(and {older} older lineages, none continuable) ' if older else ''}"
             "(resume='strict' would continue it or fail)"
         )
     if event == "compile":
@@ -122,3 +125,14 @@ def format_event_line(record: Record) -> str | None:
             message = f"{subject}: {message}"
             break
     return f"{head}{name}: {message}" if message else head + name
+
+
+def _lineage(record: Record) -> str:
+    """What a resume says about lineages: a branch, and the newer ones passed over."""
+    said = ""
+    if record.get("branched"):
+        said = ", in a new lineage: its own lineage has newer checkpoints"
+    passed = record.get("passed_over")
+    if isinstance(passed, list) and passed and isinstance(passed[0], dict):
+        said += f"; passed over {len(passed)} newer lineage(s): {passed[0].get('detail')}"
+    return said

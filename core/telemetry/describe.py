@@ -15,12 +15,15 @@ __all__ = (
     "Describable",
     "Fixed",
     "batches_per_epoch",
+    "data_settings",
     "fingerprint",
     "jsonable",
+    "optimizer_settings",
     "parameter_count",
     "resolved",
     "run_end_fields",
     "run_start_fields",
+    "scheduler_settings",
 )
 
 
@@ -64,10 +67,81 @@ def batches_per_epoch(loader: Iterable[Any]) -> int | None:
         return None
 
 
-def _base_lr(optimizer: torch.optim.Optimizer) -> float | str | None:
-    """The learning rate the optimizer was built with (its defaults; schedules leave it)."""
-    lr = optimizer.defaults.get("lr")
-    return float(lr) if isinstance(lr, (int, float)) else None if lr is None else str(lr)
+_NOT_SETTINGS = frozenset(
+    {"params", "initial_lr", "foreach", "fused", "capturable", "differentiable"}
+)
+"""``param_groups`` keys that are not hyperparameters: the tensors, what a scheduler adds,
+and how the update is computed (a fused or foreach kernel gives the same result)."""
+_RENAMED = {"lr": "learning_rate"}
+_SCHEDULER_PROGRESS = frozenset({
+    "last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "base_lrs",
+    "best", "num_bad_epochs", "cooldown_counter", "_is_initial", "_initial_step",
+})  # fmt: skip
+"""A scheduler's ``state_dict`` entries that say where it is, not how it was set."""
+
+
+def _setting(value: object) -> object:
+    """A setting as plain JSON values; anything else by its type's name (never an address)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (tuple, list)):
+        return [_setting(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _setting(v) for k, v in value.items()}
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()  # a tensor learning rate (capturable optimizers), read once
+    return name_of(value)
+
+
+def optimizer_settings(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's class and every hyperparameter of every parameter group (as built:
+    a scheduler's starting factor does not count), named ``weight_decay`` for one group
+    and ``param_groups[1].weight_decay`` for several.
+
+    >>> opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1, momentum=0.9)
+    >>> settings = optimizer_settings(opt)
+    >>> settings["learning_rate"], settings["momentum"], settings["param_groups"]
+    (0.1, 0.9, [1])
+    """
+    groups = optimizer.param_groups
+    settings: dict[str, Any] = {
+        "optimizer": type(optimizer).__name__,
+        "param_groups": [len(group["params"]) for group in groups],
+    }
+    for index, group in enumerate(groups):
+        prefix = "" if len(groups) == 1 else f"param_groups[{index}]."
+        for key, value in group.items():
+            if key not in _NOT_SETTINGS:
+                built = group.get("initial_lr", value) if key == "lr" else value
+                settings[prefix + _RENAMED.get(key, key)] = _setting(built)
+    return settings
+
+
+def scheduler_settings(scheduler: object | None) -> dict[str, Any]:
+    """The scheduler's class and how it was set (its ``state_dict`` without its position)."""
+    if scheduler is None:
+        return {"scheduler": None}
+    state_dict = getattr(scheduler, "state_dict", None)
+    state = state_dict() if callable(state_dict) else {}
+    return {"scheduler": type(scheduler).__name__} | {
+        f"scheduler.{key}": _setting(value)
+        for key, value in sorted(state.items())
+        if key not in _SCHEDULER_PROGRESS
+    }
+
+
+def data_settings(loader: Iterable[Any]) -> dict[str, Any]:
+    """What decides the order and grouping of the training batches: the number of samples
+    and batches, the batch size, whether the last short batch is dropped, the sampler."""
+    dataset = getattr(loader, "dataset", None)
+    sampler = getattr(loader, "sampler", None)
+    return {
+        "batches_per_epoch": batches_per_epoch(loader),
+        "batch_size": getattr(loader, "batch_size", None),
+        "dataset_length": len(dataset) if isinstance(dataset, Sized) else None,
+        "drop_last": getattr(loader, "drop_last", None),
+        "sampler": None if sampler is None else type(sampler).__name__,
+    }
 
 
 def fingerprint(
@@ -79,19 +153,20 @@ def fingerprint(
     accumulation_steps: int,
     world_size: int,
     train_loader: Iterable[Any],
+    seed: int | None,
 ) -> dict[str, Any]:
-    """The settings a checkpoint's state depends on (compared before resuming)."""
+    """The settings a checkpoint's state depends on (compared before resuming): a run whose
+    fingerprint differs is not continued (see docs/checkpoints-and-reliability.md)."""
     return {
         "model": type(model).__name__,
         "parameters": parameter_count(model),
-        "optimizer": type(optimizer).__name__,
-        "learning_rate": _base_lr(optimizer),
-        "scheduler": None if scheduler is None else type(scheduler).__name__,
+        **optimizer_settings(optimizer),
+        **scheduler_settings(scheduler),
         "precision": precision,
         "accumulation_steps": accumulation_steps,
         "world_size": world_size,
-        "batches_per_epoch": batches_per_epoch(train_loader),
-        "batch_size": getattr(train_loader, "batch_size", None),
+        **data_settings(train_loader),
+        "seed": seed,
     }
 
 

@@ -52,11 +52,14 @@ class RunStart(Common):
 
 
 class FreshStart(Common):
-    """Once, after run_start, when resume="auto" leaves the newest checkpoint alone."""
+    """Once, after run_start, when resume="auto" finds checkpoints but continues none."""
 
-    path: Annotated[str, "the newest valid checkpoint, not continued"]
+    path: Annotated[str, "the newest lineage's newest valid checkpoint, not continued"]
     reason: Annotated[Literal["finished", "incompatible"], "its run ended, or it differs"]
     detail: Annotated[str, "what ended it, or which settings or weights differ"]
+    passed_over: Annotated[
+        list[dict[str, str]], "every lineage left alone, the newest first: path, reason, detail"
+    ]
 
 
 class Resumed(Common):
@@ -65,6 +68,11 @@ class Resumed(Common):
     path: Annotated[str, "the checkpoint directory loaded"]
     step: Annotated[int, "optimizer steps the checkpoint had taken"]
     epoch: Annotated[int, "epochs the checkpoint had completed"]
+    lineage: Annotated[str, "the lineage this run's checkpoints join (and are retained in)"]
+    branched: Annotated[bool, "true: an older checkpoint of its lineage, so a new lineage"]
+    passed_over: Annotated[
+        list[dict[str, str]], 'newer lineages resume="auto" left alone: path, reason, detail'
+    ]
 
 
 class AmpCompatibility(Common):

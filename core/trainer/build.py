@@ -217,7 +217,7 @@ def _build(
             model=strategy.unwrap(model), optimizer=optimizer, scheduler=scheduler,
             precision=precision.configured_precision,
             accumulation_steps=config.accumulation.accumulation_steps,
-            world_size=strategy.world_size, train_loader=train_loader,
+            world_size=strategy.world_size, train_loader=train_loader, seed=config.run.seed,
         ),
         max_epochs=config.run.max_epochs, max_steps=config.run.max_steps,
     )  # fmt: skip

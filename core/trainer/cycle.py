@@ -152,13 +152,14 @@ class RunCycle:
 
     # -- checkpoints ----------------------------------------------------------------------
     def resume(self) -> ResumePoint | None:
-        checkpointer = self.parts.checkpointer
-        path = checkpointer.find()
-        rng = None if path is None else checkpointer.load(path)
+        parts = self.parts
+        rng = parts.checkpointer.restore()
         if rng is None:
             return None
         self.validation.forget_missing()
-        return self.parts.state.resume_point(rng)
+        # The lineage's best checkpoints, of earlier runs too, are kept; the rest pruned.
+        parts.checkpointer.keep_best([str(path) for _, path in parts.state.progress.top_k])
+        return parts.state.resume_point(rng)
 
     def save(self, reason: str, *, best: bool = False) -> str | None:
         parts = self.parts

@@ -171,6 +171,8 @@ class Run:
         for epoch in range(parts.state.epochs_completed, self.config.run.max_epochs):
             if max_steps is not None and parts.loop.global_step >= max_steps:
                 break
+            if progress.stopped_early:  # resumed from a run early stopping had ended
+                break
             started = monotonic()
             stats = await worker.call(parts.loop.run_epoch, parts.train_loader, epoch, stop, resume)
             resume = None

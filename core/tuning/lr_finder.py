@@ -36,9 +36,9 @@ from core.memory.trial import preserved
 from core.precision.config import AmpDtype, MixedPrecisionConfig, parse_amp_dtype
 from core.precision.plugins import Precision
 from core.precision.policy import resolve_precision
-from core.tuning.config import LRFinderConfig
+from core.tuning.config import MIN_STEPS, LRFinderConfig
 from core.tuning.result import LRFinderResult
-from core.tuning.suggest import suggest_learning_rate
+from core.tuning.suggest import RAN_OUT, suggest_learning_rate, too_short
 
 __all__ = ("OptimizerArgument", "find_learning_rate")
 
@@ -117,7 +117,11 @@ def find_learning_rate(
             model.to(original)
             for module, training in modes:
                 module.training = training
-    suggestion, reason, lowest = suggest_learning_rate(lrs, smoothed, config.min_lr)
+    if len(lrs) < MIN_STEPS:  # too few points to read a curve from
+        suggestion, reason = None, too_short(len(lrs), stopped, config.num_steps)
+        lowest = lrs[smoothed.index(min(smoothed))] if lrs else config.min_lr
+    else:
+        suggestion, reason, lowest = suggest_learning_rate(lrs, smoothed, config.min_lr)
     result = LRFinderResult(
         lrs=tuple(lrs), losses=tuple(losses), smoothed_losses=tuple(smoothed),
         suggestion=suggestion, reason=reason, stopped=stopped, min_loss_lr=lowest,
@@ -151,7 +155,7 @@ def _sweep(
     for step in range(config.num_steps):
         batch = next(batches, _END)
         if batch is _END:
-            stopped = f"the train loader ran out after {step} batches (an iterator is not cycled)"
+            stopped = f"{RAN_OUT} after {step} batches (an iterator is not cycled)"
             break
         lr = config.learning_rate(step)
         for group in optimizer.param_groups:

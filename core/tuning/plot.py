@@ -31,7 +31,7 @@ def write_lr_plot(
     losses: Sequence[float],
     smoothed: Sequence[float],
     *,
-    suggestion: float,
+    suggestion: float | None,
     lowest: float,
     title: str,
 ) -> Path:
@@ -51,7 +51,8 @@ def write_lr_plot(
     raw = [v if math.isfinite(v) else math.nan for v in losses]
     ax.plot(lrs, raw, color="0.75", linewidth=1, label="loss")
     ax.plot(lrs, smoothed, color="C0", linewidth=2, label="smoothed loss")
-    ax.axvline(suggestion, color="C3", linestyle="--", label=f"suggestion {suggestion:.2e}")
+    if suggestion is not None:  # none from a sweep too short to read
+        ax.axvline(suggestion, color="C3", linestyle="--", label=f"suggestion {suggestion:.2e}")
     ax.axvline(lowest, color="C2", linestyle=":", label=f"lowest {lowest:.2e}")
     ax.set_xscale("log")
     window = reading_window(smoothed)

@@ -27,14 +27,15 @@ class LRFinderResult:
     """One range test: ``lrs[i]`` is the learning rate of step ``i``, ``losses[i]`` the
     loss of the batch that step trained on, ``smoothed_losses[i]`` its bias-corrected
     moving average. ``suggestion`` is the rate to train with (see
-    :func:`~core.tuning.suggest.suggest_learning_rate`), ``reason`` says how it was read
+    :func:`~core.tuning.suggest.suggest_learning_rate`; None after a sweep shorter than
+    ``MIN_STEPS``), ``reason`` says how it was read
     off the curve, ``stopped`` why the sweep ended, ``min_loss_lr`` where the smoothed loss
     was lowest; ``device`` and ``precision`` are where and how the steps ran."""
 
     lrs: tuple[float, ...]
     losses: tuple[float, ...]
     smoothed_losses: tuple[float, ...]
-    suggestion: float
+    suggestion: float | None
     reason: str
     stopped: str
     min_loss_lr: float

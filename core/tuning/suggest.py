@@ -31,11 +31,35 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ("WEAK_DROP", "reading_window", "suggest_learning_rate")
+from core.tuning.config import MIN_STEPS
+
+__all__ = ("RAN_OUT", "WEAK_DROP", "reading_window", "suggest_learning_rate", "too_short")
 
 WEAK_DROP = 0.05
 """A smoothed loss that fell less than this fraction from the sweep's start to its lowest
 point makes a weak curve: the reason says so, and how to sharpen it."""
+
+
+RAN_OUT = "the train loader ran out"
+"""How a sweep that ran out of batches says so (its ``stopped``)."""
+
+
+def too_short(steps: int, stopped: str, num_steps: int) -> str:
+    """Why a sweep of fewer than ``MIN_STEPS`` steps makes no suggestion, and the fix.
+
+    >>> too_short(3, "the train loader ran out after 3 batches", 50)[:60]
+    'no suggestion: the train loader ran out after 3 batches, 3 o'
+    """
+    fix = (
+        "a loader that can be iterated again (a DataLoader is cycled) or yields at least "
+        "num_steps batches"
+        if stopped.startswith(RAN_OUT)
+        else "lower min_lr (or raise diverge_factor): the loss ran away before a curve formed"
+    )
+    return (
+        f"no suggestion: {stopped}, {steps} of {num_steps} steps, fewer than the {MIN_STEPS} "
+        f"a suggestion is read from. Fix: {fix}"
+    )
 
 
 def suggest_learning_rate(

@@ -47,7 +47,7 @@ def last_good_checkpoint(
     if run_dir is not None:
         final = CheckpointStore(run_dir / FINAL_WEIGHTS, keep_last_n=1)
         if final.directory.is_dir():
-            final.sweep_staging()
+            final.sweep()
     store = CheckpointStore(config.checkpoint_directory, keep_last_n=1)
     newest = store.newest_valid(lambda path, why: None) if store.directory.is_dir() else None
     if newest is None:

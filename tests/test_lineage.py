@@ -1,0 +1,285 @@
+"""Checkpoint lineages across kills and restarts, with real processes and SIGKILL
+(``tests/lineage_jobs.py`` forks each job): a kill at every filesystem operation of every
+commit, retention over a hundred restarts, settings that are honoured or refused, the
+lineage ``resume="auto"`` takes, and a run that stopped early staying finished."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from core.checkpointing.manifest import followed
+from core.checkpointing.store import CheckpointStore
+from tests.helpers import ROOT, pythonpath
+
+CHECKPOINTS = Path("lineage") / "checkpoints"
+ADAMW = {"name": "AdamW", "lr": 0.01, "weight_decay": 0.01}
+BASE: dict[str, Any] = {
+    "seed": 0, "checkpoint_every_n_steps": 3, "keep_last_n": 1, "save_top_k": 2,
+    "monitor": "val_loss", "save_last": True,
+}  # fmt: skip
+
+
+class Jobs:
+    """A fork server of training jobs (see ``tests/lineage_jobs.py``)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.count = root, 0
+        self.server = subprocess.Popen(
+            [sys.executable, "-m", "tests.lineage_jobs"], cwd=ROOT, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env={**__import__("os").environ, "PYTHONPATH": pythonpath()},
+        )  # fmt: skip
+
+    def run(self, log_dir: Path, **job: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Run one job in a fresh child: (how it ended, what it wrote)."""
+        self.count += 1
+        out = self.root / "out" / str(self.count)
+        job = {"log_dir": str(log_dir), "out": str(out), "val": True, "optimizer": ADAMW,
+               "n": 72, **job}  # fmt: skip
+        job["run"] = {**BASE, **job.get("run", {})}
+        assert self.server.stdin is not None and self.server.stdout is not None
+        self.server.stdin.write(json.dumps(job) + "\n")
+        self.server.stdin.flush()
+        ended = json.loads(self.server.stdout.readline())
+        result = out / "result.json"
+        written = json.loads(result.read_text()) if result.exists() else {}
+        if written.get("global_step") is not None:
+            written["weights"] = torch.load(out / "weights.pt", weights_only=True)
+        return ended, written
+
+    def close(self) -> None:
+        assert self.server.stdin is not None
+        self.server.stdin.close()
+        self.server.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]:
+    server = Jobs(tmp_path_factory.mktemp("jobs"))
+    yield server
+    server.close()
+
+
+def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def records(result: dict[str, Any], event: str) -> list[dict[str, Any]]:
+    lines = (Path(result["run_dir"]) / "events.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["event"] == event]
+
+
+def valid(directory: Path) -> list[Path]:
+    """Every checkpoint-named entry of ``directory``, each verified (a failure raises)."""
+    store = CheckpointStore(directory, keep_last_n=1)
+    for path in store.committed():
+        store.verify(path)
+    return store.committed()
+
+
+def assert_last_resolves(directory: Path) -> None:
+    link = directory / "last"
+    if link.is_symlink():
+        CheckpointStore(directory, keep_last_n=1).verify(followed(link))
+
+
+# -- a kill at every filesystem operation of every commit --------------------------------------
+def check_kill_at(jobs: Jobs, root: Path, at: int, reference: dict[str, Any], *,
+                  modes: tuple[str | None, ...], no_exchange: bool = False) -> None:  # fmt: skip
+    killed = root / f"killed-{at}"
+    ended, _ = jobs.run(killed, kill_at_op=at, no_exchange=no_exchange, run={"resume": "auto"})
+    assert ended["signal"] == 9, f"op {at}: the job was not killed there ({ended})"
+    directory = killed / CHECKPOINTS
+    ops = (Path(jobs.root) / "out" / str(jobs.count) / "ops.log").read_text().splitlines()
+    published = any(" rename " in op and ".staging-" in op for op in ops[:-1])
+    if no_exchange:  # between a replace's two renames the checkpoint is aside until a start
+        directory = root / f"swept-{at}"
+        shutil.copytree(killed / CHECKPOINTS, directory, symlinks=True)
+        CheckpointStore(directory, keep_last_n=1).sweep()
+    # Right after the kill: no name holds a partial checkpoint, the newest one is valid.
+    assert not published or valid(directory), f"op {at} ({ops[-1]}): no valid checkpoint left"
+    assert_last_resolves(directory)
+    for mode in modes:
+        restarted = root / f"restart-{at}-{mode}"
+        shutil.copytree(killed, restarted, symlinks=True)
+        before = {p.name for p in valid(restarted / CHECKPOINTS)}
+        ended, result = jobs.run(restarted, no_exchange=no_exchange, run={"resume": mode})
+        assert ended["code"] == 0 and "error" not in result, (at, mode, result)
+        directory = restarted / CHECKPOINTS
+        left = sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
+        assert not left, f"op {at}, resume={mode}: not swept: {left}"
+        assert_last_resolves(directory)
+        kept = valid(directory)
+        for lineage in {CheckpointStore.lineage_of(p) for p in kept}:
+            members = [p for p in kept if CheckpointStore.lineage_of(p) == lineage]
+            assert len(members) <= BASE["keep_last_n"] + BASE["save_top_k"], (at, mode, kept)
+        if mode is None:  # a new lineage: the old one is left as it was (put back if set aside)
+            assert before <= {p.name for p in kept}, (at, before, kept)
+        # Continued, or started over (its run had finished): the weights of a run never killed.
+        assert same_weights(result["weights"], reference["weights"]), (at, mode)
+
+
+@pytest.mark.slow
+def test_a_kill_at_every_filesystem_operation_of_every_commit_loses_nothing(
+    jobs: Jobs, tmp_path: Path
+) -> None:
+    """Steps, an epoch's end that rewrites its step's checkpoint in place, best and top-k
+    checkpoints entering and leaving, ``last`` moving and pruning: SIGKILL right before the
+    Nth rename, replace, link, unlink, removal or swap in the checkpoint directory, for
+    every N; then a restart under each ``resume`` setting."""
+    ended, reference = jobs.run(tmp_path / "reference", run={"resume": "auto"})
+    assert ended["code"] == 0 and reference["global_step"] == 18
+    ops = (Path(jobs.root) / "out" / str(jobs.count) / "ops.log").read_text()
+    kinds = {line.split()[1] for line in ops.splitlines()}
+    assert {"rename", "exchange", "replace", "symlink", "rmtree", "unlink", "rmdir"} <= kinds
+    for at in range(1, reference["ops"] + 1):
+        check_kill_at(jobs, tmp_path, at, reference, modes=(None, "auto", "strict"))
+
+
+@pytest.mark.slow
+def test_without_an_atomic_swap_a_kill_between_the_renames_of_a_replace_is_put_back(
+    jobs: Jobs, tmp_path: Path
+) -> None:
+    """A file system that cannot swap two directories: the replace renames the old
+    checkpoint aside, then the new one in; the next start puts the old one back."""
+    ended, reference = jobs.run(tmp_path / "reference", no_exchange=True, run={"resume": "auto"})
+    assert ended["code"] == 0
+    ops = (Path(jobs.root) / "out" / str(jobs.count) / "ops.log").read_text().splitlines()
+    aside = [i for i, op in enumerate(ops, 1) if " rename " in op and ".replaced-" in op]
+    assert aside and not any(" exchange " in op for op in ops)
+    # Each replace: the old one renamed aside, the new one in, the old one's removal.
+    for at in sorted({at + offset for at in aside for offset in (0, 1, 2)}):
+        check_kill_at(jobs, tmp_path, at, reference, modes=("auto",), no_exchange=True)
+
+
+# -- retention over restarts -------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_hundred_kills_and_restarts_keep_the_same_checkpoints_and_weights(
+    jobs: Jobs, tmp_path: Path
+) -> None:
+    settings = {"run": {"resume": "auto", "checkpoint_every_n_steps": 1, "keep_last_n": 2}}
+    long = {"max_epochs": 30, "n": 64, **settings}
+    _, reference = jobs.run(tmp_path / "reference", **long)
+    assert reference["global_step"] == 240
+    log_dir, directory = tmp_path / "killed", tmp_path / "killed" / CHECKPOINTS
+    chooser = random.Random(0)
+    for cycle in range(100):
+        ended, _ = jobs.run(log_dir, kill_at_forward=chooser.randint(1, 4), **long)
+        assert ended["signal"] == 9, cycle
+        kept = valid(directory)
+        assert len(kept) <= 2 + 2, (cycle, [p.name for p in kept])
+        assert_last_resolves(directory)
+    ended, result = jobs.run(log_dir, **long)
+    assert result["global_step"] == 240
+    assert len(valid(directory)) <= 2 + 2 and (directory / "last").is_symlink()
+    assert same_weights(result["weights"], reference["weights"])
+
+
+# -- settings: honoured or refused, never reverted ---------------------------------------------
+@pytest.mark.parametrize(
+    ("before", "after", "named"),
+    [
+        (ADAMW, {**ADAMW, "weight_decay": 0.3}, "weight_decay (checkpoint 0.01, now 0.3)"),
+        ({"name": "SGD", "lr": 0.05, "momentum": 0.9}, {"name": "SGD", "lr": 0.05,
+         "momentum": 0.0}, "momentum (checkpoint 0.9, now 0.0)"),
+    ],
+)  # fmt: skip
+def test_a_changed_optimizer_setting_starts_a_new_run_or_is_refused_never_reverted(
+    jobs: Jobs, tmp_path: Path, before: dict[str, Any], after: dict[str, Any], named: str
+) -> None:
+    ended, _ = jobs.run(tmp_path, optimizer=before, kill_at_forward=20, run={"resume": "auto"})
+    assert ended["signal"] == 9
+    _, strict = jobs.run(tmp_path, optimizer=after, run={"resume": "strict"})
+    assert strict["error"] == "IncompatibleCheckpointError" and named in strict["message"]
+    _, auto = jobs.run(tmp_path, optimizer=after, run={"resume": "auto"})
+    (fresh,) = records(auto, "fresh_start")
+    assert fresh["reason"] == "incompatible" and named in fresh["detail"]
+    assert not records(auto, "resumed") and auto["global_step"] == 18
+    key = named.split(maxsplit=1)[0]
+    assert auto["param_groups"][0][key] == after[key]
+    config = json.loads((Path(auto["run_dir"]) / "config.json").read_text())
+    assert config["resolved"]["optimizer_defaults"][key] == after[key]
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"run": {"seed": 1}}, "seed (checkpoint 0, now 1)"),
+        ({"n": 70}, "dataset_length (checkpoint 72, now 70)"),  # still 9 batches of 8
+    ],
+)
+def test_a_changed_seed_or_dataset_length_is_not_resumed_silently(
+    jobs: Jobs, tmp_path: Path, change: dict[str, Any], named: str
+) -> None:
+    ended, _ = jobs.run(tmp_path, kill_at_forward=20, run={"resume": "auto"})
+    assert ended["signal"] == 9
+    changed = {**change, "run": {"resume": "strict", **change.get("run", {})}}
+    _, strict = jobs.run(tmp_path, **changed)
+    assert strict["error"] == "IncompatibleCheckpointError" and named in strict["message"]
+    changed["run"]["resume"] = "auto"
+    _, auto = jobs.run(tmp_path, **changed)
+    (fresh,) = records(auto, "fresh_start")
+    assert named in fresh["detail"] and auto["global_step"] == 18
+
+
+# -- which lineage resume="auto" takes ---------------------------------------------------------
+def test_auto_continues_its_own_lineage_past_a_newer_incompatible_one(
+    jobs: Jobs, tmp_path: Path
+) -> None:
+    _, reference = jobs.run(tmp_path / "reference", run={"resume": "auto"})
+    ended, _ = jobs.run(tmp_path, kill_at_forward=20, run={"resume": "auto"})
+    assert ended["signal"] == 9
+    _, other = jobs.run(tmp_path, batch_size=16, run={"resume": "auto"})  # script B
+    assert other["global_step"] == 10 and not records(other, "resumed")
+    _, again = jobs.run(tmp_path, run={"resume": "auto"})  # script A, again
+    (resumed,) = records(again, "resumed")
+    assert resumed["step"] > 0 and not resumed["branched"]
+    (passed,) = resumed["passed_over"]
+    assert (
+        passed["reason"] == "incompatible"
+        and "batch_size (checkpoint 16, now 8)" in (passed["detail"])
+    )
+    assert same_weights(again["weights"], reference["weights"])
+    names = {p.name for p in valid(tmp_path / CHECKPOINTS)}
+    assert any(other["run_dir"].endswith(name.split("-", 2)[2]) for name in names)  # B kept
+
+
+def test_a_resume_from_an_older_checkpoint_branches_and_leaves_its_lineage_alone(
+    jobs: Jobs, tmp_path: Path
+) -> None:
+    jobs.run(tmp_path, run={"resume": "auto", "keep_last_n": 3, "save_top_k": None})
+    directory = tmp_path / CHECKPOINTS
+    lineage = [p.name for p in valid(directory)]
+    older = directory / lineage[-1]
+    _, branch = jobs.run(tmp_path, max_epochs=3, run={"resume": str(older), "keep_last_n": 1,
+                                                       "save_top_k": None})  # fmt: skip
+    (resumed,) = records(branch, "resumed")
+    assert resumed["branched"] and resumed["lineage"] != lineage[0].split("-", 2)[2]
+    assert set(lineage) <= {p.name for p in valid(directory)}  # the old lineage untouched
+
+
+def test_a_run_that_stopped_early_is_finished_and_resuming_it_trains_nothing(
+    jobs: Jobs, tmp_path: Path
+) -> None:
+    """A learning rate of 0: the validation loss never improves, patience 1 stops it."""
+    frozen = {"name": "SGD", "lr": 0.0}
+    stop = {"early_stopping_patience": 1, "save_top_k": None}
+    _, first = jobs.run(tmp_path, max_epochs=5, optimizer=frozen, run={"resume": "auto", **stop})
+    assert first["stopped_early"] and first["epochs_completed"] == 2
+    _, strict = jobs.run(tmp_path, max_epochs=5, optimizer=frozen, run={"resume": "strict", **stop})
+    (resumed,) = records(strict, "resumed")
+    assert resumed["step"] == first["global_step"] == strict["global_step"]
+    assert strict["epochs_completed"] == 2 and not records(strict, "train_step")
+    _, auto = jobs.run(tmp_path, max_epochs=5, optimizer=frozen, run={"resume": "auto", **stop})
+    (fresh,) = records(auto, "fresh_start")
+    assert fresh["reason"] == "finished" and "stopped early" in fresh["detail"]
