@@ -63,7 +63,11 @@ def test_checkpoints_list_latest_best_verify_load_and_lineage(tmp_path: Path) ->
     chain = resumed.checkpoints.lineage()
     assert chain[0] == resumed.checkpoints.latest
     assert chain[0].run_id == resumed.run_dir.name
-    assert chain[-1].path == listed[1].path and chain[-1].run_id == run.run_dir.name
+    assert all(later.parent == earlier.name for later, earlier in zip(chain, chain[1:]))
+    assert chain[0].parent == listed[1].name  # the checkpoint it resumed from
+    # One lineage, its retention counted over both runs: the damaged one is pruned.
+    assert {c.lineage for c in resumed.checkpoints} == {run.run_dir.name}
+    assert len(resumed.checkpoints) <= 2 + 1 and not listed[0].path.exists()
 
 
 def test_strategy_name_and_the_resolved_plan(tmp_path: Path) -> None:

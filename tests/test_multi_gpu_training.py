@@ -298,9 +298,11 @@ def test_a_crafted_fsdp2_metadata_is_refused_before_torch_reads_it(
         "sha256": hash_file(metadata), "bytes": metadata.stat().st_size,
     }  # fmt: skip
     (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+    # Named as the checkpoint to resume: resume="auto" would pass it over unread, on the
+    # settings its manifest records (two FSDP2 ranks, not this one-process job).
     with pytest.raises(UnsafeCheckpointError, match=r"refused to load .*\.metadata"):
         run_job(batch_size=16, mode="cpu", log_dir=tmp_path / "logs",
-                checkpoint_dir=tmp_path / "checkpoints", resume="auto")  # fmt: skip
+                checkpoint_dir=tmp_path / "checkpoints", resume=str(checkpoint))  # fmt: skip
     assert not target.exists()
 
 

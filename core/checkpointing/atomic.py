@@ -40,7 +40,9 @@ from typing import Literal
 from core.errors import CheckpointError
 
 __all__ = (
+    "exchange",
     "fsync_path",
+    "hidden",
     "last_target",
     "link_last",
     "owner_tag",
