@@ -364,6 +364,21 @@ async def test_a_resumed_run_with_validation_inside_epochs_keeps_one_bar_per_epo
     assert sum(part.startswith("epoch 2/2:   0%") for part in parts) == 1  # never reopened
 
 
+def test_a_resume_says_which_lineage_it_took_and_what_it_passed_over() -> None:
+    other = {"path": "b", "reason": "incompatible", "detail": "batch_size (checkpoint 16, now 8)"}
+    resumed = {"event": "resumed", "level": "info", "path": CKPT, "step": 6, "epoch": 1,
+               "lineage": "a", "branched": True, "passed_over": [other]}  # fmt: skip
+    assert format_event_line(resumed) == (
+        f"resumed from {CKPT} (step 6), in a new lineage: its own lineage has newer "
+        "checkpoints; passed over 1 newer lineage(s): batch_size (checkpoint 16, now 8)"
+    )
+    fresh = {"event": "fresh_start", "level": "info", **other, "passed_over": [other, other]}
+    assert format_event_line(fresh) == (
+        "new run: resume='auto' left b alone, batch_size (checkpoint 16, now 8) (and 1 older "
+        "lineages, none continuable) (resume='strict' would continue it or fail)"
+    )
+
+
 @pytest.mark.anyio
 async def test_only_rank_zero_writes() -> None:
     out = Terminal()
