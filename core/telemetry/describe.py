@@ -5,7 +5,7 @@ the fingerprint a checkpoint is checked against. Each part describes itself (its
 from __future__ import annotations
 
 import platform
-from collections.abc import Iterable, Mapping, Sized
+from collections.abc import Callable, Iterable, Mapping, Sized
 from typing import Any, Protocol
 
 import torch
@@ -41,15 +41,16 @@ class Fixed:
         return self._description
 
 
-def jsonable(value: object) -> object:
-    """Plain JSON types as they are; sequences element-wise; anything else as ``str``."""
+def jsonable(value: object, other: Callable[[object], object] = str) -> object:
+    """Plain JSON types as they are; sequences element-wise; anything else as ``other``
+    says (``str`` by default)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (tuple, list)):
-        return [jsonable(v) for v in value]
+        return [jsonable(v, other) for v in value]
     if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    return str(value)
+        return {str(k): jsonable(v, other) for k, v in value.items()}
+    return other(value)
 
 
 def name_of(obj: object) -> str:
@@ -80,17 +81,16 @@ _SCHEDULER_PROGRESS = frozenset({
 """A scheduler's ``state_dict`` entries that say where it is, not how it was set."""
 
 
-def _setting(value: object) -> object:
-    """A setting as plain JSON values; anything else by its type's name (never an address)."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (tuple, list)):
-        return [_setting(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _setting(v) for k, v in value.items()}
+def _named(value: object) -> object:
+    """A setting that is not a plain value: a one-element tensor's number (a capturable
+    optimizer's learning rate, read once), else its type's name (never an address)."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return value.item()  # a tensor learning rate (capturable optimizers), read once
+        return value.item()
     return name_of(value)
+
+
+def _setting(value: object) -> object:
+    return jsonable(value, _named)
 
 
 def optimizer_settings(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
