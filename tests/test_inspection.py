@@ -3,6 +3,7 @@ plan in ``run.describe()``; nothing here reaches into a run's private parts."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,7 @@ def test_checkpoints_list_latest_best_verify_load_and_lineage(tmp_path: Path) ->
     chain = resumed.checkpoints.lineage()
     assert chain[0] == resumed.checkpoints.latest
     assert chain[0].run_id == resumed.run_dir.name
-    assert all(later.parent == earlier.name for later, earlier in zip(chain, chain[1:]))
+    assert all(later.parent == earlier.name for later, earlier in itertools.pairwise(chain))
     assert chain[0].parent == listed[1].name  # the checkpoint it resumed from
     # One lineage, its retention counted over both runs: the damaged one is pruned.
     assert {c.lineage for c in resumed.checkpoints} == {run.run_dir.name}
