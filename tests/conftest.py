@@ -40,15 +40,17 @@ def _training_plot_only_where_asked(
         import core.trainer.cycle
         from core.reports.apart import ReportJob
 
+        # For the whole test, not around each run's reports: two runs closing at once
+        # would each save and restore the other's stand-in, and leave it for later tests.
+        for figure in (
+            "write_training_plot",
+            "write_expert_activations",
+            "write_expert_device_distribution",
+        ):
+            monkeypatch.setattr(core.reports, figure, lambda records, path: None)
+
         def summary_only(run_dir: Path) -> ReportJob:
-            with monkeypatch.context() as patch:
-                for figure in (
-                    "write_training_plot",
-                    "write_expert_activations",
-                    "write_expert_device_distribution",
-                ):
-                    patch.setattr(core.reports, figure, lambda records, path: None)
-                core.reports.write_reports(run_dir)
+            core.reports.write_reports(run_dir)
             return ReportJob.done(run_dir)
 
         monkeypatch.setattr(core.trainer.cycle, "start_reports", summary_only)

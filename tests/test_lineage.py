@@ -6,6 +6,7 @@ lineage ``resume="auto"`` takes, and a run that stopped early staying finished."
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -37,7 +38,7 @@ class Jobs:
         self.server = subprocess.Popen(
             [sys.executable, "-m", "tests.lineage_jobs"], cwd=ROOT, text=True,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            env={**__import__("os").environ, "PYTHONPATH": pythonpath()},
+            env={**os.environ, "PYTHONPATH": pythonpath()},
         )  # fmt: skip
 
     def run(self, log_dir: Path, **job: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -56,6 +57,10 @@ class Jobs:
         if written.get("global_step") is not None:
             written["weights"] = torch.load(out / "weights.pt", weights_only=True)
         return ended, written
+
+    def ops(self) -> list[str]:
+        """The filesystem operations the last job began, one line each: ``N kind path...``."""
+        return (self.root / "out" / str(self.count) / "ops.log").read_text().splitlines()
 
     def close(self) -> None:
         assert self.server.stdin is not None
@@ -100,7 +105,7 @@ def check_kill_at(jobs: Jobs, root: Path, at: int, reference: dict[str, Any], *,
     ended, _ = jobs.run(killed, kill_at_op=at, no_exchange=no_exchange, run={"resume": "auto"})
     assert ended["signal"] == 9, f"op {at}: the job was not killed there ({ended})"
     directory = killed / CHECKPOINTS
-    ops = (Path(jobs.root) / "out" / str(jobs.count) / "ops.log").read_text().splitlines()
+    ops = jobs.ops()
     published = any(" rename " in op and ".staging-" in op for op in ops[:-1])
     if no_exchange:  # between a replace's two renames the checkpoint is aside until a start
         directory = root / f"swept-{at}"
@@ -139,8 +144,7 @@ def test_a_kill_at_every_filesystem_operation_of_every_commit_loses_nothing(
     every N; then a restart under each ``resume`` setting."""
     ended, reference = jobs.run(tmp_path / "reference", run={"resume": "auto"})
     assert ended["code"] == 0 and reference["global_step"] == 18
-    ops = (Path(jobs.root) / "out" / str(jobs.count) / "ops.log").read_text()
-    kinds = {line.split()[1] for line in ops.splitlines()}
+    kinds = {op.split()[1] for op in jobs.ops()}
     assert {"rename", "exchange", "replace", "symlink", "rmtree", "unlink", "rmdir"} <= kinds
     for at in range(1, reference["ops"] + 1):
         check_kill_at(jobs, tmp_path, at, reference, modes=(None, "auto", "strict"))
@@ -154,7 +158,7 @@ def test_without_an_atomic_swap_a_kill_between_the_renames_of_a_replace_is_put_b
     checkpoint aside, then the new one in; the next start puts the old one back."""
     ended, reference = jobs.run(tmp_path / "reference", no_exchange=True, run={"resume": "auto"})
     assert ended["code"] == 0
-    ops = (Path(jobs.root) / "out" / str(jobs.count) / "ops.log").read_text().splitlines()
+    ops = jobs.ops()
     aside = [i for i, op in enumerate(ops, 1) if " rename " in op and ".replaced-" in op]
     assert aside and not any(" exchange " in op for op in ops)
     # Each replace: the old one renamed aside, the new one in, the old one's removal.

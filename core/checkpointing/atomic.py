@@ -143,6 +143,7 @@ def link_last(directory: Path, target: Path) -> None:
     temporary = directory / f".{LAST}.{owner_tag()}"
     temporary.symlink_to(target.name, target_is_directory=True)
     temporary.replace(directory / LAST)
+    fsync_path(directory)  # durable before pruning may remove the checkpoint it named before
 
 
 def last_target(directory: Path) -> str | None:
