@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from torch import nn
 from torch.optim import Optimizer
 
-from core.checkpointing.choice import choose
+from core.checkpointing.choice import Passed, choose
 from core.checkpointing.compatibility import incompatibility, objection, recorded_difference
 from core.checkpointing.config import CheckpointConfig
 from core.checkpointing.disk import disk_error, free_bytes, is_write_failure
@@ -87,8 +87,6 @@ class Checkpointer:
         self.last_path: str | None = None
         """The newest checkpoint this run wrote or resumed from (the last good one)."""
         self.stale = False
-        self._passed: list[dict[str, str]] = []
-        """The lineages ``resume="auto"`` passed over, and why."""
 
     def describe(self) -> dict[str, Any]:
         """Every checkpoint setting, and the directory they are written to."""
@@ -216,17 +214,17 @@ class Checkpointer:
         ``fresh_start`` record says why none was taken. ``"strict"`` continues the newest
         lineage's newest checkpoint, and a path that checkpoint, finished or not; both
         raise :class:`~core.errors.IncompatibleCheckpointError` where it differs."""
-        target, payload, self._passed = self.config.resume, None, []
+        target, payload, passed = self.config.resume, None, list[dict[str, str]]()
         if target is None:
             return None
         if str(target) == "auto":
-            chosen, payload = self._choose()
+            chosen, payload, passed = self._choose()
         elif str(target) == "strict":
             chosen = self._newest()
         else:
             chosen = followed(Path(target))
             self.store.verify(chosen)
-        return None if chosen is None else self._load(chosen, payload)
+        return None if chosen is None else self._load(chosen, payload, passed)
 
     def _newest(self) -> Path | None:
         found = None
@@ -235,7 +233,7 @@ class Checkpointer:
         chosen = self.strategy.broadcast_object(str(found) if found else None)
         return Path(chosen) if chosen else None
 
-    def _choose(self) -> tuple[Path | None, dict[str, Any] | None]:
+    def _choose(self) -> tuple[Path | None, dict[str, Any] | None, Passed]:
         """Rank 0 reads each lineage's newest checkpoint, the newest lineage first, and
         takes the first this run can continue; every rank learns which."""
         found, payload, passed = None, None, list[dict[str, str]]()
@@ -245,14 +243,13 @@ class Checkpointer:
                 store.lineages(),
                 lambda path: recorded_difference(store.recorded_fingerprint(path), fingerprint),
                 lambda path: store.verifies(path, self._report_invalid),
-                self._read, self._why_not,
-            )  # fmt: skip
-        chosen, self._passed = self.strategy.broadcast_object(
-            (str(found) if found else None, passed)
-        )
-        if chosen is None and self._passed:
-            self.emit("fresh_start", **self._passed[0], passed_over=self._passed)
-        return (Path(chosen) if chosen else None), payload
+                self._read,
+                self._why_not,
+            )
+        chosen, passed = self.strategy.broadcast_object((str(found) if found else None, passed))
+        if chosen is None and passed:
+            self.emit("fresh_start", **passed[0], passed_over=passed)
+        return (Path(chosen) if chosen else None), payload, passed
 
     def _why_not(self, payload: dict[str, Any]) -> tuple[str, str] | None:
         model, state = self.strategy.unwrap(self.model), self.state
@@ -269,9 +266,10 @@ class Checkpointer:
     def _report_invalid(self, path: Path, reason: str) -> None:
         self.report_error("error", kind="checkpoint_invalid", path=str(path), reason=reason)
 
-    def _load(self, path: Path, payload: dict[str, Any] | None) -> dict[str, Any]:
+    def _load(self, path: Path, payload: dict[str, Any] | None, passed: Passed) -> dict[str, Any]:
         """Restore model, optimizer and trainer state from ``path`` (``payload``: its state,
-        when already read); return this rank's RNG states. A checkpoint that differs from
+        when already read; ``passed``: the lineages "auto" passed over); return this rank's
+        RNG states. A checkpoint that differs from
         this run raises :class:`~core.errors.IncompatibleCheckpointError`."""
         payload, model = payload or self._read(path), self.strategy.unwrap(self.model)
         differ = incompatibility(payload, self.state.fingerprint(), model.state_dict)
@@ -289,10 +287,14 @@ class Checkpointer:
             self.store.continue_from(path) if self.strategy.is_global_zero else None
         )
         self.emit(
-            "resumed", path=str(path), step=self.last_saved_step,
-            epoch=payload["trainer"]["epoch"], lineage=self.store.lineage,
-            branched=not continued, passed_over=self._passed,
-        )  # fmt: skip
+            "resumed",
+            path=str(path),
+            step=self.last_saved_step,
+            epoch=payload["trainer"]["epoch"],
+            lineage=self.store.lineage,
+            branched=not continued,
+            passed_over=passed,
+        )
         rngs, rank = payload["rng"], self.strategy.rank
         mine: dict[str, Any] = rngs[rank] if rank < len(rngs) else rngs[0]
         return mine

@@ -50,9 +50,10 @@ def recorded_difference(
 
 
 def incompatibility(
-    payload: Mapping[str, Any], fingerprint: Mapping[str, Any],
+    payload: Mapping[str, Any],
+    fingerprint: Mapping[str, Any],
     model_state: Callable[[], Mapping[str, Any]],
-) -> str | None:  # fmt: skip
+) -> str | None:
     """What differs between a checkpoint's ``payload`` and this run (its ``fingerprint``,
     then its model's state, read only if the settings agree), in words; else None."""
     differ = differences(payload["fingerprint"], fingerprint)
@@ -64,10 +65,11 @@ def incompatibility(
 
 
 def objection(
-    payload: Mapping[str, Any], fingerprint: Mapping[str, Any],
+    payload: Mapping[str, Any],
+    fingerprint: Mapping[str, Any],
     model_state: Callable[[], Mapping[str, Any]],
     finished: Callable[[dict[str, Any]], str | None],
-) -> tuple[str, str] | None:  # fmt: skip
+) -> tuple[str, str] | None:
     """Why ``resume="auto"`` leaves a checkpoint alone: ``("incompatible", what differs)``
     or ``("finished", what ended it)``; None when the run continues it."""
     differ = incompatibility(payload, fingerprint, model_state)

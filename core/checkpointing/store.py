@@ -110,9 +110,10 @@ class CheckpointStore:
         lineage = self.lineage_of(path)
         stamp = self._commit_time(path)
         newer = [
-            other for other in self.committed()
+            other
+            for other in self.committed()
             if self.lineage_of(other) == lineage and self._commit_time(other) > stamp
-        ]  # fmt: skip
+        ]
         if lineage is None or any(self.verifies(other) for other in newer):
             return False
         self.lineage = lineage
@@ -141,9 +142,14 @@ class CheckpointStore:
         self._synced[target] = {"sha256": writer.digest.hexdigest(), "bytes": writer.size}
 
     def commit(
-        self, staging: Path, step: int, meta: dict[str, Any], *, replace: bool = False,
+        self,
+        staging: Path,
+        step: int,
+        meta: dict[str, Any],
+        *,
+        replace: bool = False,
         link_last: bool = False,
-    ) -> Path:  # fmt: skip
+    ) -> Path:
         """Hash, sync and atomically publish ``staging`` as this run's checkpoint of ``step``
         (``replace``: in place of this run's checkpoint of ``step``, if it has one); then
         point ``last`` at it (``link_last``), then prune the lineage. A kill between any

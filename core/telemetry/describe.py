@@ -74,10 +74,20 @@ _NOT_SETTINGS = frozenset(
 """``param_groups`` keys that are not hyperparameters: the tensors, what a scheduler adds,
 and how the update is computed (a fused or foreach kernel gives the same result)."""
 _RENAMED = {"lr": "learning_rate"}
-_SCHEDULER_PROGRESS = frozenset({
-    "last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "base_lrs",
-    "best", "num_bad_epochs", "cooldown_counter", "_is_initial", "_initial_step",
-})  # fmt: skip
+_SCHEDULER_PROGRESS = frozenset(
+    {
+        "last_epoch",
+        "_step_count",
+        "_last_lr",
+        "_get_lr_called_within_step",
+        "base_lrs",
+        "best",
+        "num_bad_epochs",
+        "cooldown_counter",
+        "_is_initial",
+        "_initial_step",
+    }
+)
 """A scheduler's ``state_dict`` entries that say where it is, not how it was set."""
 
 
