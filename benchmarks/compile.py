@@ -4,12 +4,18 @@ in place), for the email-sequence transformer and a GPT.
 Each model is copied (same initial weights); the compiled copy's first step compiles it
 (that time, and the graph breaks, are reported apart); then both take ``--warmup`` steps and
 are timed over ``--rounds`` alternating rounds of ``--steps`` training steps (forward,
-cross-entropy over the flattened tokens, backward, fused AdamW; only the model is compiled,
-as ``compile=True`` does in core). Prints the median steps/s of each and their ratio.
+cross-entropy over the flattened tokens, backward, fused AdamW). Prints the median steps/s of
+each and their ratio.
+
+``--scope`` is what is compiled: ``model`` (the module, in place, as ``compile=True`` does in
+core), ``loss`` (one function of the model and its cross-entropy, so the loss fuses with the
+last layer), or ``step`` (forward and backward in one compiled function, the backward
+captured by compiled autograd). ``--scope all`` measures the three against one eager copy.
 
     python -m benchmarks.compile                     # CPU, small sizes
     python -m benchmarks.compile --dry-run           # plumbing check: tiny sizes, 2 steps
     python -m benchmarks.compile --device cuda       # GPT-2 small shape (skips without CUDA)
+    python -m benchmarks.compile --device cuda --models gpt --precision bf16 --scope all
 """
 
 from __future__ import annotations
@@ -84,19 +90,47 @@ def cross_entropy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(outputs, targets)
 
 
-def trainer(model: nn.Module, batch: Batch, args: argparse.Namespace) -> Callable[[], None]:
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def trainer(
+    model: nn.Module, batch: Batch, args: argparse.Namespace, scope: str = "model"
+) -> Callable[[], None]:
     """One training step: forward and loss under autocast (bf16) or none, backward, fused
-    AdamW (core's default optimizer, so the MFU rows compare like with like)."""
+    AdamW (core's default optimizer, so the MFU rows compare like with like). ``scope``
+    ``loss`` compiles the model with its loss, ``step`` forward and backward together; the
+    optimizer step stays eager (its fused kernel is one launch already)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     ctx: Any = nullcontext()
     if args.precision == "bf16":
         ctx = torch.autocast(batch[0].device.type, dtype=torch.bfloat16)
 
-    def step() -> None:
-        inputs, targets = batch
+    def model_loss(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         with ctx:
-            loss = cross_entropy(model(inputs), targets)
-        loss.backward()
+            return cross_entropy(model(inputs), targets)
+
+    def forward_backward(inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        model_loss(inputs, targets).backward()
+
+    backend = getattr(args, "backend", "inductor")
+    if scope == "step":
+        compiled = torch.compile(forward_backward, mode=args.mode, backend=backend)
+
+        def run(inputs: torch.Tensor, targets: torch.Tensor) -> None:
+            with torch._dynamo.config.patch(compiled_autograd=True):  # backward in the graph
+                compiled(inputs, targets)
+    else:
+        loss: Loss = (
+            torch.compile(model_loss, mode=args.mode, backend=backend)
+            if scope == "loss"
+            else model_loss
+        )
+
+        def run(inputs: torch.Tensor, targets: torch.Tensor) -> None:
+            loss(inputs, targets).backward()
+
+    def step() -> None:
+        run(*batch)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -114,42 +148,60 @@ def timed(fn: Callable[[], None], steps: int, device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+def _into(records: list[dict[str, Any]]) -> Callable[..., None]:
+    """An ``emit`` that keeps each record's fields in ``records``."""
+    return lambda event, **fields: records.append(fields)
+
+
+def measure(name: str, args: argparse.Namespace, device: torch.device) -> list[dict[str, Any]]:
+    """Eager against each scope asked for, on copies of one model (same initial weights)."""
     torch.manual_seed(0)
     model, batch = JOBS[name](args, device)
-    compiled = copy.deepcopy(model)
-    records: list[dict[str, Any]] = []
-    errors: list[dict[str, Any]] = []
-    compile_model(
-        compiled,
-        mode=args.mode,
-        backend=getattr(args, "backend", "inductor"),  # the suite's dry run passes "eager"
-        emit=lambda event, **fields: records.append(fields),
-        report_error=lambda event, **fields: errors.append(fields),
-    )
-    eager_step, compiled_step = trainer(model, batch, args), trainer(compiled, batch, args)
-    first_step_s = timed(compiled_step, 1, device)  # compiles
-    for fn in (eager_step, compiled_step):
+    scopes = ["model", "loss", "step"] if args.scope == "all" else [args.scope]
+    steps: dict[str, Callable[[], None]] = {"eager": trainer(model, batch, args)}
+    notes: dict[str, dict[str, Any]] = {}
+    for scope in scopes:
+        copied = copy.deepcopy(model)
+        records: list[dict[str, Any]] = []
+        errors: list[dict[str, Any]] = []
+        if scope == "model":
+            compile_model(
+                copied,
+                mode=args.mode,
+                backend=getattr(args, "backend", "inductor"),  # the suite's dry run: "eager"
+                emit=_into(records),
+                report_error=_into(errors),
+            )
+        steps[scope] = trainer(copied, batch, args, scope)
+        first_step_s = timed(steps[scope], 1, device)  # compiles
+        record = records[0] if records else {}
+        notes[scope] = {
+            "compile_s": record.get("seconds", float("nan")),
+            "first_step_s": first_step_s,
+            "graph_breaks": record.get("graph_breaks", "-"),
+            "failed": errors[0]["reason"] if errors else "",
+        }
+    for fn in steps.values():
         timed(fn, args.warmup, device)
-    rates: dict[str, list[float]] = {"eager": [], "compiled": []}
+    rates: dict[str, list[float]] = {label: [] for label in steps}
+    order = list(steps.items())
     for round_ in range(args.rounds):
-        order = [("eager", eager_step), ("compiled", compiled_step)]
         for label, fn in order if round_ % 2 == 0 else order[::-1]:
             rates[label].append(args.steps / timed(fn, args.steps, device))
-    eager, fast = statistics.median(rates["eager"]), statistics.median(rates["compiled"])
-    record = records[0] if records else {}
-    return {
-        "model": name,
-        "params_M": sum(p.numel() for p in model.parameters()) / 1e6,
-        "batch": len(batch[1]),
-        "eager": eager,
-        "compiled": fast,
-        "ratio": fast / eager,
-        "compile_s": record.get("seconds", float("nan")),
-        "first_step_s": first_step_s,
-        "graph_breaks": record.get("graph_breaks", "-"),
-        "failed": errors[0]["reason"] if errors else "",
-    }
+    eager = statistics.median(rates["eager"])
+    return [
+        {
+            "model": name,
+            "scope": scope,
+            "params_M": sum(p.numel() for p in model.parameters()) / 1e6,
+            "batch": len(batch[1]),
+            "eager": eager,
+            "compiled": statistics.median(rates[scope]),
+            "ratio": statistics.median(rates[scope]) / eager,
+            **notes[scope],
+        }
+        for scope in scopes
+    ]
 
 
 def main() -> None:
@@ -157,6 +209,12 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--models", nargs="+", choices=list(JOBS), default=list(JOBS))
     parser.add_argument("--mode", default="default", help="torch.compile mode")
+    parser.add_argument(
+        "--scope",
+        choices=["model", "loss", "step", "all"],
+        default="model",
+        help="what is compiled: the model, the model with its loss, or forward and backward",
+    )
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--batch-size", type=int, default=0, help="0: the model's default")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per round")
@@ -173,16 +231,19 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    rows = [measure(name, args, device) for name in args.models]
+    rows = [row for name in args.models for row in measure(name, args, device)]
     label = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     threads = torch.get_num_threads()
     print(f"\ntorch {torch.__version__}, {label}, {threads} threads, {args.precision}, "
           f"mode={args.mode}, {args.rounds}x{args.steps} timed steps\n")  # fmt: skip
-    print("| model | params (M) | batch | eager steps/s | compiled steps/s | compiled/eager "
-          "| compile s (first call) | first step s | graph breaks |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| model | compiled | params (M) | batch | eager steps/s | compiled steps/s | "
+        "compiled/eager | compile s (first call) | first step s | graph breaks |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['model']} | {r['params_M']:.2f} | {r['batch']} | {r['eager']:.2f} | "
+        print(f"| {r['model']} | {r['scope']} | {r['params_M']:.2f} | {r['batch']} | "
+              f"{r['eager']:.2f} | "
               f"{r['compiled']:.2f} | {r['ratio']:.2f} | {r['compile_s']:.1f} | "
               f"{r['first_step_s']:.1f} | {r['graph_breaks']} |")  # fmt: skip
         if r["failed"]:

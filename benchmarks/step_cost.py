@@ -230,23 +230,27 @@ def per_step(args: argparse.Namespace, peers: Sequence[str], log_dir: Path) -> d
     def us(spans: list[Spans], attribute: str) -> float:
         return statistics.median(1e6 * getattr(s, attribute) / s.steps for s in spans)
 
-    hand_thread, hand_process = (
-        us(results["hand"], "step_thread_cpu_s"),
-        us(results["hand"], "process_cpu_s"),
-    )
+    def extra_us(name: str, attribute: str) -> float:
+        """The median over rounds of this job's time less the hand loop's in the same round:
+        a pair run minutes apart on a VM drifts by more than what is measured here."""
+        pairs = zip(results[name], results["hand"], strict=True)
+        return statistics.median(
+            1e6 * (getattr(job, attribute) / job.steps - getattr(hand, attribute) / hand.steps)
+            for job, hand in pairs
+        )
+
     out: dict[str, Any] = {
         "model": "MLP 32-64-64-10, batch 32, fp32, fused AdamW, clip 1.0, 1 torch thread",
         "steps_per_round": args.steps,
         "rounds": args.rounds,
-        "hand_step_thread_us": round(hand_thread, 1),
-        "hand_process_us": round(hand_process, 1),
+        "hand_step_thread_us": round(us(results["hand"], "step_thread_cpu_s"), 1),
+        "hand_process_us": round(us(results["hand"], "process_cpu_s"), 1),
     }
     for name in _jobs(peers)[1:]:
-        thread, process = us(results[name], "step_thread_cpu_s"), us(results[name], "process_cpu_s")
-        out[f"{name}_step_thread_us"] = round(thread, 1)
-        out[f"{name}_extra_step_thread_us"] = round(thread - hand_thread, 1)
-        out[f"{name}_process_us"] = round(process, 1)
-        out[f"{name}_extra_process_us"] = round(process - hand_process, 1)
+        out[f"{name}_step_thread_us"] = round(us(results[name], "step_thread_cpu_s"), 1)
+        out[f"{name}_extra_step_thread_us"] = round(extra_us(name, "step_thread_cpu_s"), 1)
+        out[f"{name}_process_us"] = round(us(results[name], "process_cpu_s"), 1)
+        out[f"{name}_extra_process_us"] = round(extra_us(name, "process_cpu_s"), 1)
     return out
 
 

@@ -1,9 +1,15 @@
 """Where the host time of core's optimizer steps goes, on this machine's device: the step
 thread's own calls under ``cProfile`` (a profiler sees only the thread that enables it, so
 it is enabled inside core's step thread), for the MLP of ``benchmarks.overhead`` (fp32,
-batch 64, accumulation 2), beside the same steps of a hand-written loop, timed.
+batch 64, clip 1.0), beside the same steps of a hand-written loop, timed.
 
-    python -m benchmarks.step_profile                # 300 steps, top 30 by own time
+First it prints **core's Python calls per optimizer step**: the calls of functions defined
+in ``core/`` (generators resumed and comprehensions included, as cProfile counts them), in
+an epoch of ``2 x steps`` less an epoch of ``steps``, over ``steps``, so what an epoch pays
+once (opening it, the last flush) is not spread over its steps. Then the table.
+
+    python -m benchmarks.step_profile                    # 300 steps, top 30 by own time
+    python -m benchmarks.step_profile --accumulation 2   # windows of two batches
     python -m benchmarks.step_profile --steps 600 --top 40
 """
 
@@ -17,33 +23,46 @@ import pstats
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
 import torch
 from torch import nn
 
+import core
 from benchmarks.models import mlp
 from core import GradientAccumulationConfig, create_optimized_training_optimizer
 from core.loop.epoch import StepLoop
 
+CORE = str(Path(core.__file__).parent)
 
-def _batches(steps: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+
+def _batches(
+    steps: int, accumulation: int, device: torch.device
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(0)
     return [
         (torch.randn(64, 256, generator=g).to(device), torch.randint(0, 10, (64,)).to(device))
-        for _ in range(2 * steps)
+        for _ in range(accumulation * steps)
     ]
 
 
-def hand_seconds(batches: list[Any], device: torch.device) -> float:
+def core_calls(profile: cProfile.Profile) -> int:
+    """Calls of functions defined in ``core/`` that ``profile`` saw."""
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    return sum(calls for (path, _, _), (_, calls, *_) in stats.items() if path.startswith(CORE))
+
+
+def hand_seconds(batches: list[Any], accumulation: int, device: torch.device) -> float:
     model = mlp().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     loss_fn = nn.CrossEntropyLoss()
     started = time.perf_counter()
     for index, (x, y) in enumerate(batches):
-        (loss_fn(model(x), y) / 2).backward()
-        if index % 2:
+        loss = loss_fn(model(x), y)
+        (loss if accumulation == 1 else loss / accumulation).backward()
+        if (index + 1) % accumulation == 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -52,7 +71,7 @@ def hand_seconds(batches: list[Any], device: torch.device) -> float:
     return time.perf_counter() - started
 
 
-def core_profile(batches: list[Any], profile: cProfile.Profile) -> float:
+def core_profile(batches: list[Any], accumulation: int, profile: cProfile.Profile) -> float:
     original, seconds = StepLoop.run_epoch, [0.0]
 
     @functools.wraps(original)
@@ -72,7 +91,7 @@ def core_profile(batches: list[Any], profile: cProfile.Profile) -> float:
                 model=mlp(), train_loader=batches, max_epochs=1, learning_rate=1e-4,
                 max_grad_norm=1.0, log_dir=logs, checkpoint_every_n_epochs=None,
                 progress=False, reports=False, enable_amp=False,
-                gradient_accumulation_config=GradientAccumulationConfig(2),
+                gradient_accumulation_config=GradientAccumulationConfig(accumulation),
             )  # fmt: skip
             anyio.run(run.train)
             run.close()
@@ -84,17 +103,29 @@ def core_profile(batches: list[Any], profile: cProfile.Profile) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--accumulation", type=int, default=1)
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    batches = _batches(args.steps, device)
-    hand_seconds(batches, device)  # warm-up
-    hand = hand_seconds(batches, device)
+    steps, accumulation = args.steps, args.accumulation
+    batches = _batches(2 * steps, accumulation, device)
+    hand_seconds(batches, accumulation, device)  # warm-up
+    hand = hand_seconds(batches, accumulation, device)
+    core_profile(batches, accumulation, cProfile.Profile())  # warm-up
+    short = cProfile.Profile()
+    core_profile(batches[: steps * accumulation], accumulation, short)
     profile = cProfile.Profile()
-    core_profile(batches, cProfile.Profile())  # warm-up
-    core = core_profile(batches, profile)
-    print(f"device {device}: {args.steps} steps; hand {hand / args.steps * 1e3:.3f} ms a step, "
-          f"core's epoch (profiled) {core / args.steps * 1e3:.3f} ms a step")  # fmt: skip
+    core = core_profile(batches, accumulation, profile)
+    per_step = (core_calls(profile) - core_calls(short)) / steps
+    per_epoch = core_calls(short) - per_step * steps
+    print(
+        f"core's Python calls per optimizer step: {per_step:.1f} (and {per_epoch:.0f} per "
+        f"epoch); accumulation {accumulation}, fp32, clip 1.0"
+    )
+    print(
+        f"device {device}: {2 * steps} steps; hand {hand / (2 * steps) * 1e3:.3f} ms a step, "
+        f"core's epoch (profiled) {core / (2 * steps) * 1e3:.3f} ms a step"
+    )
     out = io.StringIO()
     pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(args.top)
     print(out.getvalue())

@@ -30,6 +30,7 @@ from core.distributed.config import MultiGPUConfig
 from core.errors import ConfigError, config_error
 from core.hardware.settings import GPUManagerConfig
 from core.loop.accumulation import GradientAccumulationConfig
+from core.loop.gradients import check_max_grad_norm
 from core.loop.recovery import ErrorHandlerConfig
 from core.memory.config import MemoryConfig
 from core.monitoring.config import GPUMonitorConfig
@@ -60,11 +61,7 @@ class OptimConfig:
             )
         if not (is_finite_number(self.weight_decay) and self.weight_decay >= 0):
             raise config_error("weight_decay", self.weight_decay, "a finite float >= 0")
-        norm = self.max_grad_norm
-        if norm is not None and not (is_finite_number(norm) and norm > 0):
-            raise config_error(
-                "max_grad_norm", norm, "None (no clipping) or a finite float > 0", "try 1.0."
-            )
+        check_max_grad_norm(self.max_grad_norm)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -184,3 +184,31 @@ def test_no_module_is_longer_than_the_house_limit() -> None:
         if (n := len(path.read_text().splitlines())) > MAX_LINES
     }
     assert long == {}
+
+
+POST_BACKWARD = {"clip_grad_norm_", "clip_grads_with_norm_", "unscale_", "stepper_for"}
+"""Calls only the post-backward sequence makes (``core.loop.gradients``): a module that makes
+one writes a second copy of it."""
+
+
+def calls_in(path: Path) -> set[str]:
+    """The names of the functions and methods ``path`` calls."""
+    called = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            target = node.func
+            if isinstance(target, ast.Attribute):
+                called.add(target.attr)
+            elif isinstance(target, ast.Name):
+                called.add(target.id)
+    return called
+
+
+def test_the_post_backward_sequence_is_written_once() -> None:
+    writers = sorted(
+        name
+        for name, path in MODULES.items()
+        if calls_in(path) & POST_BACKWARD
+        and not name.startswith("core.precision")  # the scaler's own unscale_ and its plugin
+    )
+    assert writers == ["core.loop.gradients"]

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from core import MultiGPUConfig, create_optimized_training_optimizer
-from core.loop.step import OptimizerStep
+from core.loop.step import BatchStep, WindowStep
 from core.loop.stepper import DeviceSkippingStepper, stepper_for
 from core.monitoring.gpu_monitor import GPUMonitor
 from core.monitoring.nvml import load_nvml, nvml_acquire, nvml_release, torch_device_handle
@@ -211,21 +211,31 @@ def sync_checked_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     not a call the mode flags. Returns the checked steps' numbers as they run."""
     checked: list[int] = []
     calls = [0]
-    original = OptimizerStep.__call__
+    inside = [False]  # a BatchStep hands an OOM's window to its WindowStep: one step
 
-    def guarded(self: OptimizerStep, window: Any, **kwargs: Any) -> None:
-        calls[0] += 1
-        if calls[0] == 1:
-            original(self, window, **kwargs)
-            return
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            original(self, window, **kwargs)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        checked.append(kwargs["step"])
+    def guarded_call(original: Callable[..., None]) -> Callable[..., None]:
+        def guarded(self: Any, window: Any, **kwargs: Any) -> None:
+            if inside[0]:
+                original(self, window, **kwargs)
+                return
+            calls[0] += 1
+            checking = calls[0] > 1
+            if checking:
+                torch.cuda.set_sync_debug_mode("error")
+            inside[0] = True
+            try:
+                original(self, window, **kwargs)
+            finally:
+                inside[0] = False
+                if checking:
+                    torch.cuda.set_sync_debug_mode("default")
+            if checking:
+                checked.append(kwargs["step"])
 
-    monkeypatch.setattr(OptimizerStep, "__call__", guarded)
+        return guarded
+
+    for kind in (BatchStep, WindowStep):
+        monkeypatch.setattr(kind, "__call__", guarded_call(kind.__call__))
     return checked
 
 

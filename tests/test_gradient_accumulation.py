@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -15,7 +16,10 @@ from core import (
     create_optimized_training_optimizer,
 )
 from core.distributed import Strategy
+from core.loop.recovery import ErrorHandler
 from tests.helpers import TokenModel, make_classification, make_model, padded_sequences
+
+CHECK = partial(ErrorHandler().check_batch, epoch=0)
 
 
 def batches(sizes: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -24,7 +28,7 @@ def batches(sizes: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def test_windows_group_batches_and_keep_the_short_tail() -> None:
     acc = GradientAccumulation(GradientAccumulationConfig(accumulation_steps=3))
-    windows = list(acc.windows(batches([4, 4, 4, 4, 2])))
+    windows = list(acc.windows(batches([4, 4, 4, 4, 2]), CHECK))
     assert [w.sizes for w in windows] == [[4, 4, 4], [4, 2]]
     assert [w.samples for w in windows] == [12, 6]
     assert [w.first_batch_index for w in windows] == [0, 3]
@@ -32,7 +36,7 @@ def test_windows_group_batches_and_keep_the_short_tail() -> None:
 
 def test_micro_batches_split_by_size_and_only_the_last_syncs() -> None:
     acc = GradientAccumulation(GradientAccumulationConfig(accumulation_steps=2, micro_batch_size=3))
-    (window,) = list(acc.windows(batches([7, 2])))
+    (window,) = list(acc.windows(batches([7, 2]), CHECK))
     micro = acc.micro_batches(window)
     assert [m.samples for m in micro] == [3, 2, 2, 2]
     assert [m.is_last for m in micro] == [False, False, False, True]
@@ -173,6 +177,6 @@ def test_sample_normalisation_is_off_on_padded_batches(log_dir: Path) -> None:
 
 def test_tokens_need_targets(log_dir: Path) -> None:
     acc = GradientAccumulation(GradientAccumulationConfig(normalize_by="tokens"))
-    (window,) = list(acc.windows([{"input_ids": torch.ones(2, 3, dtype=torch.long)}]))
+    (window,) = list(acc.windows([{"input_ids": torch.ones(2, 3, dtype=torch.long)}], CHECK))
     with pytest.raises(Exception, match=r"normalize_by='tokens' needs target tokens"):
         acc.loss_weights(acc.micro_batches(window), window, Strategy(torch.device("cpu")))

@@ -5,8 +5,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
@@ -19,6 +21,8 @@ from core.loop.objective import DefaultObjective
 from core.loop.readback import Readback
 from core.loop.recorder import NOTHING_PENDING, StepOutcome, StepRecorder
 from core.loop.recovery import ErrorHandler
+from core.loop.schedule import StepSchedule, next_multiple
+from core.loop.step import BatchStep, WindowStep
 from core.precision.config import MixedPrecisionConfig
 from core.precision.policy import MixedPrecisionTrainer
 from tests.helpers import make_classification, make_model
@@ -130,7 +134,9 @@ def test_a_skipped_step_does_not_step_the_scheduler() -> None:
 def test_step_hooks_and_device_fields_are_constructor_arguments() -> None:
     seen: list[int] = []
     fields = {"device_util_pct": 42.0, "device_mem_used_bytes": 7}
-    loop, loader, records = make_loop(step_hooks=[seen.append], device_fields=lambda: fields)
+    loop, loader, records = make_loop(
+        step_hooks=[seen.append], device_fields=SimpleNamespace(record_fields=fields)
+    )
     run_epoch(loop, loader)
     assert seen == [1, 2, 3]
     assert all(r["device_util_pct"] == 42.0 and r["device_mem_used_bytes"] == 7 for r in records)
@@ -152,8 +158,8 @@ def recorder(emit: Callable[..., None]) -> StepRecorder:
 
 def outcome(step: int, losses: Iterator[float]) -> StepOutcome:
     micro = [torch.tensor(next(losses)), torch.tensor(next(losses))]
-    readback = Readback(micro, [3, 1], torch.tensor(0.5), False, None)
-    return StepOutcome(readback, 0, step, 0.1, 4, 0.01, 0.0)
+    readback = Readback(micro, [3, 1], None, torch.tensor(0.5), False, None, 0.1)
+    return StepOutcome(readback, 0, step, 4, 0.01, 0.0)
 
 
 def test_settle_reads_the_deferred_step_once() -> None:
@@ -167,3 +173,59 @@ def test_settle_reads_the_deferred_step_once() -> None:
     assert rec.settle() is NOTHING_PENDING
     assert [(r["event"], r["step"]) for r in records] == [("train_step", 1)]
     assert (rec.stats.steps, rec.stats.samples, rec.stats.loss_sum) == (1, 4, 8.0)
+
+
+class EveryThird:
+    """A step hook due after every third global step."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def next_due(self, step: int) -> int | None:
+        return next_multiple(step, 3)
+
+    def __call__(self, step: int) -> None:
+        self.seen.append(step)
+
+
+def test_a_step_hook_is_called_only_after_the_steps_it_names_across_epochs() -> None:
+    hook = EveryThird()
+    loop, loader, _ = make_loop(batches=5, step_hooks=[hook])
+    run_epoch(loop, loader)
+    loop.run_epoch(loader, 1, threading.Event())
+    assert hook.seen == [3, 6, 9]  # global steps 1-10 over two epochs of 5
+
+
+def test_the_schedule_runs_hooks_due_on_one_step_in_order_and_keeps_the_earliest() -> None:
+    calls: list[str] = []
+    third = EveryThird()
+    schedule = StepSchedule([third, lambda step: calls.append(f"every {step}")])
+    assert schedule.start(0) == 1
+    assert schedule.reached(1) == 2 and calls == ["every 1"]
+    schedule.reached(2)
+    assert schedule.reached(3) == 4 and third.seen == [3]
+    assert next_multiple(7, None, 5, 4) == 8 and next_multiple(7, None) is None
+
+
+@pytest.mark.parametrize(("accumulation_steps", "kernel"), [(1, BatchStep), (2, WindowStep)])
+def test_the_kernel_is_chosen_when_the_loop_is_built(accumulation_steps: int, kernel: type) -> None:
+    loop, _, _ = make_loop(accumulation_steps=accumulation_steps)
+    assert type(loop.optimizer_step) is kernel
+
+
+def test_the_plain_kernel_trains_the_weights_the_window_kernel_trains() -> None:
+    torch.manual_seed(0)
+    plain, loader, plain_records = make_loop(batches=4)
+    torch.manual_seed(0)
+    windowed, _, window_records = make_loop(batches=4)
+    assert isinstance(plain.optimizer_step, BatchStep)
+    assert isinstance(windowed.optimizer_step, BatchStep)
+    windowed.optimizer_step = windowed.optimizer_step.windows  # the kernel it would hand to
+    run_epoch(plain, loader)
+    run_epoch(windowed, loader)
+    for a, b in zip(plain.model.parameters(), windowed.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    fields = ("step", "loss", "grad_norm", "lr", "skipped", "samples")
+    assert [[r[f] for f in fields] for r in plain_records] == [
+        [r[f] for f in fields] for r in window_records
+    ]

@@ -103,10 +103,12 @@ def to_device(value: Any, device: torch.device) -> Any:
     """Move every tensor in a nested structure to ``device`` (asynchronously when pinned)."""
     if isinstance(value, torch.Tensor):
         return value if value.device == device else value.to(device, non_blocking=True)
-    if type(value) is tuple and all(
-        isinstance(v, torch.Tensor) and v.device == device for v in value
-    ):
-        return value  # fast path: already there
+    if type(value) is tuple:
+        for item in value:  # a loop, not all(...): no generator to resume on every step
+            if not (isinstance(item, torch.Tensor) and item.device == device):
+                break
+        else:
+            return value  # fast path: already there
     if isinstance(value, Mapping):
         return {k: to_device(v, device) for k, v in value.items()}
     if isinstance(value, (tuple, list)):

@@ -155,8 +155,24 @@ class Strategy:
         return found_inf
 
     # -- agreement between ranks (immediate in one process) -------------------------------
+    stop_vote_interval: int | None = None
+    """Every how many optimizer steps the ranks vote on stopping (:meth:`vote_on_stop`);
+    None in one process, which stops at the first step boundary after its stop flag is set."""
+
+    @property
+    def equal_windows(self) -> bool:
+        """Whether every rank's optimizer step holds as many samples (always in one process;
+        shards ``core`` built), so no step needs the ranks' sample count."""
+        return True
+
     def should_stop(self, requested: bool) -> bool:
-        """Called at every step boundary with this rank's wish; True when all must stop."""
+        """Called at every batch boundary (evaluation, prediction) with this rank's wish;
+        True when all must stop."""
+        return requested
+
+    def vote_on_stop(self, requested: bool) -> bool:
+        """The step loop's vote, every :attr:`stop_vote_interval` steps: True when all ranks
+        must stop now (one process: its own wish)."""
         return requested
 
     def settle_stop_votes(self) -> bool:

@@ -74,6 +74,10 @@ def uneven_loaders_error(name: str, lengths: list[int], epoch: int | None) -> Un
 class Lockstep:
     """Loaders that end together by themselves (equal lengths, or one process)."""
 
+    agrees_each_step = False
+    """Whether :meth:`uneven_end` must be asked before every step (it always says None
+    here, so the step loop does not ask)."""
+
     def uneven_end(self, in_hand: int) -> dict[str, Any] | None:
         """Called before each step with the batches this rank has for it (0: none left).
 
@@ -85,6 +89,8 @@ class Lockstep:
 
 class StreamLockstep(Lockstep):
     """Streams of unknown length: one small all-gather before every step."""
+
+    agrees_each_step = True
 
     def __init__(self, all_gather: Callable[[int], list[int]]) -> None:
         self._all_gather = all_gather

@@ -79,6 +79,7 @@ class ProcessGroupStrategy(Strategy):
         self._control: Any = None
         self._equal_shards = False
         self.vote_interval = vote_interval
+        self.stop_vote_interval = vote_interval
         self.agent_rendezvous = agent_rendezvous
         self._boundaries = 0
         self._vote = torch.zeros(1, dtype=torch.int32)
@@ -208,10 +209,17 @@ class ProcessGroupStrategy(Strategy):
         return torch.device("cpu") if dist.get_backend() == "gloo" else self.device
 
     # -- agreement ------------------------------------------------------------------------
+    @property
+    def equal_windows(self) -> bool:
+        return self._equal_shards
+
     def should_stop(self, requested: bool) -> bool:
         self._boundaries += 1
         if self._boundaries % self.vote_interval:
             return False
+        return self.vote_on_stop(requested)
+
+    def vote_on_stop(self, requested: bool) -> bool:
         decided = self.settle_stop_votes()
         self._vote = torch.tensor([int(requested or decided)], dtype=torch.int32)
         self._vote_work = dist.all_reduce(

@@ -3,16 +3,17 @@
 
 The first call of a step opens it (``MixedPrecisionTrainer.begin_step``: the AMP switch is
 applied and the step counted); the forward and the loss run under that precision's
-autocast, the backward is the precision's (scaled for fp16). ``optimizer_step`` does what
-:class:`~core.loop.step.OptimizerStep` does after its backward: unscale with the overflow
-flag, global gradient norm (clipped with ``max_grad_norm``), the optimizer step or its skip
-(``core.loop.stepper``: on the device for fused optimizers on CUDA), the scale update,
-gradients cleared; its :class:`~core.loop.recorder.StepRecorder` then settles the step at
-once (one device sync per step, by design: the face returns the step's values).
+autocast, the backward is the precision's (scaled for fp16). ``optimizer_step`` is the step
+loop's own post-backward sequence (:class:`~core.loop.gradients.GradientUpdate`: unscale
+with the overflow flag, global gradient norm clipped with ``max_grad_norm``, the optimizer
+step or its skip, the scale update, gradients cleared); its
+:class:`~core.loop.recorder.StepRecorder` then settles the step at once (one device sync
+per step, by design: the face returns the step's values).
 """
 
 from __future__ import annotations
 
+from functools import partial
 from time import perf_counter
 from typing import Any
 
@@ -23,10 +24,10 @@ from core.data.batches import to_device
 from core.distributed.base import Strategy
 from core.eager.emit import Emit
 from core.hardware.device import device_of
+from core.loop.gradients import GradientUpdate
 from core.loop.readback import Readback, StepScalars
 from core.loop.recorder import StepOutcome, StepRecorder
 from core.loop.recovery import ErrorHandler
-from core.loop.stepper import OptimizerStepper, stepper_for
 from core.precision.plugins import Precision
 from core.precision.policy import MixedPrecisionTrainer
 
@@ -68,7 +69,7 @@ class ManualSteps:
         self._started = 0.0
         self._losses: list[torch.Tensor] = []
         self._samples = 0
-        self._stepper: tuple[torch.optim.Optimizer, OptimizerStepper] | None = None
+        self._update: GradientUpdate | None = None
 
     def _precision(self) -> Precision:
         """The open step's precision (the first call of a step opens it)."""
@@ -108,21 +109,13 @@ class ManualSteps:
                 "Fix: call backward_pass(loss, optimizer) before optimizer_step(optimizer)."
             )
         precision = self._precision()
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        grads = [p.grad for p in params if p.grad is not None]
-        found_inf = precision.unscale_(grads)  # fp16 only
-        grad_norm = self.strategy.total_norm(grads)  # device tensor: no host sync
-        if self.max_grad_norm is not None:
-            torch.nn.utils.clip_grads_with_norm_(params, self.max_grad_norm, grad_norm)
-        lr = float(optimizer.param_groups[0]["lr"])
-        skipped = self._stepper_for(optimizer).step(found_inf, grad_norm)
         ones = [1] * len(self._losses)  # the step's loss: the mean of its backward losses
-        readback = Readback(self._losses, ones, grad_norm, skipped, precision.loss_scale)
-        precision.update(found_inf)
-        optimizer.zero_grad(set_to_none=True)
+        readback = self._update_of(optimizer)(
+            precision, partial(Readback, self._losses, ones, None)
+        )
         self.steps_done += 1
         samples = self._samples or len(self._losses)
-        self.recorder.defer(StepOutcome(readback, 0, self.steps_done, lr, samples,
+        self.recorder.defer(StepOutcome(readback, 0, self.steps_done, samples,
                                         perf_counter() - self._started, 0.0))  # fmt: skip
         scalars = self.recorder.settle()  # read back now: the face is synchronous
         assert isinstance(scalars, StepScalars)  # deferred just above
@@ -131,11 +124,16 @@ class ManualSteps:
         return {
             "loss": scalars.loss, "grad_norm": scalars.grad_norm,
             "loss_scale": scalars.loss_scale, "overflow": scalars.overflow,
-            "skipped": scalars.skipped, "lr": lr, "step_time": step_time,
+            "skipped": scalars.skipped, "lr": readback.lr, "step_time": step_time,
         }  # fmt: skip
 
-    def _stepper_for(self, optimizer: torch.optim.Optimizer) -> OptimizerStepper:
-        if self._stepper is None or self._stepper[0] is not optimizer:
-            guard = self.errors.config.skip_nonfinite
-            self._stepper = (optimizer, stepper_for(optimizer, self.device, guard_nonfinite=guard))
-        return self._stepper[1]
+    def _update_of(self, optimizer: torch.optim.Optimizer) -> GradientUpdate:
+        """The post-backward sequence for ``optimizer`` (built again if it is another)."""
+        if self._update is None or self._update.optimizer is not optimizer:
+            self._update = GradientUpdate(
+                optimizer,
+                self.strategy,
+                max_grad_norm=self.max_grad_norm,
+                guard_nonfinite=self.errors.config.skip_nonfinite,
+            )
+        return self._update

@@ -1,10 +1,10 @@
 """Seed 002's ``train_step``/``validate_step``: one optimizer step per call, on the run's parts.
 
-:class:`EagerSteps` owns an :class:`~core.loop.step.OptimizerStep` built exactly as a run
-builds it (the precision policy, ``GradientAccumulation()``, the base ``Strategy``, an
-``Objective``, the ``ErrorHandler``, a ``StepRecorder``) and hands it a one-batch window
-per call. The run settles step N during step N+1; this face settles each step before it
-returns, so its metrics are this step's: one device sync per call, by design.
+:class:`EagerSteps` owns the step kernel a run of one batch per step builds
+(``core.loop.step``: the precision policy, ``GradientAccumulation()``, the base
+``Strategy``, an ``Objective``, the ``ErrorHandler``, a ``StepRecorder``) and hands it a
+one-batch window per call. The run settles step N during step N+1; this face settles each
+step before it returns, so its metrics are this step's: one device sync per call, by design.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from core.loop.objective import DefaultObjective, LossFn, Objective
 from core.loop.readback import StepScalars
 from core.loop.recorder import EpochStats, Scheduler, StepRecorder
 from core.loop.recovery import ErrorHandler
-from core.loop.step import OptimizerStep
+from core.loop.step import WindowStep, optimizer_step_for
 from core.memory.amp_savings import measure_amp_savings
 from core.moe.probe import MoEProbe
 from core.precision.plugins import FP32, Precision
@@ -110,12 +110,21 @@ class EagerSteps:
             scheduler=scheduler, precision=amp, errors=self.errors,
             device=device_of(self.device), emit=emit,
         )  # fmt: skip
-        self.step = OptimizerStep(
-            model=model, optimizer=optimizer, amp=amp, accumulation=GradientAccumulation(),
-            strategy=self.strategy, objective=self.objective, errors=self.errors,
-            max_grad_norm=max_grad_norm, recorder=self.recorder, emit=emit,
-            terms=MoEProbe.of(model),  # an MoE model's balancing loss and counts
-        )  # fmt: skip
+        self.step = optimizer_step_for(
+            WindowStep(
+                model=model,
+                optimizer=optimizer,
+                amp=amp,
+                accumulation=GradientAccumulation(),
+                strategy=self.strategy,
+                objective=self.objective,
+                errors=self.errors,
+                max_grad_norm=max_grad_norm,
+                recorder=self.recorder,
+                emit=emit,
+                terms=MoEProbe.of(model),  # an MoE model's balancing loss and counts
+            )
+        )
         self.steps_done = 0
         self.track_memory = track_memory
         """Measure AMP's memory saving on the next batch (once; ``core.memory.amp_savings``)."""

@@ -18,6 +18,9 @@ __all__ = ("CudaDevice", "Device", "device_of")
 class Device:
     """A device without an accelerator's extras (CPU): counters are null, caches absent."""
 
+    counts_allocations = False
+    """Whether :meth:`allocated_and_peak` reads real counters (a caller may skip it)."""
+
     def __init__(self, device: torch.device) -> None:
         self.torch = device
 
@@ -62,6 +65,8 @@ class Device:
 
 class CudaDevice(Device):
     """A CUDA device: allocator counters, cache, current-device and bf16 queries."""
+
+    counts_allocations = True
 
     @property
     def is_cuda(self) -> bool:

@@ -34,6 +34,7 @@ from core.data.batches import count_samples, count_tokens, split_batch
 from core.errors import config_error
 
 __all__ = (
+    "BatchCheck",
     "GradientAccumulation",
     "GradientAccumulationConfig",
     "MicroBatch",
@@ -106,6 +107,13 @@ class Window(NamedTuple):
     samples: int
 
 
+class BatchCheck(Protocol):
+    """Raises on a batch that is not of a form the step takes (``ErrorHandler.check_batch``
+    with its epoch)."""
+
+    def __call__(self, batch: Any, *, batch_index: int) -> object: ...
+
+
 class Counts(Protocol):
     """What a weighting needs from the strategy: the window's count over all ranks."""
 
@@ -157,17 +165,28 @@ class GradientAccumulation:
     def accumulation_steps(self) -> int:
         return self.config.accumulation_steps
 
-    def windows(self, batches: Iterable[Any], start_index: int = 0) -> Iterator[Window]:
-        """Group ``batches`` into windows of ``accumulation_steps`` (the last may be short)."""
+    def windows(
+        self, batches: Iterable[Any], check: BatchCheck, start_index: int = 0
+    ) -> Iterator[Window]:
+        """Group ``batches`` into windows of ``accumulation_steps`` (the last may be short),
+        each batch passed to ``check`` with its index first (which raises on a bad one)."""
+        steps = self.accumulation_steps
+        if steps == 1:  # the common case: a window per batch, no list to fill
+            for index, batch in enumerate(batches, start=start_index):
+                check(batch, batch_index=index)
+                size = count_samples(batch)
+                yield Window([batch], [size], index, size)
+            return
         pending: list[Any] = []
         sizes: list[int] = []
         first = start_index
         for index, batch in enumerate(batches, start=start_index):
+            check(batch, batch_index=index)
             if not pending:
                 first = index
             pending.append(batch)
             sizes.append(count_samples(batch))
-            if len(pending) == self.accumulation_steps:
+            if len(pending) == steps:
                 yield Window(pending, sizes, first, sum(sizes))
                 pending, sizes = [], []
         if pending:

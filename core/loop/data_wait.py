@@ -14,7 +14,6 @@ touches a later run's.
 from __future__ import annotations
 
 import threading
-from time import perf_counter
 
 __all__ = ("DataWait",)
 
@@ -24,32 +23,24 @@ class DataWait:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._since: float | None = None
-        self._parked = False
-
-    @property
-    def since(self) -> float | None:
+        self.since: float | None = None
         """``perf_counter()`` when the thread asked the loader for its next batch; None when
-        it is not waiting for one."""
-        return self._since
-
-    def begin(self, since: float | None = None) -> None:
-        """The step thread asks its loader for the next batch."""
-        with self._lock:
-            self._since = perf_counter() if since is None else since
+        it is not waiting for one. The step thread sets it before asking (one store: no lock
+        is needed, as :meth:`park` reads it once), and :meth:`end` clears it."""
+        self._parked = False
 
     def end(self) -> bool:
         """The loader returned (or raised): True when the thread may go on, False when a stop
         parked it meanwhile (it must then leave without touching the run's state)."""
         with self._lock:
-            self._since = None
+            self.since = None
             return not self._parked
 
     def park(self) -> bool:
         """From another thread: stop the step thread at this boundary if it waits for data.
         True when it did (the thread will never step again), False when it is in a step."""
         with self._lock:
-            if self._since is None and not self._parked:
+            if self.since is None and not self._parked:
                 return False
             self._parked = True
             return True

@@ -1,11 +1,13 @@
 """The synchronous step loop: epochs of optimizer steps.
 
 Plain PyTorch, run in a worker thread by the orchestrator; nothing in here awaits. The loop
-pulls windows of batches, runs one optimizer step per window (``core.loop.step``), calls the
-step hooks, and stops at a step boundary all ranks agree on. Step N's loss, gradient norm,
-skip flag and loss scale are read back during step N+1, and the LR scheduler stepped then
-(``core.loop.recorder``); :meth:`StepLoop.flush` settles the last step. The loop knows where
-it is (epoch, loader batches consumed) so a checkpoint can resume mid-epoch.
+pulls windows of batches, runs one optimizer step per window in the kernel built for the
+run (``core.loop.step``), calls the step hooks on the steps they are due
+(``core.loop.schedule``), and stops at a step boundary all ranks agree on. Step N's loss,
+gradient norm, skip flag and loss scale are read back during step N+1, and the LR scheduler
+stepped then (``core.loop.recorder``); :meth:`StepLoop.flush` settles the last step. The
+loop knows where it is (epoch, loader batches consumed) so a checkpoint can resume
+mid-epoch.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import itertools
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, replace
+from functools import partial
 from time import perf_counter
 from typing import Any, NamedTuple
 
@@ -28,7 +31,8 @@ from core.loop.data_wait import DataWait
 from core.loop.objective import Objective
 from core.loop.recorder import DeviceFields, EpochStats, Scheduler, StepRecorder
 from core.loop.recovery import ErrorHandler
-from core.loop.step import OptimizerStep
+from core.loop.schedule import StepHook, StepSchedule
+from core.loop.step import WindowStep, optimizer_step_for
 from core.loop.terms import ModelTerms
 from core.precision.policy import MixedPrecisionTrainer
 from core.rng import capture_rng, restore_rng
@@ -36,7 +40,6 @@ from core.rng import capture_rng, restore_rng
 __all__ = ("EpochStats", "ResumePoint", "Scheduler", "StepLoop")
 
 Emit = Callable[..., None]
-StepHook = Callable[[int], None]  # called with the global step after every optimizer step
 
 
 class ResumePoint(NamedTuple):
@@ -51,10 +54,11 @@ class ResumePoint(NamedTuple):
 class StepLoop:
     """Runs optimizer steps for the orchestrator; owns no thread and no file.
 
-    ``step_hooks`` run on the step thread after every optimizer step, with the global step
-    (a checkpoint due, a profiler step); the epoch ends early once ``max_steps`` optimizer
-    steps were taken. ``device_fields`` gives the latest device
-    utilisation and memory for every ``train_step`` record (None: both fields null).
+    ``step_hooks`` run on the step thread after the optimizer steps each one names (a
+    checkpoint due, a profiler step; a plain callable runs after every step), with the
+    global step; more are added to :attr:`schedule`. The epoch ends early once ``max_steps``
+    optimizer steps were taken. ``device_fields`` holds the latest device utilisation and
+    memory for every ``train_step`` record (None: both fields null).
     ``prepare_batch`` moves a batch to the device (default ``to_device``; channels_last
     models convert 4-D inputs too). ``precision.config.clear_cache`` empties the CUDA cache
     after each epoch.
@@ -73,7 +77,7 @@ class StepLoop:
         errors: ErrorHandler,
         max_grad_norm: float | None,
         emit: Emit,
-        step_hooks: Sequence[StepHook] = (),
+        step_hooks: Sequence[StepHook | Callable[[int], None]] = (),
         device_fields: DeviceFields | None = None,
         prepare_batch: Callable[[Any], Any] | None = None,
         max_steps: int | None = None,
@@ -84,16 +88,27 @@ class StepLoop:
         self.strategy = strategy
         self.errors = errors
         self.emit = emit
-        self.step_hooks = tuple(step_hooks)
+        self.schedule = StepSchedule(step_hooks)
         self.recorder = StepRecorder(
             scheduler=scheduler, precision=precision, errors=errors,
             device=device_of(strategy.device), emit=emit, device_fields=device_fields,
         )  # fmt: skip
-        self.optimizer_step = OptimizerStep(
-            model=model, optimizer=optimizer, amp=precision, accumulation=accumulation,
-            strategy=strategy, objective=objective, errors=errors, max_grad_norm=max_grad_norm,
-            recorder=self.recorder, emit=emit, prepare_batch=prepare_batch, terms=terms,
-        )  # fmt: skip
+        self.optimizer_step = optimizer_step_for(
+            WindowStep(
+                model=model,
+                optimizer=optimizer,
+                amp=precision,
+                accumulation=accumulation,
+                strategy=strategy,
+                objective=objective,
+                errors=errors,
+                max_grad_norm=max_grad_norm,
+                recorder=self.recorder,
+                emit=emit,
+                prepare_batch=prepare_batch,
+                terms=terms,
+            )
+        )
         self.max_steps = max_steps
         self.clear_cache = precision.config.clear_cache
         self.global_step = 0
@@ -113,15 +128,23 @@ class StepLoop:
         """Train one epoch (the rest of it after ``resume``); return early, at a step
         boundary all ranks agree on, once ``stop`` is set."""
         self.model.train()
-        self.strategy.set_epoch(loader, epoch)
-        lockstep = self.strategy.lockstep(loader, "train_loader", epoch=epoch)  # uneven: raises
+        strategy = self.strategy
+        strategy.set_epoch(loader, epoch)
+        lockstep = strategy.lockstep(loader, "train_loader", epoch=epoch)  # uneven: raises
+        # Streams: every rank ends the epoch where the first one runs out, agreed before each
+        # step (lengths known: they end together, nothing to ask).
+        agree_each_step = lockstep.agrees_each_step
+        votes = strategy.stop_vote_interval  # None: this process stops on its own flag
         batches = self._open_epoch(loader, epoch, resume)
         stats = self.recorder.stats
-        windows = self.accumulation.windows(batches, start_index=self.batches_done)
+        check = partial(self.errors.check_batch, epoch=epoch)
+        windows = self.accumulation.windows(batches, check, start_index=self.batches_done)
+        optimizer_step, max_steps = self.optimizer_step, self.max_steps
+        due = self.schedule.start(self.global_step)  # the next step a hook waits for
         started = tick = perf_counter()
         wait = self.data_wait = DataWait()
         while True:
-            wait.begin(tick)
+            wait.since = tick
             try:
                 window = next(windows, None)
             except Exception as exc:
@@ -130,28 +153,38 @@ class StepLoop:
                 raise self._failure(exc, "loading a batch", self.batches_done) from exc
             if not wait.end():  # parked by a stop, whose checkpoint holds this boundary
                 return EpochStats(epoch=epoch, interrupted=True)
-            # Streams: every rank ends the epoch where the first one runs out (lengths known:
-            # no collective, they end together).
-            uneven = lockstep.uneven_end(0 if window is None else len(window.batches))
-            if uneven is not None:
-                self.emit("uneven_inputs", epoch=epoch, step=self.global_step,
-                          loader="train_loader", **uneven)  # fmt: skip
-            if window is None or uneven is not None:
+            if agree_each_step:
+                uneven = lockstep.uneven_end(0 if window is None else len(window.batches))
+                if uneven is not None:
+                    self.emit(
+                        "uneven_inputs",
+                        epoch=epoch,
+                        step=self.global_step,
+                        loader="train_loader",
+                        **uneven,
+                    )
+                    break
+            if window is None:
                 break
-            data_time = perf_counter() - tick
+            step = self.global_step + 1
             try:
-                self.optimizer_step(window, step=self.global_step + 1, epoch=epoch,
-                                    started=tick, data_time_s=data_time)  # fmt: skip
+                optimizer_step(
+                    window, step=step, epoch=epoch, started=tick, data_time_s=perf_counter() - tick
+                )
             except Exception as exc:
                 raise self._failure(exc, "the step", window.first_batch_index) from exc
-            self.global_step += 1
+            self.global_step = step
             self.batches_done = window.first_batch_index + len(window.batches)
-            for hook in self.step_hooks:
-                hook(self.global_step)
-            if self.max_steps is not None and self.global_step >= self.max_steps:
+            if step == due:
+                due = self.schedule.reached(step)
+            if max_steps is not None and step >= max_steps:
                 break  # every rank steps in lockstep: all end here together
             tick = perf_counter()
-            if self.strategy.should_stop(stop.is_set()):  # agreed by all ranks
+            if votes is None:
+                if stop.is_set():
+                    stats.interrupted = True
+                    break
+            elif step % votes == 0 and strategy.vote_on_stop(stop.is_set()):  # all ranks
                 stats.interrupted = True
                 break
         stats.interrupted |= self.strategy.settle_stop_votes()
@@ -169,7 +202,7 @@ class StepLoop:
     def _open_epoch(
         self, loader: Iterable[Any], epoch: int, resume: ResumePoint | None
     ) -> Iterator[Any]:
-        """The epoch's checked batches; after ``resume``, the same order, consumed ones skipped."""
+        """The epoch's batches; after ``resume``, the same order, consumed ones skipped."""
         self.epoch = epoch
         if resume is None or resume.batches_done == 0:
             if resume is not None:
@@ -177,7 +210,7 @@ class StepLoop:
             self.batches_done = 0
             self.recorder.stats = EpochStats(epoch=epoch)
             self.epoch_rng = capture_rng()  # before the loader draws its shuffle seed
-            return self._checked(iter(loader), epoch, 0)
+            return iter(loader)
         restore_rng(resume.rng_epoch_start)
         self.epoch_rng = resume.rng_epoch_start
         iterator = iter(loader)
@@ -186,11 +219,7 @@ class StepLoop:
         restore_rng(resume.rng_now)
         self.batches_done = resume.batches_done
         self.recorder.stats = replace(resume.stats, interrupted=False)
-        return self._checked(iterator, epoch, resume.batches_done)
-
-    def _checked(self, batches: Iterator[Any], epoch: int, start: int) -> Iterator[Any]:
-        for index, batch in enumerate(batches, start=start):
-            yield self.errors.check_batch(batch, epoch=epoch, batch_index=index)
+        return iterator
 
     def _failure(self, exc: Exception, phase: str, batch_index: int) -> BaseException:
         timeout = getattr(self.strategy, "timeout_s", None)

@@ -117,4 +117,4 @@ class DefaultObjective(Objective):
                 "convert class labels with targets.long(); for class probabilities pass "
                 "loss_fn=nn.CrossEntropyLoss() explicitly."
             )
-        return super().loss(outputs, targets)
+        return self.loss_fn(outputs, targets)

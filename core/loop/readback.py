@@ -10,6 +10,7 @@ and the read is immediate.
 
 from __future__ import annotations
 
+from operator import mul
 from typing import Any, NamedTuple
 
 import torch
@@ -35,13 +36,15 @@ class StepScalars(NamedTuple):
 
 
 class Readback:
-    """One step's device scalars on their way to the host.
+    """One step's device scalars on their way to the host, and the LR the step ran at.
 
     ``micro_losses`` are the (detached, 0-d) mean losses of the window's micro-batches and
     ``micro_samples`` their sample counts; the window's loss is their weighted mean,
     computed on the host so the step pays for no extra device ops. On CPU the values are
     read at once (there is nothing to wait for); on CUDA they are packed into one tensor,
     copied to pinned memory without blocking, and read after an event says they landed.
+    The arguments come in the order a step knows them: ``functools.partial(Readback,
+    losses, samples, extra)`` is the ``pack`` of :class:`~core.loop.gradients.GradientUpdate`.
     """
 
     __slots__ = (
@@ -53,17 +56,20 @@ class Readback:
         "_known_skip",
         "_micro_samples",
         "_values",
+        "lr",
     )
 
     def __init__(
         self,
         micro_losses: list[torch.Tensor],
         micro_samples: list[int],
+        extra: StepTermsLike | None,
         grad_norm: torch.Tensor,
         skipped: SkipFlag,
         loss_scale: torch.Tensor | None,
-        extra: StepTermsLike | None = None,
+        lr: float,
     ) -> None:
+        self.lr = lr
         parts = [*micro_losses, grad_norm]
         self._known_skip = skipped if isinstance(skipped, bool) else None
         self._has_flag = isinstance(skipped, torch.Tensor)
@@ -77,7 +83,7 @@ class Readback:
         self._event: torch.cuda.Event | None = None
         self._values: list[float] | None = None
         if grad_norm.device.type == "cpu":
-            self._values = [float(p) for p in parts]
+            self._values = list(map(float, parts))
             if extra is not None:
                 self._values += extra.tensor.tolist()
             return
@@ -99,7 +105,7 @@ class Readback:
         n = len(self._micro_samples)
         fixed = n + 1 + int(self._has_flag) + int(self._has_scale)
         extra = {} if self._extra is None else self._extra.fields(values[fixed:])
-        loss = sum(v * k for v, k in zip(values[:n], self._micro_samples, strict=True))
+        loss = sum(map(mul, values[:n], self._micro_samples))
         skipped = self._known_skip or (self._has_flag and values[n + 1] > 0)
         return StepScalars(
             loss=loss / sum(self._micro_samples),

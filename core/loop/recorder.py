@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal, NamedTuple
+from types import MappingProxyType
+from typing import Any, Final, Literal, NamedTuple, Protocol
 
 from core.hardware.device import Device
 from core.loop.readback import Readback, StepScalars
@@ -32,16 +33,30 @@ __all__ = (
     "DeviceFields",
     "EpochStats",
     "NOTHING_PENDING",
+    "NoDeviceFields",
     "Scheduler",
     "StepOutcome",
     "StepRecorder",
-    "no_device_fields",
 )
 
 Emit = Callable[..., None]
 Scheduler = Any  # torch.optim.lr_scheduler.LRScheduler or anything with .step()
-DeviceFields = Callable[[], dict[str, Any]]
-"""Latest device utilisation and memory, merged into every ``train_step`` record."""
+
+
+class DeviceFields(Protocol):
+    """Where ``train_step`` records find the latest device utilisation and memory: the
+    monitor replaces ``record_fields`` after each sample, and a record merges it as it is."""
+
+    @property
+    def record_fields(self) -> Mapping[str, Any]: ...
+
+
+class NoDeviceFields:
+    """No monitor: both fields null."""
+
+    record_fields: Mapping[str, Any] = MappingProxyType(
+        {"device_util_pct": None, "device_mem_used_bytes": None}
+    )
 
 
 @dataclass
@@ -61,12 +76,12 @@ class EpochStats:
 
 
 class StepOutcome(NamedTuple):
-    """A finished step whose device scalars are still on their way to the host."""
+    """A finished step whose device scalars are still on their way to the host (the LR it
+    ran at travels with them)."""
 
     readback: Readback
     epoch: int
     step: int
-    lr: float
     samples: int
     step_time_s: float
     data_time_s: float
@@ -81,12 +96,9 @@ NOTHING_PENDING: Final = _Nothing.PENDING
 NothingPending = Literal[_Nothing.PENDING]
 
 
-def no_device_fields() -> dict[str, Any]:
-    return {"device_util_pct": None, "device_mem_used_bytes": None}
-
-
 class StepRecorder:
-    """Holds at most one step in flight and settles it: scheduler, statistics, records."""
+    """Holds at most one step in flight (``pending``) and settles it: scheduler, statistics,
+    the ``train_step`` record, and the error handler's verdict on a skipped step."""
 
     def __init__(
         self,
@@ -101,76 +113,83 @@ class StepRecorder:
         self.scheduler = scheduler
         self.precision = precision
         self.errors = errors
-        self.device = device
         self.emit = emit
-        self.device_fields: DeviceFields = device_fields or no_device_fields
+        self.device_fields: DeviceFields = device_fields or NoDeviceFields()
+        # Allocator counters where the device keeps them (CUDA); a CPU record holds nulls.
+        self.memory = device.allocated_and_peak if device.counts_allocations else None
         self.stats = EpochStats(epoch=0)
         """The running epoch's statistics; the loop replaces it when an epoch opens."""
-        self._pending: StepOutcome | NothingPending = NOTHING_PENDING
+        self.pending: StepOutcome | None = None
+        """Step N, kept until step N+1 (or a flush) settles it."""
 
     def defer(self, outcome: StepOutcome) -> None:
         """Keep step N until step N+1 (or a flush) settles it."""
-        self._pending = outcome
+        self.pending = outcome
 
     def settle(self) -> StepScalars | NothingPending:
         """Read back the step in flight, if any, and do everything that waits on its numbers."""
-        pending, self._pending = self._pending, NOTHING_PENDING
-        if pending is NOTHING_PENDING:
+        pending = self.pending
+        if pending is None:
             return NOTHING_PENDING
+        self.pending = None
         scalars = pending.readback.read()  # the lagged host sync
-        if not scalars.skipped and self.scheduler is not None:
+        skipped, overflow, samples = scalars.skipped, scalars.overflow, pending.samples
+        if not skipped and self.scheduler is not None:
             self.scheduler.step()  # only for an applied step, before the next one
-        self._count(pending, scalars)
-        self._record(pending, scalars)
-        self._judge(pending, scalars)
-        return scalars
-
-    def _count(self, pending: StepOutcome, scalars: StepScalars) -> None:
         self.precision.record_step(
-            overflow=scalars.overflow,
-            skipped=scalars.skipped,
+            overflow=overflow,
+            skipped=skipped,
             step_time_s=pending.step_time_s,
             counts_scaler_update=scalars.loss_scale is not None,
         )
         stats = self.stats
         stats.steps += 1
-        stats.samples += pending.samples
-        stats.loss_sum += scalars.loss * pending.samples
-        stats.skipped_steps += int(scalars.skipped)
+        stats.samples += samples
+        stats.loss_sum += scalars.loss * samples
+        stats.skipped_steps += skipped
         stats.data_time_s += pending.data_time_s
-
-    def _record(self, pending: StepOutcome, scalars: StepScalars) -> None:
-        allocated, peak = self.device.allocated_and_peak()
+        allocated, peak = (None, None) if self.memory is None else self.memory()
         self.emit(
             "train_step",
             epoch=pending.epoch,
             step=pending.step,
             loss=scalars.loss,
-            lr=pending.lr,
+            lr=pending.readback.lr,
             grad_norm=scalars.grad_norm,
             loss_scale=scalars.loss_scale,
-            overflow=scalars.overflow,
-            skipped=scalars.skipped,
-            samples=pending.samples,
+            overflow=overflow,
+            skipped=skipped,
+            samples=samples,
             step_time_s=pending.step_time_s,
             data_time_s=pending.data_time_s,
-            samples_per_s=pending.samples / pending.step_time_s if pending.step_time_s else None,
+            samples_per_s=samples / pending.step_time_s if pending.step_time_s else None,
             mem_allocated_bytes=allocated,
             max_mem_allocated_bytes=peak,
-            **self.device_fields(),
+            **self.device_fields.record_fields,
             **scalars.extra,
         )
-        if scalars.skipped and not scalars.overflow:
-            self.emit("nonfinite_skipped", epoch=pending.epoch, step=pending.step,
-                      loss=scalars.loss, grad_norm=scalars.grad_norm)  # fmt: skip
+        if skipped or self.errors.streak_open:  # an applied step after none needs no verdict
+            self._judge(pending, scalars)
+        return scalars
 
     def _judge(self, pending: StepOutcome, scalars: StepScalars) -> None:
         """The error handler's verdict: raise after too many non-finite steps, or fall back."""
+        if scalars.skipped and not scalars.overflow:
+            self.emit(
+                "nonfinite_skipped",
+                epoch=pending.epoch,
+                step=pending.step,
+                loss=scalars.loss,
+                grad_norm=scalars.grad_norm,
+            )
         fall_back = self.errors.after_step(
-            step=pending.step, skipped=scalars.skipped, overflow=scalars.overflow,
-            loss_scale=scalars.loss_scale, min_scale=self.precision.min_scale,
+            step=pending.step,
+            skipped=scalars.skipped,
+            overflow=scalars.overflow,
+            loss_scale=scalars.loss_scale,
+            min_scale=self.precision.min_scale,
             loss_finite=math.isfinite(scalars.loss),
-        )  # fmt: skip
+        )
         if fall_back:
             before, after = self.precision.fall_back()
             self.emit("precision_fallback", step=pending.step, from_precision=before,

@@ -104,6 +104,9 @@ class ErrorHandler:
         self.consecutive_nonfinite = 0
         self.own_nonfinite_losses = 0  # of those, steps where this rank's own loss was
         self.overflows_at_min_scale = 0
+        self.streak_open = False
+        """Whether a run of non-finite steps or of overflows at the minimum scale is being
+        counted: only then does an applied step need :meth:`after_step` (it ends the run)."""
 
     # -- user input -----------------------------------------------------------------------
     def check_batch(self, batch: Any, *, epoch: int, batch_index: int) -> Any:
@@ -153,10 +156,11 @@ class ErrorHandler:
         at_min = overflow and loss_scale is not None and loss_scale <= min_scale
         self.overflows_at_min_scale = self.overflows_at_min_scale + 1 if at_min else 0
         limit = self.config.overflows_at_min_scale_before_fallback
-        if self.config.precision_fallback and self.overflows_at_min_scale >= limit:
+        fall_back = self.config.precision_fallback and self.overflows_at_min_scale >= limit
+        if fall_back:
             self.overflows_at_min_scale = 0
-            return True
-        return False
+        self.streak_open = bool(self.consecutive_nonfinite or self.overflows_at_min_scale)
+        return fall_back
 
     def out_of_memory(self, *, batch_size: int, micro_batch_size: int | None) -> OutOfMemoryError:
         return OutOfMemoryError(
@@ -210,3 +214,4 @@ class ErrorHandler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.consecutive_nonfinite = int(state["consecutive_nonfinite"])
+        self.streak_open = bool(self.consecutive_nonfinite or self.overflows_at_min_scale)

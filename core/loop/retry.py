@@ -65,20 +65,22 @@ class LocalRetry(NoRetry):
     def __init__(self, device: Device, errors: ErrorHandler) -> None:
         self.device = device
         self.errors = errors
-        self._rng: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self.rng: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        """The generators' state where the window began (``device.rng_state()``), put back
+        before a retry; :meth:`begin` notes it, or the step does."""
         self._streak: list[int] = []  # consecutive steps that needed a re-split
         self._last_oom_step: int | None = None
         self._sizes: list[int] = []
 
     def begin(self) -> None:
-        self._rng = self.device.rng_state()  # a 5 kB host copy: cheap next to a step
+        self.rng = self.device.rng_state()  # a 5 kB host copy: cheap next to a step
 
     def recoverable(self, exc: BaseException) -> bool:
         return is_out_of_memory(exc)
 
     def rewind(self, step: int, micro_batch_size: int) -> None:
-        if self._rng is not None:
-            self.device.set_rng_state(self._rng)
+        if self.rng is not None:
+            self.device.set_rng_state(self.rng)
         if self._last_oom_step != step:  # the first re-split of this step
             consecutive = self._last_oom_step == step - 1
             self._streak = [*self._streak, step] if consecutive else [step]

@@ -1,11 +1,21 @@
-"""One optimizer step over a window of batches, top to bottom in :meth:`OptimizerStep.__call__`.
+"""One optimizer step, in the kernel the run was built for.
 
-Plain synchronous PyTorch, run on the step thread. The window's micro-batches each run
-forward and loss under the precision's autocast and a backward of the loss weighted by the
-micro-batch's share of the window's samples; gradients are synchronised across ranks only
-by the last micro-batch's backward. Then: unscale (fp16), overflow flag combined over
-ranks, global gradient norm, in-place clip, [step N-1 settled], optimizer step (skipped on
-the device on overflow or non-finite gradients), loss-scale update, gradients cleared.
+Two kernels, chosen once when the loop is built (:func:`optimizer_step_for`), both ending
+in the one post-backward sequence (``core.loop.gradients``):
+
+- :class:`BatchStep`, the plain case: one loader batch per step, one backward, gradients
+  synchronised by that backward where there are several ranks (DDP's own), no model terms.
+  Forward and loss under the precision's autocast, the loss checked, backward, then the
+  update. Nothing is called that would do nothing: no window weights, no sync context, no
+  rank vote.
+- :class:`WindowStep`, everything else: windows of several batches (accumulation),
+  micro-batches (``micro_batch_size``, or halved after an out-of-memory error), each
+  micro-batch's loss weighted by its share of the window's samples (or tokens), gradients
+  synchronised by the last micro-batch's backward only, ranks voting on out-of-memory
+  errors, a model's own loss terms and statistics.
+
+Both take step N-1's readback after step N's backward is queued and before its optimizer
+step (``before_step`` of the update), so the host reads N-1 while the device works on N.
 
 CPU-GPU sync points (CUDA):
 
@@ -22,12 +32,17 @@ CPU-GPU sync points (CUDA):
 
 Nothing else reads a device value: the loss checks look at tensor metadata, the gradient
 norm and clip stay on the device, and batches are copied with ``non_blocking=True``.
+
+An out-of-memory error in a :class:`BatchStep` is recovered by its :class:`WindowStep`: the
+micro-batch is halved, the random generators rewound, and the window run again split; from
+then on the split windows take the :class:`WindowStep`.
 """
 
 from __future__ import annotations
 
 import gc
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from time import perf_counter
 from typing import Any
@@ -38,24 +53,24 @@ from torch import nn
 from core.data.batches import to_device
 from core.distributed import Strategy
 from core.hardware.device import device_of
-from core.loop.accumulation import GradientAccumulation, Window
+from core.loop.accumulation import GradientAccumulation, SampleWeights, Window
+from core.loop.gradients import GradientUpdate
 from core.loop.objective import Objective
 from core.loop.readback import Readback
 from core.loop.recorder import StepOutcome, StepRecorder
 from core.loop.recovery import ErrorHandler
-from core.loop.retry import retry_policy
-from core.loop.stepper import stepper_for
+from core.loop.retry import LocalRetry, retry_policy
 from core.loop.terms import ModelTerms
 from core.precision.plugins import Precision
 from core.precision.policy import MixedPrecisionTrainer
 
-__all__ = ("OptimizerStep",)
+__all__ = ("BatchStep", "OptimizerStep", "WindowStep", "optimizer_step_for")
 
 Emit = Callable[..., None]
 
 
-class OptimizerStep:
-    """The body of the step loop: one call, one optimizer step (or one skipped step)."""
+class WindowStep:
+    """One optimizer step over a window of batches, in micro-batches (module docstring)."""
 
     def __init__(
         self,
@@ -81,13 +96,16 @@ class OptimizerStep:
         self.strategy = strategy
         self.objective = objective
         self.errors = errors
-        self.max_grad_norm = max_grad_norm
         self.recorder = recorder
         self.emit = emit
         self.device = strategy.device
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.stepper = stepper_for(
-            optimizer, strategy.device, guard_nonfinite=errors.config.skip_nonfinite
+        self.update = GradientUpdate(
+            optimizer,
+            strategy,
+            max_grad_norm=max_grad_norm,
+            guard_nonfinite=errors.config.skip_nonfinite,
+            params=self.params,
         )
         self.retry = retry_policy(strategy, device_of(strategy.device), errors)
         self.prepare_batch = prepare_batch or partial(to_device, device=strategy.device)
@@ -98,27 +116,37 @@ class OptimizerStep:
         """Optimizer step number ``step`` over ``window``; ``started`` is its perf_counter()."""
         precision = self.amp.begin_step()  # FP32 | Autocast | ScaledFP16
         self.retry.begin()  # RNG noted where an OOM may make us run the window again
-        while (done := self._forward_backward(window, precision, epoch)) is None:
-            self._shrink_after_oom(window, step, epoch)  # all ranks, together
-        losses, sizes = done
-
-        grads = [p.grad for p in self.params if p.grad is not None]
-        self.retry.average_gradients(grads)  # where backward did not sync (ranks voting)
-        found_inf = self.strategy.reduce_found_inf(precision.unscale_(grads))  # fp16 only
-        grad_norm = self._norm_and_clip(grads)  # device tensor: no host sync
-        self.recorder.settle()  # step N-1 read back here, after N's backward is queued
-        lr = float(self.optimizer.param_groups[0]["lr"])  # after N-1's scheduler step
-        skipped = self.stepper.step(found_inf, grad_norm)  # on the device for fused optimizers
-        # Packed (and the copy started) before the update: the record shows the scale used.
-        extra = None if self.terms is None else self.terms.collect()
-        readback = Readback(losses, sizes, grad_norm, skipped, precision.loss_scale, extra)
-        precision.update(found_inf)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.recorder.defer(
-            StepOutcome(
-                readback, epoch, step, lr, window.samples, perf_counter() - started, data_time_s
-            )
+        self.train(
+            window, precision, step=step, epoch=epoch, started=started, data_time_s=data_time_s
         )
+
+    def train(
+        self,
+        window: Window,
+        precision: Precision,
+        *,
+        step: int,
+        epoch: int,
+        started: float,
+        data_time_s: float,
+    ) -> None:
+        """The step of :meth:`__call__` once it has begun (precision chosen, RNG noted)."""
+        while (done := self._forward_backward(window, precision, epoch)) is None:
+            self.recover(window, step, epoch)  # all ranks, together
+        losses, sizes = done
+        if not self.retry.sync_in_backward:  # ranks voting: backward did not sync
+            self.retry.average_gradients([p.grad for p in self.params if p.grad is not None])
+        readback = self.update(
+            precision, partial(self._readback, losses, sizes), before_step=self.recorder.settle
+        )
+        self.recorder.pending = StepOutcome(
+            readback, epoch, step, window.samples, perf_counter() - started, data_time_s
+        )
+
+    def _readback(self, losses: list[torch.Tensor], sizes: list[int], *scalars: Any) -> Readback:
+        """The step's readback, the model's statistics with it (packed after its update)."""
+        extra = None if self.terms is None else self.terms.collect()
+        return Readback(losses, sizes, extra, *scalars)
 
     def _forward_backward(
         self, window: Window, precision: Precision, epoch: int
@@ -156,16 +184,10 @@ class OptimizerStep:
                 return None
         return losses, [m.samples for m in micro_batches]
 
-    def _norm_and_clip(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        """The global 2-norm of the gradients; clipped in place to ``max_grad_norm`` if set."""
-        grad_norm = self.strategy.total_norm(grads)
-        if self.max_grad_norm is not None:
-            torch.nn.utils.clip_grads_with_norm_(self.params, self.max_grad_norm, grad_norm)
-        return grad_norm
-
-    def _shrink_after_oom(self, window: Window, step: int, epoch: int) -> None:
-        """Drop the failed attempt's gradients, free memory, halve the micro-batch (same
-        result), rewind the RNG; raise when it is already one sample, or on thrashing."""
+    def recover(self, window: Window, step: int, epoch: int) -> None:
+        """After an out-of-memory error: drop the failed attempt's gradients, free memory,
+        halve the micro-batch (same result), rewind the RNG; raise when it is already one
+        sample, or on thrashing."""
         self.optimizer.zero_grad(set_to_none=True)
         largest = max(window.sizes)
         size = self.accumulation.halve_micro_batch(largest)
@@ -175,6 +197,99 @@ class OptimizerStep:
         gc.collect()
         device_of(self.device).empty_cache()  # a host sync on CUDA, after an OOM only
         self.emit(
-            "oom_recovered", epoch=epoch, step=step, batch_index=window.first_batch_index,
-            batch_size=largest, micro_batch_size=size,
-        )  # fmt: skip
+            "oom_recovered",
+            epoch=epoch,
+            step=step,
+            batch_index=window.first_batch_index,
+            batch_size=largest,
+            micro_batch_size=size,
+        )
+
+
+class BatchStep:
+    """One optimizer step over one loader batch, one backward (module docstring).
+
+    Built only where that is the whole step (:func:`optimizer_step_for`); a batch split
+    after an out-of-memory error goes to ``windows``, the :class:`WindowStep` beside it.
+    """
+
+    def __init__(self, windows: WindowStep) -> None:
+        self.windows = windows
+        self.model = windows.model
+        self.amp = windows.amp
+        self.objective = windows.objective
+        self.check_loss = windows.errors.check_loss
+        self.prepare_batch = windows.prepare_batch
+        self.update = windows.update
+        self.recorder = windows.recorder
+        self.accumulation = windows.accumulation
+        # Only a policy that retries is told anything: the RNG state before each step.
+        retry = windows.retry
+        self.retry = retry if isinstance(retry, LocalRetry) else None
+        self.rng_state = device_of(windows.device).rng_state
+        # What the precision of the step in hand does, bound when it changes (AMP switched
+        # on or off, the fp16 fallback): its autocast context and its backward.
+        self._precision: Precision | None = None
+        self._autocast: AbstractContextManager[Any] = nullcontext()
+        self._backward: Callable[[torch.Tensor], None] = torch.Tensor.backward
+
+    def _bind(self, precision: Precision) -> None:
+        self._precision = precision
+        self._autocast = precision.autocast()
+        self._backward = precision.backward if precision.scales_loss else torch.Tensor.backward
+
+    def __call__(
+        self, window: Window, *, step: int, epoch: int, started: float, data_time_s: float
+    ) -> None:
+        """Optimizer step number ``step`` over ``window`` (one batch)."""
+        if self.accumulation.micro_batch_size is not None:  # split since an OOM
+            self.windows(window, step=step, epoch=epoch, started=started, data_time_s=data_time_s)
+            return
+        precision = self.amp.begin_step()  # FP32 | Autocast | ScaledFP16
+        if precision is not self._precision:
+            self._bind(precision)
+        retry = self.retry
+        if retry is not None:
+            retry.rng = self.rng_state()  # an OOM runs the batch again, split, same draws
+        failed = False
+        try:
+            batch = self.prepare_batch(window.batches[0])
+            with self._autocast:
+                _, loss = self.objective(self.model, batch)
+            loss = self.check_loss(loss, epoch=epoch, batch_index=window.first_batch_index)
+            self._backward(loss)
+        except Exception as exc:
+            if retry is None or not retry.recoverable(exc):
+                raise
+            failed = True  # handled outside ``except``: the traceback holds the memory
+        if failed:
+            self.windows.recover(window, step, epoch)
+            self.windows.train(
+                window, precision, step=step, epoch=epoch, started=started, data_time_s=data_time_s
+            )
+            return
+        pack = partial(Readback, [loss.detach().float()], window.sizes, None)
+        readback = self.update(precision, pack, before_step=self.recorder.settle)
+        self.recorder.pending = StepOutcome(
+            readback, epoch, step, window.samples, perf_counter() - started, data_time_s
+        )
+
+
+OptimizerStep = WindowStep | BatchStep
+
+
+def optimizer_step_for(windows: WindowStep) -> OptimizerStep:
+    """The kernel for the run ``windows`` was built for: :class:`BatchStep` where a step is
+    one batch and one backward (no accumulation or split, samples weighting with equal
+    windows on every rank, gradients synced by that backward, no model terms), else
+    ``windows`` itself."""
+    accumulation = windows.accumulation
+    plain = (
+        accumulation.accumulation_steps == 1
+        and accumulation.micro_batch_size is None
+        and type(accumulation.loss_weights) is SampleWeights
+        and windows.strategy.equal_windows
+        and windows.retry.sync_in_backward
+        and windows.terms is None
+    )
+    return BatchStep(windows) if plain else windows

@@ -2,7 +2,7 @@
 
 :meth:`GPUMonitor.run` takes one sample of each device every ``interval_s`` in a worker thread
 (NVML calls block, briefly) and writes one ``gpu_sample`` record per device; the step thread
-merges :meth:`GPUMonitor.step_record_fields` (replaced after each sample) into its records.
+merges :attr:`GPUMonitor.record_fields` (replaced after each sample) into its records.
 Without a usable NVML (no pynvml, driver or CUDA device), or when it fails mid-run, one
 ``monitor_degraded`` record is written and the host is sampled through psutil under the same
 field names (``util_pct``: this process's CPU percent, 100 per busy core). A failing monitor
@@ -73,6 +73,11 @@ class GPUMonitor:
         self._lock = threading.Lock()
         self._history: deque[Sample] = deque(maxlen=self.config.history_size)
         self._step: dict[str, Any] = {"util_pct": None, "mem_used_bytes": None}
+        self.record_fields: dict[str, Any] = {
+            "device_util_pct": None,
+            "device_mem_used_bytes": None,
+        }
+        """The latest sample under ``train_step``'s names; replaced, never changed in place."""
         self._opened = False
         self._nvml: Any = None  # the module, while this monitor holds an NVML session
         self._reader: NvmlReader | None = None
@@ -179,6 +184,10 @@ class GPUMonitor:
         if records:
             first = records[0]
             self._step = {"util_pct": first["util_pct"], "mem_used_bytes": first["mem_used_bytes"]}
+            self.record_fields = {
+                "device_util_pct": first["util_pct"],
+                "device_mem_used_bytes": first["mem_used_bytes"],
+            }
         return {"t_s": t_s, "source": self._source(), "devices": records}
 
     def _record(
@@ -192,14 +201,6 @@ class GPUMonitor:
 
     def _source(self) -> Literal["nvml", "psutil"]:
         return "nvml" if self._reader is not None else "psutil"
-
-    def step_record_fields(self) -> dict[str, Any]:
-        """:meth:`step_fields` under the names ``train_step`` records use."""
-        latest = self._step
-        return {
-            "device_util_pct": latest["util_pct"],
-            "device_mem_used_bytes": latest["mem_used_bytes"],
-        }
 
     def step_fields(self) -> dict[str, Any]:
         """``util_pct`` and ``mem_used_bytes`` of the first device, latest sample (O(1))."""

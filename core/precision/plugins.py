@@ -34,6 +34,9 @@ class Precision:
 
     dtype: torch.dtype = torch.float32
     uses_autocast: bool = False
+    scales_loss: bool = False
+    """Whether backward scales the loss: only then do ``unscale_``, ``loss_scale`` and
+    ``update`` do anything (``core.loop.gradients`` calls them only then)."""
 
     def __init__(self) -> None:
         self._context: AbstractContextManager[Any] = nullcontext()
@@ -89,6 +92,8 @@ class Autocast(Precision):
 
 class ScaledFP16(Autocast):
     """fp16 autocast with dynamic loss scaling; overflowing steps are skipped by the caller."""
+
+    scales_loss = True
 
     def __init__(
         self, device_type: str, scaler: DynamicLossScaler, cache_enabled: bool = True

@@ -118,6 +118,10 @@ class StepProfiler:
         with self._kineto_starts(0):
             self._profiler.start()
 
+    def next_due(self, step: int) -> int | None:
+        """Every step while the profiler runs (``core.loop.schedule``), none after."""
+        return None if self._profiler is None else step + 1
+
     def __call__(self, step: int) -> None:
         """After every optimizer step, with the global step it reached."""
         profiler = self._profiler

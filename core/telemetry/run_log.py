@@ -139,6 +139,8 @@ class RunLog:
         self._drain_lock = threading.Lock()
         self.wrote_a_step = False
         """Whether a ``train_step`` record was written (the run's first step is visible)."""
+        self.closed = False
+        """Whether :meth:`close` closed the file (records emitted later go nowhere)."""
 
     def _degraded(self, name: str, why: str) -> None:
         """Tell ``events()`` (the file cannot be told) that a log file stopped being written."""
@@ -211,10 +213,7 @@ class RunLog:
         with self._drain_lock:
             if not self._file.closed:
                 self._file.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._file.closed
+            self.closed = True
 
 
 class CurrentLog:
@@ -229,7 +228,8 @@ class CurrentLog:
         return None if self.log is None or self.log.closed else self.log
 
     def emit(self, event: str, **fields: Any) -> None:
-        if (log := self._open()) is not None:
+        log = self.log  # every train_step record passes here: no call that is not needed
+        if log is not None and not log.closed:
             log.emit(event, **fields)
 
     def warning(self, event: str, **fields: Any) -> None:

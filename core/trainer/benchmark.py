@@ -28,7 +28,7 @@ from core.config import TrainingConfig
 from core.data.batches import count_samples
 from core.errors import config_error
 from core.hardware.device import device_of
-from core.loop.stepper import stepper_for
+from core.loop.gradients import GradientUpdate, keep_nothing
 from core.memory.batches import batch_maker_from
 from core.memory.finder import find_batch_size
 from core.memory.trial import preserved
@@ -91,7 +91,9 @@ def benchmark_performance(
     optimizer_state = copy.deepcopy(optimizer.state_dict())
     precision_state = copy.deepcopy(precision.state_dict())
     params = [p for p in model.parameters() if p.requires_grad]
-    stepper = stepper_for(optimizer, strategy.device, guard_nonfinite=False)
+    update = GradientUpdate(
+        optimizer, strategy, max_grad_norm=max_norm, guard_nonfinite=False, params=params
+    )
     clock = _timer(strategy.device)
     times = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
     samples = 0
@@ -109,14 +111,7 @@ def benchmark_performance(
                 forward = clock()
                 precision.backward(loss)
                 backward = clock()
-                grads = [p.grad for p in params if p.grad is not None]
-                found_inf = strategy.reduce_found_inf(precision.unscale_(grads))
-                grad_norm = strategy.total_norm(grads)
-                if max_norm is not None:
-                    torch.nn.utils.clip_grads_with_norm_(params, max_norm, grad_norm)
-                stepper.step(found_inf, grad_norm)
-                precision.update(found_inf)
-                optimizer.zero_grad(set_to_none=True)
+                update(precision, keep_nothing)  # unscale, clip, step, scale, zero_grad
                 done = clock()
                 if index:  # the first step warms up
                     times["forward"] += forward - start

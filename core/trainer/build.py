@@ -124,10 +124,9 @@ def build(
     *,
     emit: Emit,
     report_error: Emit,
-    on_step_end: Callable[[int], None],
 ) -> Parts:
     """Build the parts of a run; ``emit``/``report_error`` write records to the current
-    run's log, ``on_step_end`` runs on the step thread after every optimizer step."""
+    run's log."""
     trainer = MonitoredDistribution(
         config.distributed,
         use_distributed_sampler=config.data.use_distributed_sampler,
@@ -135,7 +134,7 @@ def build(
     )
     trainer.setup()
     try:
-        return _build(config, runtime, trainer, emit, report_error, on_step_end)
+        return _build(config, runtime, trainer, emit, report_error)
     except BaseException:
         trainer.cleanup()
         raise
@@ -147,7 +146,6 @@ def _build(
     trainer: MonitoredDistribution,
     emit: Emit,
     report_error: Emit,
-    on_step_end: Callable[[int], None],
 ) -> Parts:
     strategy = trainer.strategy
     device_settings = GPUManager(config.hardware, strategy.device).apply()
@@ -201,8 +199,7 @@ def _build(
         model=model, optimizer=optimizer, scheduler=scheduler, precision=precision,
         accumulation=accumulation, strategy=strategy, objective=objective, errors=errors,
         max_grad_norm=config.optim.max_grad_norm, emit=emit,
-        step_hooks=(*hooks, on_step_end),
-        device_fields=None if monitor is None else monitor.step_record_fields,
+        step_hooks=hooks, device_fields=monitor,
         prepare_batch=prepared.prepare_batch, max_steps=config.run.max_steps,
         terms=MoEProbe.of(strategy.unwrap(model)),
     )  # fmt: skip

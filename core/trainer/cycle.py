@@ -17,6 +17,7 @@ import torch
 
 from core.config import TrainingConfig
 from core.loop.epoch import EpochStats, ResumePoint
+from core.loop.schedule import next_multiple
 from core.monitoring.bottleneck import epoch_verdict
 from core.reports.apart import start_reports
 from core.rng import seed_everything
@@ -172,9 +173,15 @@ class RunCycle:
         )  # fmt: skip
         return None if path is None else str(path)
 
-    def after_step(self, step: int) -> None:
-        """After every optimizer step (a step hook of the loop): validation, then the
-        checkpoint, when due (a best checkpoint of this step serves as both)."""
+    def next_due(self, step: int) -> int | None:
+        """The next step after ``step`` at which a validation or a checkpoint is due (the
+        loop's step hook, ``core.loop.schedule``)."""
+        every = self.config.checkpoint.checkpoint_every_n_steps  # fast_dev_run: saves none
+        return next_multiple(step, self.validation.every_n_steps, every)
+
+    def __call__(self, step: int) -> None:
+        """After a step :meth:`next_due` named: validation, then the checkpoint, when due (a
+        best checkpoint of this step serves as both)."""
         self.validation.validate_if_due(step, self.stop)
         if self.parts.checkpointer.due_after_step(step):
             self.save("step")

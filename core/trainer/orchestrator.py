@@ -137,10 +137,10 @@ class OptimizedTrainingOptimizer(JobViews):
     def _build_here(self) -> None:
         if self._parts is None:
             self._parts = build(
-                self._config, self._runtime, emit=self._log.emit, report_error=self._log.error,
-                on_step_end=self._on_step_end,
-            )  # fmt: skip
+                self._config, self._runtime, emit=self._log.emit, report_error=self._log.error
+            )
             self._cycle = RunCycle(self._config, self._parts, self._hub, self._log)
+            self._parts.loop.schedule.add(self._cycle)  # validation and checkpoints, when due
             if self._parts.monitor is not None:  # the trainer's gpu_monitor reads the run's
                 self._parts.trainer.attach_monitor(self._parts.monitor)
 
@@ -246,7 +246,3 @@ class OptimizedTrainingOptimizer(JobViews):
 
     def _opened(self, run_dir: Path) -> None:
         self._run_dir = run_dir
-
-    def _on_step_end(self, step: int) -> None:
-        if self._cycle is not None:
-            self._cycle.after_step(step)

@@ -62,9 +62,14 @@ class Validation:
             and self.last_step != self.parts.loop.global_step
         )
 
+    @property
+    def every_n_steps(self) -> int | None:
+        """``val_every_n_steps`` where there is a val_loader; None otherwise."""
+        return None if self.parts.val_loader is None else self.run.val_every_n_steps
+
     def due_after_step(self, step: int) -> bool:
-        every = self.run.val_every_n_steps
-        return self.parts.val_loader is not None and every is not None and step % every == 0
+        every = self.every_n_steps
+        return every is not None and step % every == 0
 
     # -- running --------------------------------------------------------------------------
     def validate(self, epoch: int, stop: threading.Event) -> EvalStats:

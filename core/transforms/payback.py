@@ -17,7 +17,7 @@ never compiles; with FSDP2, or a run whose length is unknown (a streamed loader 
 Example::
 
     rule = CompileWhenItPays(planned_steps=5000, compile_now=compile_fn, emit=emit)
-    loop = StepLoop(..., step_hooks=(rule, ...))   # called after every optimizer step
+    loop = StepLoop(..., step_hooks=(rule, ...))   # called after the steps it names
 """
 
 from __future__ import annotations
@@ -87,6 +87,17 @@ class CompileWhenItPays:
         self.decision: dict[str, Any] | None = None
         self._started: float | None = None
         self._first: int | None = None
+
+    def next_due(self, step: int) -> int | None:
+        """The steps it is called after (``core.loop.schedule``): the first one it sees, the
+        ends of the warm-up and of the measured steps, and the run's planned last step."""
+        if self.decision is not None:
+            return None
+        if self._first is None:
+            return step + 1
+        warm = self._first + self.warmup_steps - 1
+        marks = (warm, warm + self.measure_steps, self.planned_steps)
+        return min((mark for mark in marks if mark > step), default=step + 1)
 
     def __call__(self, step: int) -> None:
         if self.decision is not None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from core.checks import is_finite_number, is_int
 from core.errors import config_error
+from core.loop.gradients import check_max_grad_norm
 
 __all__ = ("LRFinderConfig", "MIN_STEPS")
 
@@ -68,11 +69,7 @@ class LRFinderConfig:
                 "diverge_factor", factor, "None (never stop early) or a finite float > 1",
                 "try 4.0.",
             )  # fmt: skip
-        norm = self.max_grad_norm
-        if norm is not None and not (is_finite_number(norm) and norm > 0):
-            raise config_error(
-                "max_grad_norm", norm, "None (no clipping) or a finite float > 0", "try 1.0."
-            )
+        check_max_grad_norm(self.max_grad_norm)
 
     def learning_rate(self, step: int) -> float:
         """The learning rate of step ``step`` (0-based): ``min_lr`` first, ``max_lr`` last.

@@ -28,17 +28,16 @@ import torch
 from torch import nn
 
 from core.config import OptimConfig
-from core.data.batches import to_device
-from core.errors import ConfigError, EmptyLoaderError, LossFormatError, config_error
+from core.errors import ConfigError, EmptyLoaderError, config_error
 from core.loop.objective import DefaultObjective, LossFn, Objective
 from core.loop.stepper import default_optimizer
 from core.memory.trial import preserved
 from core.precision.config import AmpDtype, MixedPrecisionConfig, parse_amp_dtype
-from core.precision.plugins import Precision
 from core.precision.policy import resolve_precision
 from core.tuning.config import MIN_STEPS, LRFinderConfig
 from core.tuning.result import LRFinderResult
 from core.tuning.suggest import RAN_OUT, suggest_learning_rate, too_short
+from core.tuning.sweep_step import SweepStep
 
 __all__ = ("OptimizerArgument", "find_learning_rate")
 
@@ -109,7 +108,9 @@ def find_learning_rate(
             params = [p for p in model.parameters() if p.requires_grad]
             trained = _build_optimizer(optimizer, params, config.min_lr)
             lrs, losses, smoothed, stopped = _sweep(
-                model, train_loader, trained, objective, amp, config, place, params
+                SweepStep(model, trained, objective, amp, config, place, params),
+                train_loader,
+                config,
             )
         finally:
             if trained is not None:
@@ -135,14 +136,7 @@ def find_learning_rate(
 
 
 def _sweep(
-    model: nn.Module,
-    loader: Iterable[Any],
-    optimizer: torch.optim.Optimizer,
-    objective: Objective,
-    amp: Precision,
-    config: LRFinderConfig,
-    device: torch.device,
-    params: list[nn.Parameter],
+    steps: SweepStep, loader: Iterable[Any], config: LRFinderConfig
 ) -> tuple[list[float], list[float], list[float], str]:
     """Train ``config.num_steps`` steps at rising rates; the curve and why it ended."""
     lrs: list[float] = []
@@ -158,9 +152,7 @@ def _sweep(
             stopped = f"{RAN_OUT} after {step} batches (an iterator is not cycled)"
             break
         lr = config.learning_rate(step)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss = _train_step(model, batch, optimizer, objective, amp, params, config, device)
+        loss = steps(batch, lr, step)
         value = float(loss)  # host sync: each step's loss decides whether the sweep goes on
         lrs.append(lr)
         losses.append(value)
@@ -179,36 +171,6 @@ def _sweep(
             )
             break
     return lrs, losses, smoothed, stopped
-
-
-def _train_step(
-    model: nn.Module,
-    batch: Any,
-    optimizer: torch.optim.Optimizer,
-    objective: Objective,
-    amp: Precision,
-    params: list[nn.Parameter],
-    config: LRFinderConfig,
-    device: torch.device,
-) -> torch.Tensor:
-    """One optimizer step as the run takes it: autocast, (scaled) backward, clip, step."""
-    with amp.autocast():
-        _outputs, loss = objective(model, to_device(batch, device))
-    if not (isinstance(loss, torch.Tensor) and loss.ndim == 0 and loss.is_floating_point()):
-        raise LossFormatError(
-            f"the batch's loss is {type(loss).__name__}, not a scalar float tensor. Fix: pass "
-            "a loss_fn returning one, or a model whose outputs hold a 'loss' for dict batches."
-        )
-    amp.backward(loss)
-    found_inf = amp.unscale_([p.grad for p in params if p.grad is not None])
-    if config.max_grad_norm is not None:
-        torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
-    # host sync, fp16 only: an overflowing step is skipped, as the run skips it
-    if found_inf is None or not bool(found_inf):
-        optimizer.step()
-    amp.update(found_inf)
-    optimizer.zero_grad(set_to_none=True)
-    return loss.detach()
 
 
 def _cycle(loader: Iterable[Any]) -> Iterator[Any]:
@@ -270,9 +232,11 @@ def _build_optimizer(
     ours = {id(p) for p in params}
     if any(id(p) not in ours for group in built.param_groups for p in group["params"]):
         raise config_error(
-            "optimizer", argument, "a factory over the parameters it is given",
+            "optimizer",
+            argument,
+            "a factory over the parameters it is given",
             "build the optimizer from the factory's argument, not from other parameters.",
-        )  # fmt: skip
+        )
     return built
 
 
