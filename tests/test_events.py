@@ -53,9 +53,11 @@ async def test_unsubscribed_stream_gets_nothing_more() -> None:
     assert [r async for r in stream] == [{"i": 0}]
 
 
-async def test_consumer_waiting_for_records_wakes_up() -> None:
+@pytest.mark.parametrize("woken", [True, False], ids=["woken after a drain", "by its poll"])
+async def test_consumer_waiting_for_records_wakes_up(woken: bool) -> None:
     hub = EventHub()
-    stream = hub.subscribe()
+    # Woken: the default poll (0.5 s) never fires within the test; polled: every 20 ms.
+    stream = hub.subscribe() if woken else hub.subscribe(poll_interval_s=0.02)
     got: list[int] = []
 
     async def consume() -> None:
@@ -66,6 +68,8 @@ async def test_consumer_waiting_for_records_wakes_up() -> None:
         tg.start_soon(consume)
         await anyio.sleep(0.05)
         hub.publish({"i": 1})
+        if woken:
+            hub.wake_all()  # what the run does after each drain of its log
         await anyio.sleep(0.05)
         assert got == [1]
         hub.close()

@@ -15,9 +15,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from core import (
     ConfigError,
@@ -536,3 +539,36 @@ def test_every_rank_raises_the_same_error_naming_the_rank_that_caused_it(tmp_pat
         for name in ("events.jsonl", "events.rank1.jsonl"):
             end = json.loads((run_dir / name).read_text().splitlines()[-1])
             assert end["event"] == "run_end" and end["status"] == status, end
+
+
+def test_ddp_at_world_size_one_trains_the_single_device_weights_without_the_wrapper(
+    tmp_path: Path,
+) -> None:
+    """One rank has nothing to all-reduce: the model is not wrapped (no buffer broadcast,
+    hooks or buckets every step), and the weights are the single device's to the bit."""
+
+    def run(**settings: Any) -> Any:
+        train, _ = loaders(n=96, val=False)
+        job = create_optimized_training_optimizer(
+            model=make_model(), train_loader=train, max_epochs=2, learning_rate=1e-2,
+            log_dir=tmp_path / "logs", checkpoint_every_n_epochs=None, reports=False,
+            progress=False, seed=0, **settings,
+        )  # fmt: skip
+        anyio.run(job.train)
+        return job
+
+    single = run()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        config = MultiGPUConfig(
+            training_mode="distributed", world_size=1, rank=0, local_rank=0, backend="gloo",
+            init_method=f"tcp://127.0.0.1:{get_free_port()}",  # unused: the group exists
+        )  # fmt: skip
+        ddp = run(multi_gpu_config=config)
+        assert ddp.describe()["strategy"]["world_size"] == 1
+        assert ddp.describe()["strategy"]["training_mode"] == "distributed"
+        assert not isinstance(ddp._built.model, DistributedDataParallel)
+    finally:
+        dist.destroy_process_group()
+    for a, b in zip(single.model.parameters(), ddp.model.parameters(), strict=True):
+        assert torch.equal(a, b)

@@ -1,4 +1,11 @@
-"""DistributedDataParallel: a full replica per rank, gradients all-reduced in buckets."""
+"""DistributedDataParallel: a full replica per rank, gradients all-reduced in buckets.
+
+At world size 1 (``torchrun --nproc_per_node=1``, a one-GPU job launched like the others)
+the model is not wrapped: there is nothing to all-reduce, and DDP's buffer broadcast before
+every forward, its autograd hooks and its bucket copies would cost every step for nothing.
+The process group is still set up, so the job's collectives (stop votes, checkpoints, the
+run id) run as with more ranks; the weights are those of a single device.
+"""
 
 from __future__ import annotations
 
@@ -43,6 +50,8 @@ class DDPStrategy(ProcessGroupStrategy):
         self, model: nn.Module, *, compute_dtype: torch.dtype = torch.float32
     ) -> nn.Module:
         module = self._prepare_module(model)
+        if self.world_size == 1:
+            return module  # one rank: nothing to synchronise (module docstring)
         device_ids = device_of(self.device).indices() or None
         return DistributedDataParallel(module, device_ids=device_ids, **self.ddp_options)
 
@@ -52,7 +61,6 @@ class DDPStrategy(ProcessGroupStrategy):
         return inner
 
     def no_backward_sync(self, model: nn.Module, enabled: bool) -> AbstractContextManager[Any]:
-        if not enabled:
-            return nullcontext()
-        assert isinstance(model, DistributedDataParallel)
+        if not enabled or not isinstance(model, DistributedDataParallel):
+            return nullcontext()  # syncing, or one rank (not wrapped)
         return model.no_sync()

@@ -5,8 +5,12 @@ bounded per-subscriber buffer under a short lock: it never waits for a consumer 
 touches the event loop. A consumer that falls behind loses its oldest records, counted in
 :attr:`EventStream.dropped`. Consumers poll their buffer from the event loop, so the hub
 works the same under asyncio and trio. A waiting consumer is woken at once when its stream
-closes or when :meth:`EventStream.wake` asks (the end of a run is never a poll interval late);
-records themselves never wake it (publishing stays free of the event loop).
+closes or when :meth:`EventStream.wake` asks (the end of a run is never a poll interval late),
+and the run wakes every consumer with a backlog after each periodic drain of its log
+(:meth:`EventHub.wake_all`, on the event loop's thread); records themselves never wake it
+(publishing stays free of the event loop). The poll is a fallback: a consumer's wait costs
+the event loop (and so the interpreter lock the step thread launches kernels with) one
+wake-up per ``poll_interval_s``, not fifty a second.
 
 Example::
 
@@ -132,7 +136,7 @@ class EventHub:
             self._closed = False
 
     def subscribe(
-        self, capacity: int = 1024, poll_interval_s: float = 0.02,
+        self, capacity: int = 1024, poll_interval_s: float = 0.5,
         on_first_drop: Callable[[], None] | None = None,
     ) -> EventStream:  # fmt: skip
         """A new stream of the records published from now on; ``on_first_drop`` is called
@@ -153,6 +157,12 @@ class EventHub:
         self.published += 1
         for stream in self._streams:  # copy-on-write list: no lock needed to read it
             stream.offer(record)
+
+    def wake_all(self) -> None:
+        """Wake every consumer that has records waiting (cheap where none has)."""
+        for stream in self._streams:
+            if stream.backlog:
+                stream.wake()
 
     @property
     def dropped(self) -> int:

@@ -195,6 +195,11 @@ class RunLog:
             self._file.flush()
             return count
 
+    def wake_consumers(self) -> None:
+        """Wake the ``events()`` consumers that have records waiting (on their event loop's
+        thread: after a drain, instead of their polling)."""
+        self._hub.wake_all()
+
     def write_json(self, name: str, payload: Any) -> Path | None:
         """Write ``payload`` as pretty JSON next to the event log (rank 0's name kept); on a
         failing disk, say so in a ``log_degraded`` record and return None."""

@@ -24,14 +24,18 @@ async def drain_periodically(log: RunLog, interval_s: float) -> None:
     below 1% on a 2-core CPU while the log and ``events()`` stay near-live. Until the first
     ``train_step`` record is written, every 20 ms instead: whoever waits for training to
     begin (a service's readiness, a launch measured to its first step) sees it at once,
-    not a quarter of a second later.
+    not a quarter of a second later. After each drain the ``events()`` consumers with records
+    waiting are woken (records the step thread drained itself, at an epoch's end or a
+    checkpoint, included), so none needs to poll often.
     """
     while not log.wrote_a_step:
         await anyio.sleep(min(interval_s, _UNTIL_THE_FIRST_STEP_S))
         await anyio.to_thread.run_sync(log.drain)
+        log.wake_consumers()
     while True:
         await anyio.sleep(interval_s)
         await anyio.to_thread.run_sync(log.drain)
+        log.wake_consumers()
 
 
 class WaitsForData(Protocol):

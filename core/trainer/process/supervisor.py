@@ -212,6 +212,7 @@ class TrainingProcess:
                 for record in message[1]:
                     self.state.read(record)
                     self.hub.publish(record)
+                self.hub.wake_all()  # on the event loop's thread: consumers read them now
             elif message[0] == "opened":
                 self.state.run_dir = Path(message[1])
                 self.on_open(self.state.run_dir)
