@@ -236,7 +236,9 @@ class BatchStep:
     def _bind(self, precision: Precision) -> None:
         self._precision = precision
         self._autocast = precision.autocast()
-        self._backward = precision.backward if precision.scales_loss else torch.Tensor.backward
+        # A precision whose backward is the plain one (fp32, bf16) is not called for it.
+        plain = type(precision).backward is Precision.backward
+        self._backward = torch.Tensor.backward if plain else precision.backward
 
     def __call__(
         self, window: Window, *, step: int, epoch: int, started: float, data_time_s: float
