@@ -59,12 +59,12 @@ _CHILD = """
 import os, sys, traceback, types
 from pathlib import Path
 nice = max(os.getpriority(os.PRIO_PROCESS, 0), int(sys.argv[4]))
-os.setpriority(os.PRIO_PROCESS, 0, nice)
-try:  # a session of its own is a scheduling group of its own (Linux's autogroup)
-    with open("/proc/self/autogroup", "w") as group:
-        group.write(str(nice))
+try:  # a session of its own is a scheduling group of its own (Linux's autogroup): set first,
+    with open("/proc/self/autogroup", "w") as group:  # so that whoever sees the niceness set
+        group.write(str(nice))  # finds the group's set too
 except OSError:
     pass
+os.setpriority(os.PRIO_PROCESS, 0, nice)
 package = types.ModuleType("core")
 package.__path__ = [sys.argv[1]]
 sys.modules["core"] = package
