@@ -38,7 +38,7 @@ from benchmarks.gpu_suite_rows import (
 from benchmarks.peers import PEERS, Peer, quiet
 from core import GradientAccumulationConfig
 
-__all__ = ("JOBS", "overhead_gpt2", "overhead_mlp", "sync_check")
+__all__ = ("JOBS", "overhead_gpt2", "overhead_mlp", "sync_check", "sync_errors")
 
 
 @dataclass(frozen=True)
@@ -241,13 +241,13 @@ SYNC_JOBS = {
 
 
 @contextmanager
-def _sync_errors(cuda: bool) -> Iterator[list[int]]:
+def sync_errors(cuda: bool) -> Iterator[list[int]]:
     """Every optimizer step of core after the first runs under
     ``torch.cuda.set_sync_debug_mode("error")`` (``.item()``, ``.cpu()``, a blocking copy
     or ``torch.cuda.synchronize()`` inside it raises); yields the checked steps' numbers.
     The first step is left out: the optimizer creates its state there. Off CUDA the steps
     are only counted (the plumbing of a dry run)."""
-    from core.loop.step import BatchStep, WindowStep  # the step kernels (as the GPU tests)
+    from core.loop.step import BatchStep, WindowStep  # the step kernels
 
     checked: list[int] = []
     calls = [0]
@@ -308,7 +308,7 @@ def sync_check(ctx: Ctx) -> list[Row]:
             max_grad_norm=1.0,
         )
         failure = ""
-        with _sync_errors(ctx.cuda) as checked:
+        with sync_errors(ctx.cuda) as checked:
             try:
                 core_run(ctx, model, batches, epochs=1, **settings)
             except Exception as error:

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from benchmarks.gpu_suite_overhead import sync_errors
 from core import MultiGPUConfig, create_optimized_training_optimizer
-from core.loop.step import BatchStep, WindowStep
 from core.loop.stepper import DeviceSkippingStepper, stepper_for
 from core.monitoring.gpu_monitor import GPUMonitor
 from core.monitoring.nvml import load_nvml, nvml_acquire, nvml_release, torch_device_handle
@@ -203,42 +203,6 @@ def test_a_run_counts_an_fp16_overflow_as_a_skipped_step_and_lowers_the_scale(
 # -- no host sync inside a step ------------------------------------------------------------
 
 
-def sync_checked_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Every optimizer step after the first runs in ``set_sync_debug_mode("error")``: a
-    synchronizing CUDA call inside it (``.item()``, ``.cpu()``, a blocking copy, ``nonzero``,
-    ``torch.cuda.synchronize``) raises. The first step is left out: the optimizer creates its
-    state there. ``cudaEventSynchronize`` (the lagged readback's one wait, on step N-1) is
-    not a call the mode flags. Returns the checked steps' numbers as they run."""
-    checked: list[int] = []
-    calls = [0]
-    inside = [False]  # a BatchStep hands an OOM's window to its WindowStep: one step
-
-    def guarded_call(original: Callable[..., None]) -> Callable[..., None]:
-        def guarded(self: Any, window: Any, **kwargs: Any) -> None:
-            if inside[0]:
-                original(self, window, **kwargs)
-                return
-            calls[0] += 1
-            checking = calls[0] > 1
-            if checking:
-                torch.cuda.set_sync_debug_mode("error")
-            inside[0] = True
-            try:
-                original(self, window, **kwargs)
-            finally:
-                inside[0] = False
-                if checking:
-                    torch.cuda.set_sync_debug_mode("default")
-            if checking:
-                checked.append(kwargs["step"])
-
-        return guarded
-
-    for kind in (BatchStep, WindowStep):
-        monkeypatch.setattr(kind, "__call__", guarded_call(kind.__call__))
-    return checked
-
-
 def error_text(exc: BaseException) -> str:
     """The messages of an exception and its causes."""
     parts: list[str] = []
@@ -262,23 +226,20 @@ def error_text(exc: BaseException) -> str:
         ),
     ],
 )
-def test_no_host_sync_inside_a_step(
-    settings: dict[str, Any], log_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    checked = sync_checked_steps(monkeypatch)
-    records = train(log_dir, epochs=2, max_grad_norm=1.0, **settings)
+def test_no_host_sync_inside_a_step(settings: dict[str, Any], log_dir: Path) -> None:
+    # Every step after the first (the optimizer creates its state there) runs under
+    # set_sync_debug_mode("error"); the readback's one wait, an event's, is not flagged.
+    with sync_errors(cuda=True) as checked:
+        records = train(log_dir, epochs=2, max_grad_norm=1.0, **settings)
     steps = named(records, "train_step")
     assert len(steps) == 16 and len(checked) == 15
     assert all(s["loss"] == s["loss"] and not s["skipped"] for s in steps)
 
 
-def test_the_sync_check_catches_the_non_fused_optimizers_host_read(
-    log_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_sync_check_catches_the_non_fused_optimizers_host_read(log_dir: Path) -> None:
     """Guards the test above: a known per-step sync (fp16 with a non-fused optimizer reads
     the overflow flag on the host, ``core.loop.stepper``) is caught."""
-    sync_checked_steps(monkeypatch)
-    with pytest.raises(Exception) as info:  # the run may wrap it: its causes are read below
+    with sync_errors(cuda=True), pytest.raises(Exception) as info:  # causes read below
         train(
             log_dir, amp_dtype=torch.float16,
             optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, foreach=True),
