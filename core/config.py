@@ -83,19 +83,23 @@ class EarlyStoppingConfig:
             isinstance(self.monitor, str) and METRIC_NAME.match(self.monitor)
         ):
             raise config_error(
-                "early_stopping.monitor", self.monitor,
+                "early_stopping.monitor",
+                self.monitor,
                 "None (the checkpoint section's monitor), 'val_loss', 'train_loss', "
-                "'val_accuracy' or 'val_<name>' of a metric", "e.g. monitor='val_f1'.",
-            )  # fmt: skip
+                "'val_accuracy' or 'val_<name>' of a metric",
+                "e.g. monitor='val_f1'.",
+            )
         if self.mode not in (None, "min", "max"):
             raise config_error(
                 "early_stopping.mode", self.mode, "None (the checkpoint's mode), 'min' or 'max'"
             )
         if self.patience is not None and not (is_int(self.patience) and self.patience >= 1):
             raise config_error(
-                "patience", self.patience, "None (off) or an integer >= 1",
+                "patience",
+                self.patience,
+                "None (off) or an integer >= 1",
                 "pass None to train for max_epochs.",
-            )  # fmt: skip
+            )
         if not (is_finite_number(self.min_delta) and self.min_delta >= 0):
             raise config_error("min_delta", self.min_delta, "a finite float >= 0")
 
@@ -141,9 +145,11 @@ class TrainingConfig:
             kind = _SECTIONS[section.name]
             if not isinstance(value, kind):
                 raise config_error(
-                    section.name, value, f"a {kind.__name__}",
+                    section.name,
+                    value,
+                    f"a {kind.__name__}",
                     f"pass {section.name}={kind.__name__}(...), or leave it out for the defaults.",
-                )  # fmt: skip
+                )
 
     @property
     def monitoring_enabled(self) -> bool:

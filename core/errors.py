@@ -130,9 +130,13 @@ class SignalReceived(CoreError):
     good one."""
 
     def __init__(
-        self, signum: int, checkpoint: str | None, *, abandoned: bool = False,
+        self,
+        signum: int,
+        checkpoint: str | None,
+        *,
+        abandoned: bool = False,
         rank: int | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.signum = signum
         self.exit_code = 128 + signum
         self.checkpoint = checkpoint
@@ -163,9 +167,14 @@ class TrainingProcessDied(CoreError, RuntimeError):
     last good checkpoint, from which ``resume="auto"`` continues."""
 
     def __init__(
-        self, exit_code: int | None, signal_name: str | None, checkpoint: str | None,
-        *, why: str = "", finished: str | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        exit_code: int | None,
+        signal_name: str | None,
+        checkpoint: str | None,
+        *,
+        why: str = "",
+        finished: str | None = None,
+    ) -> None:
         self.exit_code, self.signal_name, self.checkpoint = exit_code, signal_name, checkpoint
         how = (
             f"was killed by {signal_name}"

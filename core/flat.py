@@ -173,9 +173,11 @@ def _unalias(settings: Mapping[str, Any]) -> dict[str, Any]:
             continue
         if keyword in settings:
             raise config_error(
-                alias, settings[alias], f"a setting given once, but {keyword} sets it too",
+                alias,
+                settings[alias],
+                f"a setting given once, but {keyword} sets it too",
                 f"{alias} is another name for {keyword}: pass one of them.",
-            )  # fmt: skip
+            )
         plain[keyword] = settings[alias]
     return plain
 

@@ -95,9 +95,11 @@ class IntegratedGPUTrainingSystem:
             mixed_precision_config, MixedPrecisionConfig
         ):
             raise config_error(
-                "mixed_precision_config", mixed_precision_config,
-                "a MixedPrecisionConfig or None", "MixedPrecisionConfig(dtype='bfloat16').",
-            )  # fmt: skip
+                "mixed_precision_config",
+                mixed_precision_config,
+                "a MixedPrecisionConfig or None",
+                "MixedPrecisionConfig(dtype='bfloat16').",
+            )
         self.gpu_config = gpu_config or GPUConfig()
         self.mixed_precision_config = mixed_precision_config
         self._base = config_from_flat(settings, config)
@@ -141,9 +143,13 @@ class IntegratedGPUTrainingSystem:
         return report | {"training_mode": self.training_mode}
 
     def create_dataloader(
-        self, dataset: Dataset[Any], batch_size: int | None = None, *, shuffle: bool = True,
+        self,
+        dataset: Dataset[Any],
+        batch_size: int | None = None,
+        *,
+        shuffle: bool = True,
         **kwargs: Any,
-    ) -> DataLoader[Any]:  # fmt: skip
+    ) -> DataLoader[Any]:
         """A DataLoader built with ``GPUConfig``'s loader fields for this device (see
         :func:`~core.data.create_dataloader`); ``batch_size`` defaults to the size
         :meth:`setup_training` found.
@@ -155,13 +161,19 @@ class IntegratedGPUTrainingSystem:
         size = batch_size if batch_size is not None else self.optimal_batch_size
         if size is None:
             raise config_error(
-                "batch_size", None, "an integer >= 1",
+                "batch_size",
+                None,
+                "an integer >= 1",
                 "pass batch_size=, or call setup_training(model, input_shape) first.",
-            )  # fmt: skip
+            )
         return create_dataloader(
-            dataset, size, shuffle=shuffle, device=self.device, config=self.config.data.loader,
+            dataset,
+            size,
+            shuffle=shuffle,
+            device=self.device,
+            config=self.config.data.loader,
             **kwargs,
-        )  # fmt: skip
+        )
 
     def create_optimizer(
         self,
@@ -183,10 +195,16 @@ class IntegratedGPUTrainingSystem:
         """
         config = self.training_config(model).replace({"run.max_epochs": num_epochs})
         return OptimizedTrainingOptimizer(
-            config, model=model, train_loader=train_loader, val_loader=val_loader,
-            loss_fn=criterion, optimizer=optimizer, scheduler=scheduler, callbacks=callbacks,
+            config,
+            model=model,
+            train_loader=train_loader,
+            val_loader=val_loader,
+            loss_fn=criterion,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            callbacks=callbacks,
             metrics=metrics,
-        )  # fmt: skip
+        )
 
     def training_loop(
         self,
@@ -226,9 +244,16 @@ class IntegratedGPUTrainingSystem:
             )
         history = _EpochHistory()
         job = self.create_optimizer(
-            model, train_loader, criterion, optimizer, num_epochs, val_loader=val_loader,
-            scheduler=scheduler, callbacks=[*callbacks, history], metrics=metrics,
-        )  # fmt: skip
+            model,
+            train_loader,
+            criterion,
+            optimizer,
+            num_epochs,
+            val_loader=val_loader,
+            scheduler=scheduler,
+            callbacks=[*callbacks, history],
+            metrics=metrics,
+        )
         results, gpu_summary = anyio.run(_train, job)
         self.last_run = job
         epochs = history.records

@@ -135,9 +135,14 @@ class MultiGPUTrainer(MonitoredDistribution):
             settings["max_epochs"] = max_epochs
         tree = config_from_flat(settings | {"multi_gpu_config": self.config}, config)
         job = OptimizedTrainingOptimizer(
-            tree, model=model, train_loader=loader, val_loader=val_loader, loss_fn=criterion,
-            optimizer=optimizer, metrics=metrics,
-        )  # fmt: skip
+            tree,
+            model=model,
+            train_loader=loader,
+            val_loader=val_loader,
+            loss_fn=criterion,
+            optimizer=optimizer,
+            metrics=metrics,
+        )
         async with job:
             results = await job.train()
             self.merge_throughput(job.multi_gpu_trainer)

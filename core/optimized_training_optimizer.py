@@ -76,9 +76,15 @@ def create_optimized_training_optimizer(
     """
     check_parts(settings)
     job = OptimizedTrainingOptimizer(
-        config_from_flat(settings, config), model=model, train_loader=train_loader,
-        val_loader=val_loader, loss_fn=loss_fn, optimizer=optimizer, scheduler=scheduler,
-        callbacks=callbacks, metrics=metrics,
-    )  # fmt: skip
+        config_from_flat(settings, config),
+        model=model,
+        train_loader=train_loader,
+        val_loader=val_loader,
+        loss_fn=loss_fn,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        callbacks=callbacks,
+        metrics=metrics,
+    )
     job.build()
     return job

@@ -44,9 +44,11 @@ def seed_everything(seed: int, *, deterministic: bool = False) -> None:
     """
     if not (is_int(seed) and seed >= 0):
         raise config_error(
-            "seed", seed, "an integer >= 0 (or None to leave the generators alone)",
+            "seed",
+            seed,
+            "an integer >= 0 (or None to leave the generators alone)",
             "pass seed=0 (any non-negative integer) for a reproducible run.",
-        )  # fmt: skip
+        )
     check_bool("deterministic", deterministic)
     random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device (lazily, if not initialised yet)

@@ -80,9 +80,10 @@ class RunConfig:
     def __post_init__(self) -> None:
         if not (isinstance(self.experiment_name, str) and _SAFE_NAME.match(self.experiment_name)):
             raise config_error(
-                "experiment_name", self.experiment_name,
+                "experiment_name",
+                self.experiment_name,
                 "a non-empty name of letters, digits, '.', '_' or '-' (it becomes a folder)",
-            )  # fmt: skip
+            )
         if not (is_int(self.max_epochs) and self.max_epochs >= 1):
             raise config_error("max_epochs", self.max_epochs, "an integer >= 1")
         for name in ("max_steps", "val_every_n_epochs", "val_every_n_steps"):
@@ -102,18 +103,22 @@ class RunConfig:
                 raise config_error(name, seconds, "a finite number of seconds > 0")
         if self.isolation not in ("thread", "process"):
             raise config_error(
-                "isolation", self.isolation, "'thread' or 'process'",
+                "isolation",
+                self.isolation,
+                "'thread' or 'process'",
                 "use 'process' to train in a child process a service's event loop never waits on.",
-            )  # fmt: skip
+            )
         self._check_smoke_run()
 
     def _check_smoke_run(self) -> None:
         smoke = self.fast_dev_run
         if not (isinstance(smoke, bool) or (is_int(smoke) and smoke >= 1)):
             raise config_error(
-                "fast_dev_run", smoke, "False, True (1 batch) or an integer >= 1 (that many)",
+                "fast_dev_run",
+                smoke,
+                "False, True (1 batch) or an integer >= 1 (that many)",
                 "pass fast_dev_run=True for one train and one val batch, False to train.",
-            )  # fmt: skip
+            )
         for name in ("limit_train_batches", "limit_val_batches"):
             limit = getattr(self, name)
             if limit is None or (is_int(limit) and limit >= 1):
@@ -126,9 +131,12 @@ class RunConfig:
             elif name == "limit_val_batches" and limit in (0, 0.0) and not isinstance(limit, bool):
                 fix = "to skip validation, pass val_every_n_epochs=None (or no val_loader)."
             raise config_error(
-                name, limit, "None (all batches), an integer >= 1 (that many batches) or a "
-                "float in (0, 1] (that fraction of the loader)", fix,
-            )  # fmt: skip
+                name,
+                limit,
+                "None (all batches), an integer >= 1 (that many batches) or a "
+                "float in (0, 1] (that fraction of the loader)",
+                fix,
+            )
 
     @property
     def smoke_batches(self) -> int | None:
@@ -144,7 +152,12 @@ class RunConfig:
         if batches is None:
             return self
         run = replace(
-            self, max_epochs=1, max_steps=None, limit_train_batches=batches,
-            limit_val_batches=batches, val_every_n_epochs=1, val_every_n_steps=None,
-        )  # fmt: skip
+            self,
+            max_epochs=1,
+            max_steps=None,
+            limit_train_batches=batches,
+            limit_val_batches=batches,
+            val_every_n_epochs=1,
+            val_every_n_steps=None,
+        )
         return self if run == self else run

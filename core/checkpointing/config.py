@@ -66,10 +66,11 @@ class CheckpointConfig:
     def __post_init__(self) -> None:
         if not (isinstance(self.monitor, str) and METRIC_NAME.match(self.monitor)):
             raise config_error(
-                "monitor", self.monitor,
+                "monitor",
+                self.monitor,
                 "'val_loss', 'train_loss', 'val_accuracy' or 'val_<name>' of a metric",
                 "e.g. monitor='val_f1' for metrics={'f1': F1Score(num_classes=2)}.",
-            )  # fmt: skip
+            )
         if self.mode not in ("min", "max"):
             raise config_error(
                 "mode", self.mode, "'min' or 'max'", "mode='max' for accuracy-like metrics."
@@ -79,14 +80,18 @@ class CheckpointConfig:
                 raise config_error(name, getattr(self, name), "None (never) or an integer >= 1")
         if self.save_top_k is not None and not (is_int(self.save_top_k) and self.save_top_k >= -1):
             raise config_error(
-                "save_top_k", self.save_top_k, "None, -1 (all) or an integer >= 0",
+                "save_top_k",
+                self.save_top_k,
+                "None, -1 (all) or an integer >= 0",
                 "e.g. save_top_k=3 keeps the three best checkpoints by monitor.",
-            )  # fmt: skip
+            )
         if self.save_top_k == 0 and self.save_best:
             raise config_error(
-                "save_top_k", 0, "None, -1 or an integer >= 1 with save_best=True",
+                "save_top_k",
+                0,
+                "None, -1 or an integer >= 1 with save_best=True",
                 "drop save_top_k (save_best keeps the best one) or save_best.",
-            )  # fmt: skip
+            )
         if not (is_int(self.keep_last_n) and self.keep_last_n >= 1):
             raise config_error("keep_last_n", self.keep_last_n, "an integer >= 1")
         check_bool_fields(self)
@@ -121,6 +126,9 @@ class CheckpointConfig:
             )
         if not Path(resume).is_dir():
             raise config_error(
-                "resume", resume, allowed, "no such directory; pass an existing checkpoint "
+                "resume",
+                resume,
+                allowed,
+                "no such directory; pass an existing checkpoint "
                 "(a step-... directory) or resume='auto' for the newest one.",
-            )  # fmt: skip
+            )

@@ -84,9 +84,12 @@ def _mib(size: int | None) -> str:
 
 
 def disk_error(
-    exc: BaseException, directory: Path, what: str, last_good: str | None,
+    exc: BaseException,
+    directory: Path,
+    what: str,
+    last_good: str | None,
     free_at_failure: int | None = None,
-) -> str:  # fmt: skip
+) -> str:
     """One sentence for a failed write: the path, why, the free space (when the write failed,
     if measured then, and now), the last good checkpoint."""
     free_now = free_bytes(directory)

@@ -58,9 +58,11 @@ class Checkpoints(Sequence[CheckpointInfo]):
     """The committed checkpoints of one directory, the last committed first."""
 
     def __init__(
-        self, store: CheckpointStore, best: Callable[[], str | None],
+        self,
+        store: CheckpointStore,
+        best: Callable[[], str | None],
         safe_globals: Sequence[Any] = (),
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._store, self._best, self._safe_globals = store, best, safe_globals
 
     @property
@@ -152,10 +154,14 @@ def _info(path: Path, best_name: str | None) -> CheckpointInfo | None:
     with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
         manifest = json.loads((path / MANIFEST).read_text())
         return CheckpointInfo(
-            path=path, step=int(manifest["step"]), epoch=int(manifest["epoch"]),
-            reason=str(manifest["reason"]), run_id=manifest.get("run_id"),
-            parent=manifest.get("parent"), committed_at_ns=int(manifest["committed_at_ns"]),
+            path=path,
+            step=int(manifest["step"]),
+            epoch=int(manifest["epoch"]),
+            reason=str(manifest["reason"]),
+            run_id=manifest.get("run_id"),
+            parent=manifest.get("parent"),
+            committed_at_ns=int(manifest["committed_at_ns"]),
             best=path.name == best_name,
             lineage=manifest.get("lineage", manifest.get("run_id")),
-        )  # fmt: skip
+        )
     return None  # an unreadable manifest: listed by nobody, refused by verify and resume

@@ -95,12 +95,12 @@ def file_entries(
     entries of files hashed as they were written (not read again)."""
     known = known or {}
     return {
-        name: dict(known[path]) if path in known else {
-            "sha256": hash_file(path), "bytes": path.stat().st_size
-        }
+        name: dict(known[path])
+        if path in known
+        else {"sha256": hash_file(path), "bytes": path.stat().st_size}
         for name, path in sorted(_walk(root))
         if path.is_file() and name != MANIFEST
-    }  # fmt: skip
+    }
 
 
 def _invalid(path: Path, why: str) -> CheckpointError:

@@ -40,9 +40,11 @@ def model_factory_of(path: str | Path) -> Factory | None:
 
 
 def load_model(
-    path: str | Path, *, device: str | torch.device | None = None,
+    path: str | Path,
+    *,
+    device: str | torch.device | None = None,
     safe_globals: Sequence[Any] = (),
-) -> nn.Module:  # fmt: skip
+) -> nn.Module:
     """The model of checkpoint ``path``: built by the factory its run was given, then its
     verified weights loaded (:func:`~core.load_weights`, strict), in eval mode, on
     ``device`` (default: where the factory builds it).

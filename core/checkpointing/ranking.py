@@ -37,9 +37,13 @@ def better(value: float, than: float, mode: Literal["min", "max"], margin: float
 
 
 def offer(
-    ranked: Sequence[Sequence[float | str]], value: float, path: str, *, k: int,
+    ranked: Sequence[Sequence[float | str]],
+    value: float,
+    path: str,
+    *,
+    k: int,
     mode: Literal["min", "max"],
-) -> Ranked | None:  # fmt: skip
+) -> Ranked | None:
     """The new top ``k`` (``-1``: unbounded) with ``[value, path]`` in it, or None when it
     would not enter (the list is full and it is not better than the last)."""
     pairs = [(float(v), str(p)) for v, p in ranked if str(p) != path]

@@ -160,10 +160,15 @@ class CheckpointStore:
                 fsync_path(staging / name)
         self._synced = {}
         manifest = {
-            "manifest_version": VERSION, **meta, "step": step, "run_id": self.run_id,
-            "lineage": self.lineage, "parent": self.parent,
-            "committed_at_ns": time.time_ns(), "files": files,
-        }  # fmt: skip
+            "manifest_version": VERSION,
+            **meta,
+            "step": step,
+            "run_id": self.run_id,
+            "lineage": self.lineage,
+            "parent": self.parent,
+            "committed_at_ns": time.time_ns(),
+            "files": files,
+        }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
         fsync_path(staging / MANIFEST)
         directories = {(staging / name).parent for name in files} | {staging}

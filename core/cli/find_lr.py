@@ -53,8 +53,13 @@ examples:
   core-train find-lr --example digits --config examples/digits/config.toml --json
   core-train find-lr --model mypkg.nets:build --data mypkg.data:loaders --num-steps 200"""
 
-_FLAGS = {"min_lr": "--min-lr", "max_lr": "--max-lr", "num_steps": "--num-steps",
-          "device": "--device", "precision": "--amp-dtype"}  # fmt: skip
+_FLAGS = {
+    "min_lr": "--min-lr",
+    "max_lr": "--max-lr",
+    "num_steps": "--num-steps",
+    "device": "--device",
+    "precision": "--amp-dtype",
+}
 
 
 def find_lr_parser() -> Parser:
@@ -64,12 +69,27 @@ def find_lr_parser() -> Parser:
     parser.description, parser.epilog = DESCRIPTION, EPILOG
     test = parser.add_argument_group("learning-rate range test")
     defaults = LRFinderConfig()
-    test.add_argument("--min-lr", type=float, default=defaults.min_lr, metavar="LR",
-                      help="the first step's learning rate (default %(default)g)")  # fmt: skip
-    test.add_argument("--max-lr", type=float, default=defaults.max_lr, metavar="LR",
-                      help="the last step's learning rate (default %(default)g)")  # fmt: skip
-    test.add_argument("--num-steps", type=int, default=defaults.num_steps, metavar="N",
-                      help="optimizer steps, the loader cycled (default %(default)d)")  # fmt: skip
+    test.add_argument(
+        "--min-lr",
+        type=float,
+        default=defaults.min_lr,
+        metavar="LR",
+        help="the first step's learning rate (default %(default)g)",
+    )
+    test.add_argument(
+        "--max-lr",
+        type=float,
+        default=defaults.max_lr,
+        metavar="LR",
+        help="the last step's learning rate (default %(default)g)",
+    )
+    test.add_argument(
+        "--num-steps",
+        type=int,
+        default=defaults.num_steps,
+        metavar="N",
+        help="optimizer steps, the loader cycled (default %(default)d)",
+    )
     test.add_argument("--device", default=None, help="default: cuda:0 where there is one")
     test.add_argument("--json", action="store_true", help="print the result as JSON")
     return parser
@@ -125,11 +145,17 @@ def _search(namespace: Any, config: TrainingConfig, parts: dict[str, Any]) -> LR
 
     amp = config.precision
     return find_learning_rate(
-        parts["model"].model, parts["train_loader"], loss_fn=parts["loss_fn"], optimizer=optimizer,
-        min_lr=namespace.min_lr, max_lr=namespace.max_lr, num_steps=namespace.num_steps,
-        max_grad_norm=config.optim.max_grad_norm, device=namespace.device,
+        parts["model"].model,
+        parts["train_loader"],
+        loss_fn=parts["loss_fn"],
+        optimizer=optimizer,
+        min_lr=namespace.min_lr,
+        max_lr=namespace.max_lr,
+        num_steps=namespace.num_steps,
+        max_grad_norm=config.optim.max_grad_norm,
+        device=namespace.device,
         precision=amp.dtype if amp.enable_amp else "fp32",
-    )  # fmt: skip
+    )
 
 
 def _write(result: LRFinderResult, run_dir: Path, command: list[str]) -> dict[str, Any]:
@@ -141,8 +167,12 @@ def _write(result: LRFinderResult, run_dir: Path, command: list[str]) -> dict[st
         result.plot(run_dir / "lr_find.png")
     except ImportError as exc:
         plot, note = None, f"not written: {exc}"
-    files = {"run_dir": str(run_dir), "curve_file": str(curve),
-             "plot_file": None if plot is None else str(plot), "plot_note": note}  # fmt: skip
+    files = {
+        "run_dir": str(run_dir),
+        "curve_file": str(curve),
+        "plot_file": None if plot is None else str(plot),
+        "plot_note": note,
+    }
     curve.write_text(json.dumps(result.to_dict() | {"command": command}, indent=2) + "\n")
     return files
 

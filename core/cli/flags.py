@@ -108,7 +108,12 @@ def add_tree_flags(parser: argparse.ArgumentParser) -> None:
             groups[section] = parser.add_argument_group(*section_title(section))
         strings = [leaf.flag] + ([f"--no-{leaf.flag[2:]}"] if leaf.takes_bool else [])
         groups[section].add_argument(
-            *strings, action=LeafAction, leaf=leaf, dest=argparse.SUPPRESS,
-            default=argparse.SUPPRESS, type=None if leaf.is_switch else leaf.parse,
-            metavar=leaf.metavar(), help=_help(leaf),
-        )  # fmt: skip
+            *strings,
+            action=LeafAction,
+            leaf=leaf,
+            dest=argparse.SUPPRESS,
+            default=argparse.SUPPRESS,
+            type=None if leaf.is_switch else leaf.parse,
+            metavar=leaf.metavar(),
+            help=_help(leaf),
+        )

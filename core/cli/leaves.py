@@ -92,9 +92,13 @@ class Leaf:
 
 _NO = object()
 _KIND_TEXT: dict[Any, str] = {
-    bool: "true or false", int: "an integer", float: "a number", str: "a string",
-    Path: "a path", torch.dtype: "",
-}  # fmt: skip
+    bool: "true or false",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    Path: "a path",
+    torch.dtype: "",
+}
 
 
 def _describe_kind(kind: Any) -> str:
@@ -221,10 +225,16 @@ def _walk(node: object, prefix: str, keywords: dict[str, str]) -> list[Leaf]:
             continue
         kinds, choices, optional = _members(hints[field.name])
         found.append(
-            Leaf(path=path, flag=_flag(path, keywords.get(path)), kinds=tuple(kinds),
-                 choices=tuple(choices), optional=optional, default=value,
-                 help=_help(kind, field.name))
-        )  # fmt: skip
+            Leaf(
+                path=path,
+                flag=_flag(path, keywords.get(path)),
+                kinds=tuple(kinds),
+                choices=tuple(choices),
+                optional=optional,
+                default=value,
+                help=_help(kind, field.name),
+            )
+        )
     return found
 
 

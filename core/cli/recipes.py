@@ -94,9 +94,11 @@ def scheduler_factory(
         return None
     config = config.for_run()  # a fast_dev_run's one short epoch
     per_epoch = steps_per_epoch(
-        train_loader, config.accumulation.accumulation_steps, world_size,
+        train_loader,
+        config.accumulation.accumulation_steps,
+        world_size,
         config.run.limit_train_batches,
-    )  # fmt: skip
+    )
     steps = total_steps(config, per_epoch)
     if steps is None:
         raise ValueError(

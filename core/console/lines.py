@@ -16,10 +16,19 @@ from core.console.units import format_count, format_duration, format_number
 
 __all__ = ("NOTABLE_EVENTS", "epoch_label", "format_epoch_line", "format_event_line")
 
-NOTABLE_EVENTS = frozenset({
-    "resumed", "fresh_start", "compile", "oom_recovered", "precision_fallback", "uneven_inputs",
-    "nonfinite_skipped", "signal_received", "profile",
-})  # fmt: skip
+NOTABLE_EVENTS = frozenset(
+    {
+        "resumed",
+        "fresh_start",
+        "compile",
+        "oom_recovered",
+        "precision_fallback",
+        "uneven_inputs",
+        "nonfinite_skipped",
+        "signal_received",
+        "profile",
+    }
+)
 """Info-level events worth a line of their own (warnings and errors always get one)."""
 
 _MESSAGE_FIELDS = ("error", "reason", "advice", "note", "effect")

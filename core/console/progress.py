@@ -155,8 +155,9 @@ class ProgressBar(Callback):
             self._samples += samples
             if is_number(loss):
                 self._loss_sum, self._loss_samples = (
-                    self._loss_sum + loss * samples, self._loss_samples + samples
-                )  # fmt: skip
+                    self._loss_sum + loss * samples,
+                    self._loss_samples + samples,
+                )
         if is_number(seconds := record.get("step_time_s")):
             self._seconds += seconds
         postfix = []

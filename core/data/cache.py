@@ -78,9 +78,11 @@ class CachedDataset(Dataset[Any]):
     ) -> None:
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise config_error(
-                "dataset", dataset, "a map-style dataset (with __len__ and __getitem__)",
+                "dataset",
+                dataset,
+                "a map-style dataset (with __len__ and __getitem__)",
                 "collect an IterableDataset's samples in a list first, then cache the list.",
-            )  # fmt: skip
+            )
         for name, fn in (("cache_transform", cache_transform), ("augment", augment)):
             if fn is not None and not callable(fn):
                 raise config_error(name, fn, "a callable taking one sample, or None")

@@ -63,18 +63,20 @@ class LoaderConfig:
         check_bool_fields(self)
         if not (is_int(self.num_workers) and self.num_workers >= -1):
             raise config_error(
-                "num_workers", self.num_workers,
+                "num_workers",
+                self.num_workers,
                 "-1 (auto) or an integer >= 0 (0 loads in the training process)",
                 "pass num_workers=-1 to let core choose from the usable CPU cores.",
-            )  # fmt: skip
+            )
         if self.prefetch_factor is not None and not (
             is_int(self.prefetch_factor) and self.prefetch_factor >= 1
         ):
             raise config_error(
-                "prefetch_factor", self.prefetch_factor,
+                "prefetch_factor",
+                self.prefetch_factor,
                 "None (torch's default, 2) or an integer >= 1",
                 "pass prefetch_factor=None unless a profile shows workers falling behind.",
-            )  # fmt: skip
+            )
         _check_auto_or_bool("pin_memory", self.pin_memory)
         _check_auto_or_bool("device_prefetch", self.device_prefetch)
 

@@ -120,28 +120,34 @@ def _check_arguments(
 ) -> None:
     if not (is_int(batch_size) and batch_size >= 1):
         raise config_error(
-            "batch_size", batch_size, "an integer >= 1 (samples per batch)",
+            "batch_size",
+            batch_size,
+            "an integer >= 1 (samples per batch)",
             "pass the per-process batch size, e.g. batch_size=32.",
-        )  # fmt: skip
+        )
     check_bool("shuffle", shuffle)
     check_bool("drop_last", drop_last)
     if sampler is not None and shuffle:
         raise config_error(
-            "shuffle", shuffle, "False when a sampler is given (the sampler sets the order)",
+            "shuffle",
+            shuffle,
+            "False when a sampler is given (the sampler sets the order)",
             "drop shuffle=True; let the sampler shuffle (e.g. DistributedSampler(shuffle=True)).",
-        )  # fmt: skip
+        )
     if "batch_sampler" in kwargs:
         raise config_error(
-            "batch_sampler", kwargs["batch_sampler"],
+            "batch_sampler",
+            kwargs["batch_sampler"],
             "None: create_dataloader batches samples by batch_size",
             "pass sampler= for the order of samples, or build the DataLoader yourself.",
-        )  # fmt: skip
+        )
     if isinstance(dataset, IterableDataset) and (shuffle or sampler is not None):
         raise config_error(
-            "shuffle" if shuffle else "sampler", shuffle if shuffle else sampler,
+            "shuffle" if shuffle else "sampler",
+            shuffle if shuffle else sampler,
             "shuffle=False and sampler=None for an IterableDataset (it sets its own order)",
             "shuffle inside the dataset's __iter__.",
-        )  # fmt: skip
+        )
 
 
 def _resolve_workers(

@@ -109,26 +109,34 @@ class MultiGPUConfig:
             return
         if not (is_int(devices) and devices >= 1):
             raise config_error(
-                "devices", devices, "None or an integer >= 1 (the processes to start on this "
-                "machine)", "devices=2; for several machines run `torchrun --nnodes M "
+                "devices",
+                devices,
+                "None or an integer >= 1 (the processes to start on this machine)",
+                "devices=2; for several machines run `torchrun --nnodes M "
                 "--nproc-per-node N` on each (devices= starts ranks on this machine only).",
-            )  # fmt: skip
+            )
         if devices == 1:
             return
         if self.training_mode in _ONE_PROCESS:
             raise config_error(
-                "training_mode", self.training_mode, f"{', '.join(map(repr, _RANKED))} with "
-                f"devices={devices}", f"training_mode='auto' (DDP over the {devices} ranks), "
+                "training_mode",
+                self.training_mode,
+                f"{', '.join(map(repr, _RANKED))} with devices={devices}",
+                f"training_mode='auto' (DDP over the {devices} ranks), "
                 "or devices=None to train in one process.",
-            )  # fmt: skip
+            )
         if not self.enable_distributed:
             raise config_error(
-                "enable_distributed", False, f"True with devices={devices}",
+                "enable_distributed",
+                False,
+                f"True with devices={devices}",
                 "enable_distributed=True, or devices=None to train in one process.",
-            )  # fmt: skip
+            )
         for name in ("world_size", "rank", "local_rank"):
             if getattr(self, name) != -1:
                 raise config_error(
-                    name, getattr(self, name), f"-1 with devices={devices} (the launcher "
-                    "gives each rank its own)", f"leave {name} out, or devices=None.",
-                )  # fmt: skip
+                    name,
+                    getattr(self, name),
+                    f"-1 with devices={devices} (the launcher gives each rank its own)",
+                    f"leave {name} out, or devices=None.",
+                )

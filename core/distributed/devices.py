@@ -43,19 +43,23 @@ def ranks_to_start(config: MultiGPUConfig, *, isolation: str = "thread") -> int 
     if env is not None:
         if devices != env.local_world_size:
             raise config_error(
-                FIELD, devices, f"{env.local_world_size} (this torchrun's --nproc-per-node) or "
-                "None under torchrun", "leave devices out under torchrun (it started the "
+                FIELD,
+                devices,
+                f"{env.local_world_size} (this torchrun's --nproc-per-node) or None under torchrun",
+                "leave devices out under torchrun (it started the "
                 "ranks already), or run the script with python and devices=N instead.",
-            )  # fmt: skip
+            )
         return None
     if devices == 1:
         return None
     if isolation == "process":
         raise config_error(
-            FIELD, devices, "None or 1 with run.isolation='process'",
+            FIELD,
+            devices,
+            "None or 1 with run.isolation='process'",
             f"drop isolation='process': with devices={devices} the ranks already train in "
             "processes of their own, supervised the same way.",
-        )  # fmt: skip
+        )
     _check_machine(config, devices)
     return devices
 
@@ -67,12 +71,16 @@ def _check_machine(config: MultiGPUConfig, devices: int) -> None:
         named = "of device_ids" if config.device_ids is not None else "of this machine"
         if devices > usable:
             raise config_error(
-                FIELD, devices, f"at most {usable}, the CUDA devices {named} (one per rank)",
+                FIELD,
+                devices,
+                f"at most {usable}, the CUDA devices {named} (one per rank)",
                 f"devices={usable} or fewer; more ranks than GPUs need several machines "
                 "(torchrun --nnodes on each).",
-            )  # fmt: skip
+            )
     elif config.backend == "nccl":
         raise config_error(
-            "distributed.backend", "nccl", f"'gloo' or None for devices={devices} on a machine "
-            "without CUDA", "backend=None (gloo on CPU).",
-        )  # fmt: skip
+            "distributed.backend",
+            "nccl",
+            f"'gloo' or None for devices={devices} on a machine without CUDA",
+            "backend=None (gloo on CPU).",
+        )

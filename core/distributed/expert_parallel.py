@@ -65,10 +65,14 @@ class ExpertParallelStrategy(DDPStrategy):
 
     def describe(self) -> dict[str, Any]:
         exchange = None if self.exchange is None else self.exchange.name
-        return super().describe() | {"expert_parallel": {
-            "token_exchange": exchange, "note": self.exchange_note, "dense": "ddp",
-            "layers": self._layers,
-        }}  # fmt: skip
+        return super().describe() | {
+            "expert_parallel": {
+                "token_exchange": exchange,
+                "note": self.exchange_note,
+                "dense": "ddp",
+                "layers": self._layers,
+            }
+        }
 
     def _choose_exchange(self) -> TokenExchange:
         if self.token_exchange == "all_gather":
@@ -114,8 +118,11 @@ class ExpertParallelStrategy(DDPStrategy):
             if first_time:
                 parameter.register_hook(_divide_by(size))
             self._expert_params.append(parameter)
-        self._layers[name] = {"experts": experts, "experts_per_rank": shard.experts_per_rank,
-                              "held": shard.owned()}  # fmt: skip
+        self._layers[name] = {
+            "experts": experts,
+            "experts_per_rank": shard.experts_per_rank,
+            "held": shard.owned(),
+        }
 
     # -- global quantities ----------------------------------------------------------------
     def total_norm(self, grads: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -167,8 +174,13 @@ class ExpertParallelStrategy(DDPStrategy):
         module, flat = self.unwrap(model), _flat()
         model_state, optim_state = get_state_dict(module, optimizer, options=flat)
         dcp_load({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(sharded))
-        set_state_dict(module, optimizer, model_state_dict=model_state,
-                       optim_state_dict=optim_state, options=flat)  # fmt: skip
+        set_state_dict(
+            module,
+            optimizer,
+            model_state_dict=model_state,
+            optim_state_dict=optim_state,
+            options=flat,
+        )
 
 
 def _divide_by(size: int) -> Any:

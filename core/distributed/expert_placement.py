@@ -45,11 +45,14 @@ class ExpertPlacementStrategy(Strategy):
         layers = require_moe_layers(model, "training_mode='auto'")
         model.to(self.device)
         costs = [
-            ExpertCost(f"{name}.{index}", sum(p.numel() for p in expert.parameters()),
-                       layer.top_k / layer.num_experts)
+            ExpertCost(
+                f"{name}.{index}",
+                sum(p.numel() for p in expert.parameters()),
+                layer.top_k / layer.num_experts,
+            )
             for name, layer in layers
             for index, expert in layer.experts.held_items()
-        ]  # fmt: skip
+        ]
         devices = self.devices or [DeviceDescription(str(self.device), str(self.device), 1, 2**62)]
         self.plan = plan_placement(costs, devices)
         for name, layer in layers:

@@ -179,11 +179,18 @@ def launch_local_ranks(
     while True:
         attempts += 1
         config = LaunchConfig(
-            min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=str(uuid.uuid4()),
-            rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{get_free_port()}",
-            rdzv_configs={"rank": 0}, max_restarts=0, monitor_interval=0.1,
-            start_method=start_method, shutdown_timeout=shutdown_timeout_s,
-        )  # fmt: skip
+            min_nodes=1,
+            max_nodes=1,
+            nproc_per_node=nprocs,
+            run_id=str(uuid.uuid4()),
+            rdzv_backend="static",
+            rdzv_endpoint=f"127.0.0.1:{get_free_port()}",
+            rdzv_configs={"rank": 0},
+            max_restarts=0,
+            monitor_interval=0.1,
+            start_method=start_method,
+            shutdown_timeout=shutdown_timeout_s,
+        )
         try:
             with _torchrun_environment(nprocs, command=isinstance(entrypoint, str)):
                 values: dict[int, Any] = elastic_launch(config, target)(*args)

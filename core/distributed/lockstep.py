@@ -123,9 +123,11 @@ class LockstepLoader:
             uneven = self.lockstep.uneven_end(0 if batch is _END else 1)
             if uneven is not None:
                 _log.warning(
-                    "uneven_inputs", loader=self.name, **uneven,
+                    "uneven_inputs",
+                    loader=self.name,
+                    **uneven,
                     fix="give every rank the same number of batches",
-                )  # fmt: skip
+                )
             if batch is _END or uneven is not None:
                 return
             yield batch

@@ -101,9 +101,13 @@ class Distribution:
                 seed=kwargs.pop("seed", 0),
             )
             return create_dataloader(
-                dataset, batch_size, sampler=sampler, device=strategy.device,
-                world_size=local_ranks, **kwargs,
-            )  # fmt: skip
+                dataset,
+                batch_size,
+                sampler=sampler,
+                device=strategy.device,
+                world_size=local_ranks,
+                **kwargs,
+            )
         return create_dataloader(
             dataset, batch_size, shuffle=shuffle, device=strategy.device, **kwargs
         )

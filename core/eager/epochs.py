@@ -77,10 +77,15 @@ class EagerEpochs:
         started = perf_counter()
         try:
             stats = evaluate(
-                steps.model, loader, epoch=epoch, stop=threading.Event(),
-                precision=steps.current_precision(), strategy=steps.strategy,
-                objective=steps.objective.base, errors=steps.errors,
-            )  # fmt: skip
+                steps.model,
+                loader,
+                epoch=epoch,
+                stop=threading.Event(),
+                precision=steps.current_precision(),
+                strategy=steps.strategy,
+                objective=steps.objective.base,
+                errors=steps.errors,
+            )
         finally:
             steps.model.train(was_training)
         result = {

@@ -61,9 +61,12 @@ class ManualSteps:
         self.errors = errors or ErrorHandler()
         self.max_grad_norm = max_grad_norm
         self.recorder = StepRecorder(
-            scheduler=None, precision=amp, errors=self.errors, device=device_of(self.device),
+            scheduler=None,
+            precision=amp,
+            errors=self.errors,
+            device=device_of(self.device),
             emit=emit,
-        )  # fmt: skip
+        )
         self.steps_done = 0
         self._open: Precision | None = None
         self._started = 0.0
@@ -115,17 +118,22 @@ class ManualSteps:
         )
         self.steps_done += 1
         samples = self._samples or len(self._losses)
-        self.recorder.defer(StepOutcome(readback, 0, self.steps_done, samples,
-                                        perf_counter() - self._started, 0.0))  # fmt: skip
+        self.recorder.defer(
+            StepOutcome(readback, 0, self.steps_done, samples, perf_counter() - self._started, 0.0)
+        )
         scalars = self.recorder.settle()  # read back now: the face is synchronous
         assert isinstance(scalars, StepScalars)  # deferred just above
         step_time = perf_counter() - self._started
         self._open, self._losses, self._samples = None, [], 0
         return {
-            "loss": scalars.loss, "grad_norm": scalars.grad_norm,
-            "loss_scale": scalars.loss_scale, "overflow": scalars.overflow,
-            "skipped": scalars.skipped, "lr": readback.lr, "step_time": step_time,
-        }  # fmt: skip
+            "loss": scalars.loss,
+            "grad_norm": scalars.grad_norm,
+            "loss_scale": scalars.loss_scale,
+            "overflow": scalars.overflow,
+            "skipped": scalars.skipped,
+            "lr": readback.lr,
+            "step_time": step_time,
+        }
 
     def _update_of(self, optimizer: torch.optim.Optimizer) -> GradientUpdate:
         """The post-backward sequence for ``optimizer`` (built again if it is another)."""

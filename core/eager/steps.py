@@ -107,9 +107,12 @@ class EagerSteps:
         self.objective = CountingObjective(loss_fn)
         self.errors = errors or ErrorHandler()
         self.recorder = StepRecorder(
-            scheduler=scheduler, precision=amp, errors=self.errors,
-            device=device_of(self.device), emit=emit,
-        )  # fmt: skip
+            scheduler=scheduler,
+            precision=amp,
+            errors=self.errors,
+            device=device_of(self.device),
+            emit=emit,
+        )
         self.step = optimizer_step_for(
             WindowStep(
                 model=model,
@@ -163,15 +166,19 @@ class EagerSteps:
         samples = count_samples(batch)
         if self.track_memory:
             self.track_memory = False
-            self.amp.note_memory_savings(*measure_amp_savings(
-                self.model, batch, objective=self.objective.base,
-                precision=self.amp.amp_precision, device=self.device,
-            ))  # fmt: skip
+            self.amp.note_memory_savings(
+                *measure_amp_savings(
+                    self.model,
+                    batch,
+                    objective=self.objective.base,
+                    precision=self.amp.amp_precision,
+                    device=self.device,
+                )
+            )
         window = Window([batch], [samples], self.steps_done, samples)
         lr = float(self.optimizer.param_groups[0]["lr"])
         started = perf_counter()
-        self.step(window, step=self.steps_done + 1, epoch=epoch, started=started,
-                  data_time_s=0.0)  # fmt: skip
+        self.step(window, step=self.steps_done + 1, epoch=epoch, started=started, data_time_s=0.0)
         precision = self.amp.precision.name
         scalars = self.recorder.settle()  # this step, read back now: the face is synchronous
         assert isinstance(scalars, StepScalars)  # the step above deferred one

@@ -80,9 +80,11 @@ class GPUManager(DeviceSettings):
     ) -> None:
         if gpu_config is not None and not isinstance(gpu_config, (GPUConfig, GPUManagerConfig)):
             raise config_error(
-                "gpu_config", gpu_config, "a GPUConfig, a GPUManagerConfig or None",
+                "gpu_config",
+                gpu_config,
+                "a GPUConfig, a GPUManagerConfig or None",
                 "pass GPUConfig(device_ids=[0], memory_fraction=0.9).",
-            )  # fmt: skip
+            )
         seed = gpu_config if isinstance(gpu_config, GPUConfig) else GPUConfig()
         settings = gpu_config if isinstance(gpu_config, GPUManagerConfig) else None
         super().__init__(settings or seed.manager_config(), device or default_device(seed))

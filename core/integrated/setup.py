@@ -47,9 +47,14 @@ def setup_training(
     precision = resolve_precision(config.precision, manager.device)
     memory = config.memory
     search = find_batch_size(
-        model, input_shape, memory.target_memory_gb, memory.max_batch_size, memory.margin,
-        autocast=precision.autocast, device=manager.device,
-    )  # fmt: skip
+        model,
+        input_shape,
+        memory.target_memory_gb,
+        memory.max_batch_size,
+        memory.margin,
+        autocast=precision.autocast,
+        device=manager.device,
+    )
     return {
         "optimal_batch_size": search.batch_size,
         "device": str(manager.device),

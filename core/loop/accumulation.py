@@ -82,9 +82,11 @@ class GradientAccumulationConfig:
             )
         if self.normalize_by not in ("samples", "tokens"):
             raise config_error(
-                "normalize_by", self.normalize_by, ("samples", "tokens"),
+                "normalize_by",
+                self.normalize_by,
+                ("samples", "tokens"),
                 "use 'tokens' when the loss is a mean over (non-padding) target tokens.",
-            )  # fmt: skip
+            )
         if not is_int(self.ignore_index):
             raise config_error("ignore_index", self.ignore_index, "an integer (e.g. -100)")
 

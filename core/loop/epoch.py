@@ -90,9 +90,13 @@ class StepLoop:
         self.emit = emit
         self.schedule = StepSchedule(step_hooks)
         self.recorder = StepRecorder(
-            scheduler=scheduler, precision=precision, errors=errors,
-            device=device_of(strategy.device), emit=emit, device_fields=device_fields,
-        )  # fmt: skip
+            scheduler=scheduler,
+            precision=precision,
+            errors=errors,
+            device=device_of(strategy.device),
+            emit=emit,
+            device_fields=device_fields,
+        )
         self.optimizer_step = optimizer_step_for(
             WindowStep(
                 model=model,
@@ -224,9 +228,14 @@ class StepLoop:
     def _failure(self, exc: Exception, phase: str, batch_index: int) -> BaseException:
         timeout = getattr(self.strategy, "timeout_s", None)
         return self.errors.step_error(
-            exc, epoch=self.epoch, step=self.global_step + 1, batch_index=batch_index,
-            rank=self.strategy.rank, timeout_s=timeout, phase=phase,
-        )  # fmt: skip
+            exc,
+            epoch=self.epoch,
+            step=self.global_step + 1,
+            batch_index=batch_index,
+            rank=self.strategy.rank,
+            timeout_s=timeout,
+            phase=phase,
+        )
 
     @property
     def waiting_for_data_since(self) -> float | None:

@@ -110,9 +110,12 @@ def evaluate(
     values = metrics.compute(summed[5:]) if metrics is not None else {}
     if sample_total == 0 and interrupted:
         return EvalStats(
-            loss=float("nan"), accuracy=None, samples=0, interrupted=True,
+            loss=float("nan"),
+            accuracy=None,
+            samples=0,
+            interrupted=True,
             metrics=dict.fromkeys(values),
-        )  # fmt: skip
+        )
     if sample_total == 0:
         raise EmptyLoaderError(
             "val_loader yielded no batch; allowed: a loader with at least one batch, or "

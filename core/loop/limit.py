@@ -40,15 +40,21 @@ def epoch_batches(limit: Limit, batches: int | None, field: str) -> int | None:
     if isinstance(limit, float):
         if batches is None:
             raise config_error(
-                field, limit, "None or an integer number of batches for a loader without len() "
-                "(a stream: a fraction of it is unknown)", f"pass {field}=N for N batches.",
-            )  # fmt: skip
+                field,
+                limit,
+                "None or an integer number of batches for a loader without len() "
+                "(a stream: a fraction of it is unknown)",
+                f"pass {field}=N for N batches.",
+            )
         taken = int(batches * limit)
         if taken < 1 and batches > 0:
             raise config_error(
-                field, limit, f"a fraction of at least {1 / batches:.4g} (1 of this loader's "
-                f"{batches} batches), or an integer", f"pass {field}=1 for one batch.",
-            )  # fmt: skip
+                field,
+                limit,
+                f"a fraction of at least {1 / batches:.4g} (1 of this loader's "
+                f"{batches} batches), or an integer",
+                f"pass {field}=1 for one batch.",
+            )
         return taken
     return limit if batches is None else min(limit, batches)
 

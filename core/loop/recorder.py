@@ -192,5 +192,10 @@ class StepRecorder:
         )
         if fall_back:
             before, after = self.precision.fall_back()
-            self.emit("precision_fallback", step=pending.step, from_precision=before,
-                      to_precision=after, reason="overflow at min_scale")  # fmt: skip
+            self.emit(
+                "precision_fallback",
+                step=pending.step,
+                from_precision=before,
+                to_precision=after,
+                reason="overflow at min_scale",
+            )

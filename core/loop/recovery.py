@@ -73,9 +73,10 @@ class ErrorHandlerConfig:
     def __post_init__(self) -> None:
         check_bool_fields(self)
         for name in (
-            "max_consecutive_nonfinite", "overflows_at_min_scale_before_fallback",
+            "max_consecutive_nonfinite",
+            "overflows_at_min_scale_before_fallback",
             "oom_thrash_steps",
-        ):  # fmt: skip
+        ):
             value = getattr(self, name)
             if not (is_int(value) and value >= 1):
                 raise config_error(name, value, "an integer >= 1")
@@ -133,9 +134,15 @@ class ErrorHandler:
 
     # -- decisions after a step (from the lagged readback) -------------------------------
     def after_step(
-        self, *, step: int, skipped: bool, overflow: bool, loss_scale: float | None,
-        min_scale: float, loss_finite: bool = True,
-    ) -> bool:  # fmt: skip
+        self,
+        *,
+        step: int,
+        skipped: bool,
+        overflow: bool,
+        loss_scale: float | None,
+        min_scale: float,
+        loss_finite: bool = True,
+    ) -> bool:
         """Count one step's outcome; True when fp16 should fall back. Raises
         NonFiniteLossError after too many non-finite steps in a row (``loss_finite``: this
         rank's own loss, which names the culprit under several ranks)."""
@@ -182,9 +189,16 @@ class ErrorHandler:
         )
 
     def step_error(
-        self, exc: BaseException, *, epoch: int, step: int, batch_index: int, rank: int,
-        timeout_s: float | None, phase: str,
-    ) -> BaseException:  # fmt: skip
+        self,
+        exc: BaseException,
+        *,
+        epoch: int,
+        step: int,
+        batch_index: int,
+        rank: int,
+        timeout_s: float | None,
+        phase: str,
+    ) -> BaseException:
         """The error to raise for an exception escaping a step (the original is chained)."""
         if isinstance(exc, CoreError):
             return exc

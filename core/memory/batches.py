@@ -35,10 +35,11 @@ def check_input_shape(input_shape: Sequence[int] | None) -> tuple[int, ...]:
     shape = tuple(input_shape) if isinstance(input_shape, (tuple, list, torch.Size)) else ()
     if not shape or not all(is_int(d) and d >= 1 for d in shape):
         raise config_error(
-            "input_shape", input_shape,
+            "input_shape",
+            input_shape,
             "a tuple of integers >= 1, the batch size first: (batch, features...)",
             "pass e.g. input_shape=(32, 784) or (32, 3, 224, 224).",
-        )  # fmt: skip
+        )
     return shape
 
 
@@ -59,9 +60,11 @@ def batch_maker_for_shape(
     integer = not (input_dtype.is_floating_point or input_dtype.is_complex)
     if integer and not (is_int(vocab_size) and vocab_size >= 1):
         raise config_error(
-            "vocab_size", vocab_size, f"an integer >= 1 for input_dtype={input_dtype}",
+            "vocab_size",
+            vocab_size,
+            f"an integer >= 1 for input_dtype={input_dtype}",
             "pass the number of token ids, e.g. vocab_size=50304, or a floating input_dtype.",
-        )  # fmt: skip
+        )
     place = torch.device(device) if device is not None else None
     vocab = vocab_size if is_int(vocab_size) else 0
 

@@ -44,19 +44,25 @@ class MemoryConfig:
         target = self.target_memory_gb
         if target is not None and not (is_finite_number(target) and target > 0):
             raise config_error(
-                "target_memory_gb", target, "None or a finite number of GiB > 0",
+                "target_memory_gb",
+                target,
+                "None or a finite number of GiB > 0",
                 "pass e.g. target_memory_gb=8.0, or None for the device's free memory.",
-            )  # fmt: skip
+            )
         if not (is_int(self.max_batch_size) and self.max_batch_size >= 1):
             raise config_error(
-                "max_batch_size", self.max_batch_size, "an integer >= 1",
+                "max_batch_size",
+                self.max_batch_size,
+                "an integer >= 1",
                 "pass the largest batch size the search may try, e.g. max_batch_size=4096.",
-            )  # fmt: skip
+            )
         if not (is_number(self.margin) and 0.0 <= self.margin < 1.0):
             raise config_error(
-                "margin", self.margin, "a number in [0, 1)",
+                "margin",
+                self.margin,
+                "a number in [0, 1)",
                 "pass the fraction of free memory to keep back, e.g. margin=0.1.",
-            )  # fmt: skip
+            )
 
     @property
     def target_bytes(self) -> int | None:

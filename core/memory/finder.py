@@ -125,8 +125,9 @@ class _Search:
     def _predict(self) -> int | None:
         """Where an affine fit of two measured peaks crosses the target: the largest fit and
         the smallest failure around it, or two fits far apart (at least 2x)."""
-        measured = sorted((t for t in self.trials if t.peak_bytes is not None),
-                          key=lambda t: t.batch_size)  # fmt: skip
+        measured = sorted(
+            (t for t in self.trials if t.peak_bytes is not None), key=lambda t: t.batch_size
+        )
         fits = [t for t in measured if t.fits]
         fails = [t for t in measured if not t.fits]
         if fits and fails:
@@ -206,9 +207,15 @@ def find_batch_size(
 
     def probe(size: int) -> Trial:
         return run_trial(
-            model, maker, size, loss_fn=loss_fn, optimizer_factory=optimizer_factory,
-            autocast=autocast, meter=meter, target_bytes=target,
-        )  # fmt: skip
+            model,
+            maker,
+            size,
+            loss_fn=loss_fn,
+            optimizer_factory=optimizer_factory,
+            autocast=autocast,
+            meter=meter,
+            target_bytes=target,
+        )
 
     search = _Search(probe, shape[0] if shape else 1, config.max_batch_size, target)
     with preserved(model):
@@ -238,10 +245,18 @@ def optimize_batch_size(
         batch_size = optimize_batch_size(model, (32, 784), target_memory_gb=8.0)
     """
     return find_batch_size(
-        model, input_shape, target_memory_gb, max_batch_size, margin, loss_fn=loss_fn,
-        optimizer_factory=optimizer_factory, autocast=autocast, device=device,
-        make_batch=make_batch, agree=agree,
-    ).batch_size  # fmt: skip
+        model,
+        input_shape,
+        target_memory_gb,
+        max_batch_size,
+        margin,
+        loss_fn=loss_fn,
+        optimizer_factory=optimizer_factory,
+        autocast=autocast,
+        device=device,
+        make_batch=make_batch,
+        agree=agree,
+    ).batch_size
 
 
 def _device_of(model: nn.Module) -> torch.device:

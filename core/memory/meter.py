@@ -188,11 +188,12 @@ def _available_host_bytes() -> int:
         return int(psutil.virtual_memory().available)
     except Exception as exc:  # no psutil, or it cannot read this platform either
         raise config_error(
-            "target_memory_gb", None,
+            "target_memory_gb",
+            None,
             "a number of GiB > 0 (the free host memory could not be read: "
             f"{_MEMINFO} is unreadable and psutil failed with {type(exc).__name__})",
             "pass target_memory_gb explicitly, e.g. target_memory_gb=8.0.",
-        ) from exc  # fmt: skip
+        ) from exc
 
 
 def meter_for(device: torch.device | str) -> MemoryMeter:

@@ -64,10 +64,11 @@ def _block_types(value: object) -> tuple[str, ...] | None:
     if isinstance(value, (tuple, list)) and value and all(isinstance(v, str) and v for v in value):
         return tuple(value)
     raise config_error(
-        "activation_checkpointing", value,
+        "activation_checkpointing",
+        value,
         "True (repeated blocks), False, or a non-empty tuple of block class names",
         'pass e.g. activation_checkpointing=("TransformerBlock",).',
-    )  # fmt: skip
+    )
 
 
 def optimize_model_memory(
@@ -98,18 +99,25 @@ def optimize_model_memory(
     given = input_shape is not None or make_batch is None
     shape = check_input_shape(input_shape) if given else None
     first = next(model.parameters(), None)
-    place = torch.device(device) if device is not None else (
-        first.device if first is not None else torch.device("cpu")
-    )  # fmt: skip
+    place = (
+        torch.device(device)
+        if device is not None
+        else (first.device if first is not None else torch.device("cpu"))
+    )
     maker = make_batch or batch_maker_for_shape(shape or (1,), device=place)
     meter = meter_for(place)
 
     def peak(make: BatchMaker) -> int | None:
         with preserved(model):
             trial = run_trial(
-                model, make, shape[0] if shape else 1, loss_fn=loss_fn,
-                optimizer_factory=optimizer_factory, autocast=autocast, meter=meter,
-            )  # fmt: skip
+                model,
+                make,
+                shape[0] if shape else 1,
+                loss_fn=loss_fn,
+                optimizer_factory=optimizer_factory,
+                autocast=autocast,
+                meter=meter,
+            )
         return trial.peak_bytes
 
     before = peak(maker)
@@ -169,9 +177,13 @@ class GPUMemoryOptimizer:
         """Apply :func:`optimize_model_memory` and return the same model (changed in place);
         the report is kept in ``last_optimization``."""
         self.last_optimization = optimize_model_memory(
-            model, input_shape, device=self.device, loss_fn=self.loss_fn,
-            optimizer_factory=self.optimizer_factory, autocast=self.autocast,
-        )  # fmt: skip
+            model,
+            input_shape,
+            device=self.device,
+            loss_fn=self.loss_fn,
+            optimizer_factory=self.optimizer_factory,
+            autocast=self.autocast,
+        )
         return model
 
     def optimize_batch_size(
@@ -193,10 +205,16 @@ class GPUMemoryOptimizer:
             margin=base.margin if margin is None else margin,
         )
         self.last_search = find_batch_size(
-            model, input_shape, config.target_memory_gb, config.max_batch_size, config.margin,
-            loss_fn=self.loss_fn, optimizer_factory=self.optimizer_factory,
-            autocast=self.autocast, device=self.device,
-        )  # fmt: skip
+            model,
+            input_shape,
+            config.target_memory_gb,
+            config.max_batch_size,
+            config.margin,
+            loss_fn=self.loss_fn,
+            optimizer_factory=self.optimizer_factory,
+            autocast=self.autocast,
+            device=self.device,
+        )
         return self.last_search.batch_size
 
     def profile_memory_usage(
@@ -204,6 +222,11 @@ class GPUMemoryOptimizer:
     ) -> dict[int, MemoryProfile]:
         """:func:`profile_memory_usage` on this optimizer's device."""
         return profile_memory_usage(
-            model, input_shape, batch_sizes, loss_fn=self.loss_fn,
-            optimizer_factory=self.optimizer_factory, autocast=self.autocast, device=self.device,
-        )  # fmt: skip
+            model,
+            input_shape,
+            batch_sizes,
+            loss_fn=self.loss_fn,
+            optimizer_factory=self.optimizer_factory,
+            autocast=self.autocast,
+            device=self.device,
+        )

@@ -105,18 +105,24 @@ def profile_memory_usage(
     """
     given = input_shape is not None or make_batch is None
     shape = check_input_shape(input_shape) if given else None
-    sizes = list(batch_sizes) if batch_sizes is not None else default_batch_sizes(
-        shape[0] if shape else 1
-    )  # fmt: skip
+    sizes = (
+        list(batch_sizes)
+        if batch_sizes is not None
+        else default_batch_sizes(shape[0] if shape else 1)
+    )
     if not sizes or not all(is_int(n) and n >= 1 for n in sizes):
         raise config_error(
-            "batch_sizes", batch_sizes, "None or a non-empty sequence of integers >= 1",
+            "batch_sizes",
+            batch_sizes,
+            "None or a non-empty sequence of integers >= 1",
             "pass e.g. batch_sizes=[8, 16, 32], or None for powers of two up to input_shape[0].",
-        )  # fmt: skip
+        )
     first = next(model.parameters(), None)
-    place = torch.device(device) if device is not None else (
-        first.device if first is not None else torch.device("cpu")
-    )  # fmt: skip
+    place = (
+        torch.device(device)
+        if device is not None
+        else (first.device if first is not None else torch.device("cpu"))
+    )
     meter = meter_for(place)
     maker = make_batch or batch_maker_for_shape(shape or (1,), device=place)
     params = list(model.parameters())
@@ -127,9 +133,14 @@ def profile_memory_usage(
         state = _optimizer_state_bytes(model, optimizer_factory)
         for size in sorted(set(sizes)):
             trial = run_trial(
-                model, maker, size, loss_fn=loss_fn, optimizer_factory=optimizer_factory,
-                autocast=autocast, meter=meter,
-            )  # fmt: skip
+                model,
+                maker,
+                size,
+                loss_fn=loss_fn,
+                optimizer_factory=optimizer_factory,
+                autocast=autocast,
+                meter=meter,
+            )
             peak = trial.peak_bytes
             profiles[size] = MemoryProfile(
                 peak_allocated_bytes=peak,

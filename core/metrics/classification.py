@@ -156,19 +156,23 @@ class F1Score(_ClassMetric):
     ) -> None:
         if not (is_int(num_classes) and num_classes >= 2):
             raise config_error(
-                "num_classes", num_classes, "an integer >= 2 (the size of the class dimension)",
+                "num_classes",
+                num_classes,
+                "an integer >= 2 (the size of the class dimension)",
                 "e.g. F1Score(num_classes=3).",
-            )  # fmt: skip
+            )
         if average not in _AVERAGES:
             raise config_error(
                 "average", average, _AVERAGES, "e.g. F1Score(num_classes=3, average='macro')."
             )
         if average == "binary" and num_classes != 2:
             raise config_error(
-                "num_classes", num_classes, "2 with average='binary'",
+                "num_classes",
+                num_classes,
+                "2 with average='binary'",
                 "use F1Score(num_classes=2, average='binary'), or average='macro' for more "
                 "classes.",
-            )  # fmt: skip
+            )
         # [tp of each class, fp of each class, fn of each class]
         super().__init__(3 * num_classes, ignore_index=ignore_index, class_dim=class_dim)
         self.num_classes = num_classes

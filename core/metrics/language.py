@@ -37,9 +37,11 @@ class Perplexity(Metric):
     def __init__(self, ignore_index: int = -100, shift: bool = False) -> None:
         if not is_int(ignore_index):
             raise config_error(
-                "ignore_index", ignore_index, "an int (the label of padding tokens)",
+                "ignore_index",
+                ignore_index,
+                "an int (the label of padding tokens)",
                 "e.g. Perplexity(ignore_index=-100).",
-            )  # fmt: skip
+            )
         check_bool("shift", shift)
         super().__init__(size=2)  # [sum of token cross-entropies, counted tokens]
         self.ignore_index = ignore_index

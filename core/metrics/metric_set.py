@@ -46,37 +46,43 @@ def check_metrics(value: object) -> None:
     """
     if not isinstance(value, Mapping):
         raise config_error(
-            "metrics", value,
+            "metrics",
+            value,
             "a mapping of names to Metric instances or callables (outputs, targets) -> Tensor",
             f"{_EXAMPLE}.",
-        )  # fmt: skip
+        )
     seen: dict[int, str] = {}
     for name, metric in value.items():
         if not (isinstance(name, str) and name.isidentifier()):
             raise config_error(
-                "metrics", name,
-                "names that are str identifiers (letters, digits and _, not starting with "
-                "a digit)",
+                "metrics",
+                name,
+                "names that are str identifiers (letters, digits and _, not starting with a digit)",
                 f"rename the metric; {_EXAMPLE}.",
-            )  # fmt: skip
+            )
         field = f"metrics[{name!r}]"
         if isinstance(metric, type) and issubclass(metric, Metric):
             raise config_error(
-                field, metric, "a Metric instance (not the class) or a callable",
+                field,
+                metric,
+                "a Metric instance (not the class) or a callable",
                 f"pass an instance: metrics={{{name!r}: {metric.__name__}(...)}}.",
-            )  # fmt: skip
+            )
         if isinstance(metric, type) or not (isinstance(metric, Metric) or callable(metric)):
             raise config_error(
-                field, metric,
+                field,
+                metric,
                 "a Metric instance or a callable (outputs, targets) -> Tensor (the batch's "
                 "mean, or one value per sample)",
                 f"{_EXAMPLE}.",
-            )  # fmt: skip
+            )
         if id(metric) in seen:
             raise config_error(
-                field, metric, f"an instance not also given as {seen[id(metric)]!r}",
+                field,
+                metric,
+                f"an instance not also given as {seen[id(metric)]!r}",
                 "give each name its own instance (a metric holds its sums).",
-            )  # fmt: skip
+            )
         seen[id(metric)] = name
 
 
@@ -139,8 +145,9 @@ class MetricSet:
         parts: list[torch.Tensor] = []
         for name, metric in self._metrics.items():
             state = metric.state()
-            missed = torch.full((1,), float(self._missed[name]), dtype=state.dtype,
-                                device=state.device)  # fmt: skip
+            missed = torch.full(
+                (1,), float(self._missed[name]), dtype=state.dtype, device=state.device
+            )
             parts += [state, missed]
         if not parts:
             return torch.zeros(0, dtype=torch.float64, device=self._device)

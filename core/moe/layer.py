@@ -56,8 +56,13 @@ class MoELayer(nn.Module):
         activation: Callable[[], nn.Module] = nn.GELU,
     ) -> None:
         super().__init__()
-        _check(d_model=d_model, num_experts=num_experts, top_k=top_k,
-               capacity_factor=capacity_factor, aux_loss_weight=aux_loss_weight)  # fmt: skip
+        _check(
+            d_model=d_model,
+            num_experts=num_experts,
+            top_k=top_k,
+            capacity_factor=capacity_factor,
+            aux_loss_weight=aux_loss_weight,
+        )
         factory = expert or partial(
             FeedForwardExpert, d_model, hidden_size or 4 * d_model, activation
         )

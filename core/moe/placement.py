@@ -44,8 +44,12 @@ class DeviceDescription:
     free_memory_bytes: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"device": self.device, "name": self.name, "sm_count": self.sm_count,
-                "free_memory_bytes": self.free_memory_bytes}  # fmt: skip
+        return {
+            "device": self.device,
+            "name": self.name,
+            "sm_count": self.sm_count,
+            "free_memory_bytes": self.free_memory_bytes,
+        }
 
 
 @dataclass(frozen=True)
@@ -67,9 +71,11 @@ def describe_cuda_devices() -> list[DeviceDescription]:
     for index in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
         properties = torch.cuda.get_device_properties(index)
         free, _ = torch.cuda.mem_get_info(index)
-        described.append(DeviceDescription(
-            f"cuda:{index}", properties.name, properties.multi_processor_count, free
-        ))  # fmt: skip
+        described.append(
+            DeviceDescription(
+                f"cuda:{index}", properties.name, properties.multi_processor_count, free
+            )
+        )
     return described
 
 

@@ -23,9 +23,17 @@ __all__ = ("GPUPerformanceMonitor", "seed_metrics", "seed_summary")
 _GIB = 1024**3
 _SUMMARY = ("memory_allocated", "memory_reserved", "gpu_utilization")
 _KEYS = (
-    "device", "source", "gpu_utilization", "cpu_utilization", "memory_allocated_gb",
-    "memory_reserved_gb", "memory_utilization", "temperature", "power_w", "timestamp",
-)  # fmt: skip
+    "device",
+    "source",
+    "gpu_utilization",
+    "cpu_utilization",
+    "memory_allocated_gb",
+    "memory_reserved_gb",
+    "memory_utilization",
+    "temperature",
+    "power_w",
+    "timestamp",
+)
 
 
 def _gib(value: object) -> float | None:

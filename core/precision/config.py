@@ -75,10 +75,11 @@ class LossScalerConfig:
             raise config_error("growth_interval", self.growth_interval, "an integer >= 1")
         if not (is_int(self.hysteresis) and self.hysteresis >= 1):
             raise config_error(
-                "hysteresis", self.hysteresis,
+                "hysteresis",
+                self.hysteresis,
                 "an integer >= 1 (the consecutive overflows that trigger a back-off)",
                 "use hysteresis=1 to back off on every overflow, as torch.amp.GradScaler does.",
-            )  # fmt: skip
+            )
         for name in ("init_scale", "min_scale", "max_scale"):
             if not (is_finite_number(getattr(self, name)) and getattr(self, name) > 0):
                 raise config_error(name, getattr(self, name), "a finite float > 0")
@@ -91,23 +92,35 @@ class LossScalerConfig:
             # min_scale is wrong whatever min_scale is; otherwise min_scale is too high.
             if high < _DEFAULT_MIN_SCALE:
                 raise config_error(
-                    "max_scale", high, f"a finite float >= min_scale={low!r}",
+                    "max_scale",
+                    high,
+                    f"a finite float >= min_scale={low!r}",
                     "raise max_scale (default 2.0**24), or lower min_scale below it.",
-                )  # fmt: skip
+                )
             raise config_error(
-                "min_scale", low, f"a float in (0, max_scale={high!r}]",
+                "min_scale",
+                low,
+                f"a float in (0, max_scale={high!r}]",
                 "lower min_scale (default 1.0), or raise max_scale above it.",
-            )  # fmt: skip
+            )
         if not low <= self.init_scale <= high:
             raise config_error(
-                "init_scale", self.init_scale,
+                "init_scale",
+                self.init_scale,
                 f"a float in [min_scale={low!r}, max_scale={high!r}]",
                 "choose init_scale (default 2.0**16) between min_scale and max_scale.",
-            )  # fmt: skip
+            )
 
 
-_SCALER_ALIASES = ("init_scale", "growth_factor", "backoff_factor", "growth_interval",
-                   "hysteresis", "min_scale", "max_scale")  # fmt: skip
+_SCALER_ALIASES = (
+    "init_scale",
+    "growth_factor",
+    "backoff_factor",
+    "growth_interval",
+    "hysteresis",
+    "min_scale",
+    "max_scale",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,9 +230,11 @@ class MixedPrecisionConfig:
         current = getattr(self, target)
         if current is False and value is True:  # the default is True: False was given
             raise config_error(
-                alias, value, f"a setting given once, but {target}={current!r} sets it too",
+                alias,
+                value,
+                f"a setting given once, but {target}={current!r} sets it too",
                 f"{alias} is the seed's name for {target}: pass one of them.",
-            )  # fmt: skip
+            )
         object.__setattr__(self, target, value)
 
     def _fold_scaler(self, initial_scale: float | None, given: dict[str, Any]) -> None:
@@ -227,10 +242,11 @@ class MixedPrecisionConfig:
         if initial_scale is not None:
             if given["init_scale"] is not None:
                 raise config_error(
-                    "initial_scale", initial_scale,
+                    "initial_scale",
+                    initial_scale,
                     f"a setting given once, but init_scale={given['init_scale']!r} sets it too",
                     "initial_scale (seed 000) and init_scale (seed 002) are one setting: pass one.",
-                )  # fmt: skip
+                )
             given["init_scale"] = initial_scale
         given = {k: v for k, v in given.items() if v is not None}
         if not given:
@@ -238,9 +254,11 @@ class MixedPrecisionConfig:
         if self.scaler != LossScalerConfig():
             name = next(iter(given))
             raise config_error(
-                name, given[name], f"a setting given once, but scaler={self.scaler!r} sets it too",
+                name,
+                given[name],
+                f"a setting given once, but scaler={self.scaler!r} sets it too",
                 f"set {name} inside scaler=LossScalerConfig({name}=...), or drop scaler=.",
-            )  # fmt: skip
+            )
         try:
             object.__setattr__(self, "scaler", replace(self.scaler, **given))
         except ConfigError as exc:

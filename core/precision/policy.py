@@ -238,11 +238,16 @@ class MixedPrecisionTrainer:
             "fallbacks": list(self._fallbacks),
             "precision": self._amp.state_dict(),
             "stats": [
-                self._total_steps, self._amp_steps, self._recorded_steps, self._scaler_updates,
-                self._overflow_count, self._skipped_steps, self._nonfinite_steps,
+                self._total_steps,
+                self._amp_steps,
+                self._recorded_steps,
+                self._scaler_updates,
+                self._overflow_count,
+                self._skipped_steps,
+                self._nonfinite_steps,
                 self._step_time_total,
             ],
-        }  # fmt: skip
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._amp_wanted = bool(state["amp_enabled"])
@@ -251,7 +256,12 @@ class MixedPrecisionTrainer:
         self._active = self._amp if self._amp_wanted else self._fp32
         self._amp.load_state_dict(state["precision"])
         (
-            self._total_steps, self._amp_steps, self._recorded_steps, self._scaler_updates,
-            self._overflow_count, self._skipped_steps, self._nonfinite_steps,
+            self._total_steps,
+            self._amp_steps,
+            self._recorded_steps,
+            self._scaler_updates,
+            self._overflow_count,
+            self._skipped_steps,
+            self._nonfinite_steps,
             self._step_time_total,
-        ) = state["stats"]  # fmt: skip
+        ) = state["stats"]

@@ -141,18 +141,21 @@ def _warn_once_without_matplotlib() -> None:
         _plots_checked = True
         if importlib.util.find_spec("matplotlib") is None:
             _log.warning(
-                "plots_unavailable", reason="matplotlib is not installed",
+                "plots_unavailable",
+                reason="matplotlib is not installed",
                 fix="pip install matplotlib (from a checkout: pip install -e '.[plots]')",
-            )  # fmt: skip
+            )
 
 
 def _spawn(run_dir: Path) -> subprocess.Popen[bytes]:
     package = Path(__file__).resolve().parent.parent
     return subprocess.Popen(
         [sys.executable, "-c", _CHILD, str(package), str(run_dir), ERROR_FILE, str(NICENESS)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         start_new_session=True,  # outlives this process; not reached by its Ctrl-C
-    )  # fmt: skip
+    )
 
 
 def start_reports(run_dir: Path) -> ReportJob:

@@ -65,10 +65,17 @@ def _bar_axis(ax: Axes, placement: ExpertPlacement) -> None:
     holders = placement.holders
     n = len(holders)
     labels = [
-        "\n".join(part for part in (h.label, textwrap.fill(h.name, 12), f"{h.sm_count:,.0f} SMs"
-                                    if h.sm_count is not None else "") if part)
+        "\n".join(
+            part
+            for part in (
+                h.label,
+                textwrap.fill(h.name, 12),
+                f"{h.sm_count:,.0f} SMs" if h.sm_count is not None else "",
+            )
+            if part
+        )
         for h in holders
-    ]  # fmt: skip
+    ]
     ax.set_xticks(range(n), labels, fontsize=8 if n <= 8 else 6, rotation=0 if n <= 8 else 90)
     pad = max(0.0, (3 - n) / 2)
     ax.set_xlim(-0.5 - pad, n - 0.5 + pad)
@@ -84,13 +91,26 @@ def _stacked(ax: Axes, placement: ExpertPlacement) -> None:
     labelled = len(holders) <= _MAX_LABELLED
     for i, layer in enumerate(layers):
         heights = [float(len(h.experts.get(layer, []))) for h in holders]
-        bars = ax.bar(x, heights, _WIDTH, bottom=bottom, color=f"C{i % 10}", edgecolor="white",
-                      label=layer if len(layers) <= _MAX_LEGEND else None)  # fmt: skip
+        bars = ax.bar(
+            x,
+            heights,
+            _WIDTH,
+            bottom=bottom,
+            color=f"C{i % 10}",
+            edgecolor="white",
+            label=layer if len(layers) <= _MAX_LEGEND else None,
+        )
         if labelled:
-            ax.bar_label(bars, labels=[
-                _segment(h.experts.get(layer, []), height, tallest)
-                for h, height in zip(holders, heights, strict=True)
-            ], label_type="center", fontsize=8, color="white")  # fmt: skip
+            ax.bar_label(
+                bars,
+                labels=[
+                    _segment(h.experts.get(layer, []), height, tallest)
+                    for h, height in zip(holders, heights, strict=True)
+                ],
+                label_type="center",
+                fontsize=8,
+                color="white",
+            )
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     _bar_axis(ax, placement)
     ax.set_ylabel("experts held", fontsize=9)
@@ -98,8 +118,15 @@ def _stacked(ax: Axes, placement: ExpertPlacement) -> None:
     holder = "rank" if placement.kind == "ranks" else "device"
     ax.set_title(f"Experts per {holder}, by layer{segments}", fontsize=11, loc="left")
     if len(layers) > _MAX_LEGEND:
-        ax.text(0.99, 0.98, f"{len(layers)} layers", transform=ax.transAxes, ha="right",
-                va="top", fontsize=8)  # fmt: skip
+        ax.text(
+            0.99,
+            0.98,
+            f"{len(layers)} layers",
+            transform=ax.transAxes,
+            ha="right",
+            va="top",
+            fontsize=8,
+        )
     elif layers:
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), framealpha=0.8)
     ax.set_ylim(0.0, tallest * 1.1 or 1.0)
@@ -122,10 +149,14 @@ def _costs(ax: Axes, placement: ExpertPlacement) -> None:
     costs = [h.cost or 0.0 for h in holders]
     bars = ax.bar(range(len(holders)), costs, _WIDTH, color="tab:gray")
     if len(holders) <= _MAX_LABELLED:
-        ax.bar_label(bars, labels=[
-            _per_sm(c / h.sm_count) if h.sm_count else ""
-            for c, h in zip(costs, holders, strict=True)
-        ], fontsize=8)  # fmt: skip
+        ax.bar_label(
+            bars,
+            labels=[
+                _per_sm(c / h.sm_count) if h.sm_count else ""
+                for c, h in zip(costs, holders, strict=True)
+            ],
+            fontsize=8,
+        )
     _bar_axis(ax, placement)
     ax.yaxis.set_major_formatter(EngFormatter(sep=" "))  # no offset text over the title
     ax.set_ylabel("parameters x expected token share", fontsize=9)

@@ -67,11 +67,15 @@ def activations_figure(records: Records) -> Figure | None:
         _heatmap(figure, figure.add_subplot(grid[row, 0]), routing, layer)
         _last_shares(figure.add_subplot(grid[row, 1]), routing, layer)
     _balance(figure.add_subplot(grid[rows, :]), routing)
-    shown = f"  |  first {rows} of {len(routing.layers)} layers shown" if rows < len(
-        routing.layers
-    ) else ""  # fmt: skip
-    figure.suptitle(f"Expert activations  |  run {run_id(records)}  |  {len(routing.layers)} "
-                    f"MoE layers{shown}", fontsize=13)  # fmt: skip
+    shown = (
+        f"  |  first {rows} of {len(routing.layers)} layers shown"
+        if rows < len(routing.layers)
+        else ""
+    )
+    figure.suptitle(
+        f"Expert activations  |  run {run_id(records)}  |  {len(routing.layers)} MoE layers{shown}",
+        fontsize=13,
+    )
     return figure
 
 
@@ -81,8 +85,16 @@ def _heatmap(figure: Figure, ax: Axes, routing: ExpertSteps, layer: str) -> None
     experts, steps = routing.experts(layer), len(routing.steps)
     ax.set_title(f"{layer}: share of kept assignments", fontsize=10, loc="left")
     if experts == 0:
-        ax.text(0.5, 0.5, "no data: no expert counts recorded", transform=ax.transAxes,
-                ha="center", va="center", fontsize=10, color="0.4")  # fmt: skip
+        ax.text(
+            0.5,
+            0.5,
+            "no data: no expert counts recorded",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            fontsize=10,
+            color="0.4",
+        )
         return
     size = _bin_size(steps)
     columns = math.ceil(steps / size)
@@ -98,9 +110,15 @@ def _heatmap(figure: Figure, ax: Axes, routing: ExpertSteps, layer: str) -> None
     low, high = routing.steps[0], routing.steps[-1]
     top = max(float(np.nanmax(share, initial=0.0)), 1.0 / max(experts, 1))
     image = ax.imshow(
-        np.ma.masked_invalid(share), aspect="auto", origin="lower", interpolation="nearest",
-        cmap="viridis", vmin=0.0, vmax=top, extent=(low - 0.5, high + 0.5, -0.5, experts - 0.5),
-    )  # fmt: skip
+        np.ma.masked_invalid(share),
+        aspect="auto",
+        origin="lower",
+        interpolation="nearest",
+        cmap="viridis",
+        vmin=0.0,
+        vmax=top,
+        extent=(low - 0.5, high + 0.5, -0.5, experts - 0.5),
+    )
     bar = figure.colorbar(image, ax=ax, pad=0.01, fraction=0.03)
     bar.set_label("share", fontsize=8)
     bar.ax.tick_params(labelsize=7)
@@ -122,8 +140,7 @@ def _last_shares(ax: Axes, routing: ExpertSteps, layer: str) -> None:
     experts = len(totals)
     ax.barh(range(experts), [t / whole for t in totals], color="tab:blue", height=0.8)
     if experts:
-        ax.axvline(1.0 / experts, color="tab:red", linestyle="--", linewidth=1.0,
-                   label="balanced")  # fmt: skip
+        ax.axvline(1.0 / experts, color="tab:red", linestyle="--", linewidth=1.0, label="balanced")
         ax.legend(fontsize=7, loc="lower right", framealpha=0.8)
     ax.set_ylim(-0.5, max(experts, 1) - 0.5)
     ax.set_title(f"last {last} steps", fontsize=10, loc="left")
@@ -155,20 +172,36 @@ def _balance(ax: Axes, routing: ExpertSteps) -> None:
         if total > 0:
             lost.append((x, 100.0 * dropped / total))
     if aux:
-        ax.plot(*zip(*aux, strict=True), color="tab:purple", linewidth=1.4,
-                label="balance (aux) loss, layer mean")  # fmt: skip
+        ax.plot(
+            *zip(*aux, strict=True),
+            color="tab:purple",
+            linewidth=1.4,
+            label="balance (aux) loss, layer mean",
+        )
     ax.axhline(1.0, color="0.5", linestyle=":", linewidth=1.0, label="1.0 = balanced")
     ax.set_ylabel("aux loss", fontsize=9)
     dropped_ax = ax.twinx()
     if lost:
-        dropped_ax.plot(*zip(*lost, strict=True), color="tab:red", linewidth=1.0, alpha=0.8,
-                        label="dropped % of assignments (all layers)")  # fmt: skip
+        dropped_ax.plot(
+            *zip(*lost, strict=True),
+            color="tab:red",
+            linewidth=1.0,
+            alpha=0.8,
+            label="dropped % of assignments (all layers)",
+        )
     dropped_ax.set_ylabel("dropped %", fontsize=9)
     dropped_ax.set_ylim(bottom=0.0)
     handles, labels = ax.get_legend_handles_labels()
     more, more_labels = dropped_ax.get_legend_handles_labels()
-    ax.legend(handles + more, labels + more_labels, fontsize=8, loc="lower right",
-              bbox_to_anchor=(1.0, 1.0), ncol=3, frameon=False)  # fmt: skip
+    ax.legend(
+        handles + more,
+        labels + more_labels,
+        fontsize=8,
+        loc="lower right",
+        bbox_to_anchor=(1.0, 1.0),
+        ncol=3,
+        frameon=False,
+    )
     binned = f" (means over bins of {size} steps)" if size > 1 else ""
     ax.set_title("Routing balance and capacity drops", fontsize=11, loc="left")
     ax.set_xlabel(f"optimizer step{binned}", fontsize=9)

@@ -51,9 +51,11 @@ def experts_section(records: Records) -> list[str]:
     '  MoE layers              2 (4 experts each), 6 steps with routing statistics'
     """
     routing = expert_steps(records)
-    lines = _routing(routing) if routing is not None else [
-        kv("routing", "not recorded (no train_step record with MoE counts)")
-    ]  # fmt: skip
+    lines = (
+        _routing(routing)
+        if routing is not None
+        else [kv("routing", "not recorded (no train_step record with MoE counts)")]
+    )
     world = _world_size(records)
     if routing is not None and world is not None and world > 1:
         lines.append(kv("counted on", "rank 0's tokens (each rank routes its own batch)"))
@@ -64,13 +66,18 @@ def experts_section(records: Records) -> list[str]:
 def _routing(routing: ExpertSteps) -> list[str]:
     layers = routing.layers
     sizes = sorted({routing.experts(layer) for layer in layers})
-    each = f"{sizes[0]} experts each" if len(sizes) == 1 else f"{fmt.count(sizes[0])} to " \
-        f"{fmt.count(sizes[-1])} experts"  # fmt: skip
+    each = (
+        f"{sizes[0]} experts each"
+        if len(sizes) == 1
+        else f"{fmt.count(sizes[0])} to {fmt.count(sizes[-1])} experts"
+    )
     n = len(routing.steps)
     last = min(n, LAST_STEPS)
-    balanced = f"balanced {fmt.percent(1.0 / sizes[0])}" if len(sizes) == 1 and sizes[0] else (
-        "balanced 1 / experts"
-    )  # fmt: skip
+    balanced = (
+        f"balanced {fmt.percent(1.0 / sizes[0])}"
+        if len(sizes) == 1 and sizes[0]
+        else ("balanced 1 / experts")
+    )
     lines = [
         kv("MoE layers", f"{len(layers)} ({each}), {_steps(n)} with routing statistics"),
         kv("share per expert", f"of kept assignments, last {_steps(last)} ({balanced})"),
@@ -86,15 +93,21 @@ def _routing(routing: ExpertSteps) -> list[str]:
     known = [i for i, d in enumerate(routing.dropped) if d is not None]
     total = dropped + sum(routing.kept(i) for i in known)
     if known:
-        lines.append(kv("dropped assignments", f"{fmt.count(dropped)} of {fmt.count(total)} "
-                        f"({fmt.percent(dropped / total if total > 0 else None)}), "
-                        f"all layers, {_steps(len(known))}"))  # fmt: skip
+        lines.append(
+            kv(
+                "dropped assignments",
+                f"{fmt.count(dropped)} of {fmt.count(total)} "
+                f"({fmt.percent(dropped / total if total > 0 else None)}), "
+                f"all layers, {_steps(len(known))}",
+            )
+        )
     else:
         lines.append(kv("dropped assignments", "not recorded"))
     aux = [a for a in routing.aux_loss[-last:] if a is not None]
     mean = sum(aux) / len(aux) if aux else None
-    lines.append(kv("mean aux loss", f"{fmt.value(mean)} over the last {_steps(last)} "
-                    "(1.0 = balanced)"))  # fmt: skip
+    lines.append(
+        kv("mean aux loss", f"{fmt.value(mean)} over the last {_steps(last)} (1.0 = balanced)")
+    )
     return lines
 
 

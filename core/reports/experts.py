@@ -189,10 +189,15 @@ def _planned(strategy: Mapping[str, object]) -> ExpertPlacement | None:
         for name in names if isinstance(names, Sequence) and not isinstance(names, str) else ():
             layer, _, index = str(name).rpartition(".")
             held.setdefault(layer, []).append(index)
-        holders.append(ExpertHolder(
-            text(device.get("device")), held, number(device.get("cost")),
-            text(device.get("name"), ""), number(device.get("sm_count")),
-        ))  # fmt: skip
+        holders.append(
+            ExpertHolder(
+                text(device.get("device")),
+                held,
+                number(device.get("cost")),
+                text(device.get("name"), ""),
+                number(device.get("sm_count")),
+            )
+        )
     if not holders:
         return None
     if strategy.get("experts_moved") is True:
@@ -222,11 +227,12 @@ def _ranks(strategy: Mapping[str, object]) -> ExpertPlacement | None:
     if not per_rank or world is None or not 1 <= world <= _MAX_RANKS or world != int(world):
         return None
     holders = [
-        ExpertHolder(f"rank {rank}", {
-            name: [str(i) for i in range(rank * k, rank * k + k)] for name, k in per_rank.items()
-        })
+        ExpertHolder(
+            f"rank {rank}",
+            {name: [str(i) for i in range(rank * k, rank * k + k)] for name, k in per_rank.items()},
+        )
         for rank in range(int(world))
-    ]  # fmt: skip
+    ]
     exchange = text(parallel.get("token_exchange"))
     why = text(parallel.get("note"), "")
     note = f"token exchange {exchange}" + (f" ({why})" if why else "")

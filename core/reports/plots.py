@@ -61,8 +61,11 @@ def write_training_plot(records: Records, path: Path) -> Path | None:
     figure = Figure(figsize=FIGURE_INCHES, dpi=FIGURE_DPI, layout="constrained")
     FigureCanvasAgg(figure)  # attaches itself: savefig renders with Agg, whatever the backend
     grid = figure.subplots(3, 2)
-    panels = ((loss_panel, metrics_panel), (lr_panel, loss_scale_panel),
-              (step_time_panel, device_panel))  # fmt: skip
+    panels = (
+        (loss_panel, metrics_panel),
+        (lr_panel, loss_scale_panel),
+        (step_time_panel, device_panel),
+    )
     for row, draws in zip(grid, panels, strict=True):
         for ax, draw in zip(row, draws, strict=True):
             draw(ax, records)
@@ -95,6 +98,7 @@ def warn_unavailable(exc: ImportError) -> None:
             return
         _warned_unavailable.set()
     _log.warning(
-        "plots_unavailable", reason=f"{type(exc).__name__}: {exc}",
+        "plots_unavailable",
+        reason=f"{type(exc).__name__}: {exc}",
         fix="pip install matplotlib, or pip install -e '.[plots]' in core's checkout",
-    )  # fmt: skip
+    )

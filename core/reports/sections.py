@@ -89,11 +89,13 @@ def amp_section(records: Records) -> list[str]:
     if nonfinite:
         lines.append(kv("NaN/inf steps skipped", str(len(nonfinite))))
     for fallback in of(records, "precision_fallback"):
-        lines.append(kv(
-            "precision fallback",
-            f"step {text(fallback.get('step'))}: {text(fallback.get('from_precision'))} -> "
-            f"{text(fallback.get('to_precision'))} ({text(fallback.get('reason'))})",
-        ))  # fmt: skip
+        lines.append(
+            kv(
+                "precision fallback",
+                f"step {text(fallback.get('step'))}: {text(fallback.get('from_precision'))} -> "
+                f"{text(fallback.get('to_precision'))} ({text(fallback.get('reason'))})",
+            )
+        )
     return lines
 
 
@@ -104,11 +106,14 @@ def compile_section(records: Records) -> list[str]:
     ['  torch.compile           not compiled']
     """
     lines = [
-        kv(text(c.get("target")), f"mode {text(c.get('mode'))}, "
-           f"{fmt.seconds(number(c.get('seconds')))} to compile, "
-           f"{text(c.get('graph_breaks'))} graph breaks, fullgraph {text(c.get('fullgraph'))}")
+        kv(
+            text(c.get("target")),
+            f"mode {text(c.get('mode'))}, "
+            f"{fmt.seconds(number(c.get('seconds')))} to compile, "
+            f"{text(c.get('graph_breaks'))} graph breaks, fullgraph {text(c.get('fullgraph'))}",
+        )
         for c in of(records, "compile")
-    ]  # fmt: skip
+    ]
     failures = [e for e in of(records, "error") if e.get("kind") == "compile_failed"]
     lines += [
         kv("compile failed", f"{text(e.get('reason'))}; {text(e.get('effect'), '')}".rstrip("; "))
@@ -129,10 +134,12 @@ def memory_section(records: Records) -> list[str]:
     step_peak = max(numbers(records, "train_step", "max_mem_allocated_bytes"), default=None)
     torch_peak = max(numbers(records, "gpu_sample", "torch_max_mem_allocated_bytes"), default=None)
     lines = [
-        kv("torch allocator peak", fmt.gib(step_peak, absent) + " (train_step)"
-           if step_peak is not None else absent),
+        kv(
+            "torch allocator peak",
+            fmt.gib(step_peak, absent) + " (train_step)" if step_peak is not None else absent,
+        ),
         kv("", f"{fmt.gib(torch_peak)} (gpu_sample)") if torch_peak is not None else "",
-    ]  # fmt: skip
+    ]
     samples = of(records, "gpu_sample")
     for device in sorted({text(s.get("device")) for s in samples}):
         mine = [s for s in samples if text(s.get("device")) == device]
@@ -160,8 +167,13 @@ def validation_section(records: Records) -> list[str]:
     scored = [(loss, r) for r in runs if (loss := number(r.get("val_loss"))) is not None]
     if scored:
         best_loss, best = min(scored, key=lambda pair: pair[0])
-        lines.append(kv("best val loss", f"{fmt.value(best_loss)} (epoch {text(best.get('epoch'))}"
-                        f", counted from 0; step {text(best.get('step'))})"))  # fmt: skip
+        lines.append(
+            kv(
+                "best val loss",
+                f"{fmt.value(best_loss)} (epoch {text(best.get('epoch'))}"
+                f", counted from 0; step {text(best.get('step'))})",
+            )
+        )
     latest = runs[-1]
     lines.append(kv("last val loss", fmt.value(number(latest.get("val_loss")))))
     if latest.get("val_accuracy") is not None:
@@ -172,11 +184,13 @@ def validation_section(records: Records) -> list[str]:
             lines.append(kv(f"last {name}", fmt.value(number(metric))))
     end = last(records, "run_end")
     if end is not None and end.get("monitor"):
-        lines.append(kv(
-            f"best {text(end.get('monitor'))}",
-            f"{fmt.value(number(end.get('best_value')))} "
-            f"(checkpoint {text(end.get('best_checkpoint'), 'none')})",
-        ))  # fmt: skip
+        lines.append(
+            kv(
+                f"best {text(end.get('monitor'))}",
+                f"{fmt.value(number(end.get('best_value')))} "
+                f"(checkpoint {text(end.get('best_checkpoint'), 'none')})",
+            )
+        )
     return lines
 
 

@@ -58,12 +58,18 @@ def format_performance_summary(records: Records) -> str:
     run_id = text(start.get("run_id") or next((r.get("run_id") for r in records), None))
     out = [f"Performance summary: {experiment} / {run_id}", "(built from the run's events.jsonl)"]
     sections: tuple[tuple[str, Section], ...] = (
-        ("Run", _run), ("Throughput", _throughput), ("Step time", _step_time),
-        ("Input pipeline", _input_pipeline), ("Bottleneck verdicts", _bottleneck),
-        ("AMP", amp_section), ("Compile", compile_section), ("Memory peaks", memory_section),
-        ("Validation", validation_section), ("Errors and warnings", errors_section),
+        ("Run", _run),
+        ("Throughput", _throughput),
+        ("Step time", _step_time),
+        ("Input pipeline", _input_pipeline),
+        ("Bottleneck verdicts", _bottleneck),
+        ("AMP", amp_section),
+        ("Compile", compile_section),
+        ("Memory peaks", memory_section),
+        ("Validation", validation_section),
+        ("Errors and warnings", errors_section),
         ("Profile", profile_section),
-    )  # fmt: skip
+    )
     if had_experts(records):
         sections += (("Experts", experts_section),)
     for title, section in sections:
@@ -158,9 +164,12 @@ def _throughput(records: Records) -> list[str]:
     if seconds > 0:
         lines = [
             kv("overall", fmt.rate(samples / seconds)),
-            kv("", f"{fmt.count(samples)} samples{scope} / {fmt.seconds(seconds)} of training "
-                   f"in {len(ends)} epochs (validation excluded)"),
-        ]  # fmt: skip
+            kv(
+                "",
+                f"{fmt.count(samples)} samples{scope} / {fmt.seconds(seconds)} of training "
+                f"in {len(ends)} epochs (validation excluded)",
+            ),
+        ]
     else:
         step_samples = sum(numbers(records, "train_step", "samples"))
         step_seconds = sum(numbers(records, "train_step", "step_time_s"))
@@ -178,9 +187,12 @@ def _throughput(records: Records) -> list[str]:
         if epoch_rate is None and epoch_s:
             epoch_rate = (number(e.get("samples")) or 0.0) / epoch_s
         per_epoch.append(
-            kv(f"epoch {text(e.get('epoch'))}", f"{fmt.rate(epoch_rate)}  "
-               f"({fmt.count(number(e.get('samples')))} samples in {fmt.seconds(epoch_s)})")
-        )  # fmt: skip
+            kv(
+                f"epoch {text(e.get('epoch'))}",
+                f"{fmt.rate(epoch_rate)}  "
+                f"({fmt.count(number(e.get('samples')))} samples in {fmt.seconds(epoch_s)})",
+            )
+        )
     return lines + clip(per_epoch)
 
 
@@ -227,10 +239,13 @@ def _input_pipeline(records: Records) -> list[str]:
 def _bottleneck(records: Records) -> list[str]:
     ends = of(records, "epoch_end")
     verdicts = [
-        kv(f"epoch {text(e.get('epoch'))}", f"{text(e.get('bottleneck'))} (mean utilisation "
-           f"{fmt.percent(_fraction(e.get('util_mean_pct')), 'not sampled')})")
+        kv(
+            f"epoch {text(e.get('epoch'))}",
+            f"{text(e.get('bottleneck'))} (mean utilisation "
+            f"{fmt.percent(_fraction(e.get('util_mean_pct')), 'not sampled')})",
+        )
         for e in ends
-    ]  # fmt: skip
+    ]
     if not verdicts:
         return [kv("verdicts", "none (no epoch completed)")]
     advice = next((text(e.get("bottleneck_advice"), "") for e in reversed(ends)), "")

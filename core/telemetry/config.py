@@ -35,14 +35,19 @@ class LoggingConfig:
         check_bool_fields(self)
         steps = self.profile_steps
         if steps is not None and not (
-            isinstance(steps, (tuple, list)) and len(steps) == 3 and all(is_int(n) for n in steps)
-            and steps[0] >= 0 and steps[1] >= 0 and steps[2] >= 1
-        ):  # fmt: skip
+            isinstance(steps, (tuple, list))
+            and len(steps) == 3
+            and all(is_int(n) for n in steps)
+            and steps[0] >= 0
+            and steps[1] >= 0
+            and steps[2] >= 1
+        ):
             raise config_error(
-                "profile_steps", steps,
+                "profile_steps",
+                steps,
                 "None or three integers (wait >= 0, warmup >= 0, active >= 1)",
                 "e.g. profile_steps=(1, 1, 3) traces steps 3 to 5.",
-            )  # fmt: skip
+            )
         if steps is not None:
             object.__setattr__(self, "profile_steps", tuple(steps))
         if not (is_int(self.event_buffer_size) and self.event_buffer_size >= 1):

@@ -43,9 +43,12 @@ class EventStream:
     """An async iterator of records; ends after the run it watches ends."""
 
     def __init__(
-        self, hub: EventHub, capacity: int, poll_interval_s: float,
+        self,
+        hub: EventHub,
+        capacity: int,
+        poll_interval_s: float,
         on_first_drop: Callable[[], None] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._hub = hub
         self._on_first_drop = on_first_drop
         self._buffer: deque[Record] = deque(maxlen=capacity)
@@ -136,9 +139,11 @@ class EventHub:
             self._closed = False
 
     def subscribe(
-        self, capacity: int = 1024, poll_interval_s: float = 0.5,
+        self,
+        capacity: int = 1024,
+        poll_interval_s: float = 0.5,
         on_first_drop: Callable[[], None] | None = None,
-    ) -> EventStream:  # fmt: skip
+    ) -> EventStream:
         """A new stream of the records published from now on; ``on_first_drop`` is called
         (on the publishing thread; it must not block) when it first loses a record."""
         stream = EventStream(self, capacity, poll_interval_s, on_first_drop)

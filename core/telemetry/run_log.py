@@ -144,12 +144,18 @@ class RunLog:
 
     def _degraded(self, name: str, why: str) -> None:
         """Tell ``events()`` (the file cannot be told) that a log file stopped being written."""
-        self._hub.publish({
-            "event": "log_degraded", "ts": _iso(time.time()), "level": "error",
-            "run_id": self.run_id, "rank": self.rank, "file": str(self.run_dir / name),
-            "reason": why, "effect": "records go to events() only; training and checkpoints "
-            "go on",
-        })  # fmt: skip
+        self._hub.publish(
+            {
+                "event": "log_degraded",
+                "ts": _iso(time.time()),
+                "level": "error",
+                "run_id": self.run_id,
+                "rank": self.rank,
+                "file": str(self.run_dir / name),
+                "reason": why,
+                "effect": "records go to events() only; training and checkpoints go on",
+            }
+        )
 
     @classmethod
     def create(
@@ -179,8 +185,14 @@ class RunLog:
             while queue:
                 event, level, ts, fields = queue.popleft()
                 # Name, time and level first, so a line reads well in a terminal.
-                record = {"event": event, "ts": _iso(ts), "level": level, "run_id": run_id,
-                          "rank": rank, **fields}  # fmt: skip
+                record = {
+                    "event": event,
+                    "ts": _iso(ts),
+                    "level": level,
+                    "run_id": run_id,
+                    "rank": rank,
+                    **fields,
+                }
                 publish(record)
                 if event == "train_step":
                     self.wrote_a_step = True

@@ -116,9 +116,11 @@ class Tracker(Callback, ABC):
     def __init__(self, *, flush_every: int = 200, rank_zero_only: bool = True) -> None:
         if not (is_int(flush_every) and flush_every >= 1):
             raise config_error(
-                "flush_every", flush_every, "an integer >= 1 (records between writes)",
+                "flush_every",
+                flush_every,
+                "an integer >= 1 (records between writes)",
                 "the default, flush_every=200, suits most runs.",
-            )  # fmt: skip
+            )
         check_bool("rank_zero_only", rank_zero_only)
         self.flush_every = flush_every
         self.rank_zero_only = rank_zero_only
@@ -262,9 +264,11 @@ class Tracker(Callback, ABC):
         if isinstance(exc, anyio.get_cancelled_exc_class()):
             status = self._status or "KILLED"
             _log.warning(
-                "tracker_cancelled", tracker=type(self).__name__, backend_status=status,
+                "tracker_cancelled",
+                tracker=type(self).__name__,
+                backend_status=status,
                 effect="the run's callback grace ran out: later records are not logged",
-            )  # fmt: skip
+            )
         self._thread.close(self._close, status)
 
 

@@ -44,9 +44,11 @@ class CSVLogger(Tracker):
         super().__init__(flush_every=flush_every, rank_zero_only=rank_zero_only)
         if directory is not None and not is_path(directory):
             raise config_error(
-                "directory", directory, "None (the run's directory) or a path",
+                "directory",
+                directory,
+                "None (the run's directory) or a path",
                 "e.g. CSVLogger(directory='metrics').",
-            )  # fmt: skip
+            )
         self.directory = None if directory is None else Path(directory)
         self.path: Path | None = None  # metrics.csv, once the run opened it
         self._file: IO[str] | None = None

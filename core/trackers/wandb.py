@@ -110,25 +110,34 @@ class WandbLogger(Tracker):
         rank_zero_only: bool = True,
     ) -> None:
         super().__init__(flush_every=flush_every, rank_zero_only=rank_zero_only)
-        for field, value in (("project", project), ("name", name), ("group", group),
-                             ("entity", entity)):  # fmt: skip
+        for field, value in (
+            ("project", project),
+            ("name", name),
+            ("group", group),
+            ("entity", entity),
+        ):
             if value is not None and not (isinstance(value, str) and value.strip()):
                 raise config_error(field, value, "None (the default) or a non-empty str")
         if dir is not None and not is_path(dir):
             raise config_error("dir", dir, "None (the run's directory) or a non-empty path")
         if mode is not None and mode not in get_args(Mode):
             raise config_error(
-                "mode", mode, "None (offline unless wandb finds an API key), " + ", ".join(
-                    repr(m) for m in get_args(Mode)), "e.g. mode='offline'.",
-            )  # fmt: skip
+                "mode",
+                mode,
+                "None (offline unless wandb finds an API key), "
+                + ", ".join(repr(m) for m in get_args(Mode)),
+                "e.g. mode='offline'.",
+            )
         if isinstance(tags, str) or not all(isinstance(t, str) and t for t in tags):
             raise config_error("tags", tags, "a list of non-empty str", "e.g. tags=['baseline'].")
         kwargs = dict(init_kwargs or {})
         if clash := [key for key in kwargs if key in _NAMED]:
             raise config_error(
-                "init_kwargs", init_kwargs, f"wandb.init arguments other than {', '.join(_NAMED)}",
+                "init_kwargs",
+                init_kwargs,
+                f"wandb.init arguments other than {', '.join(_NAMED)}",
                 f"pass {clash[0]} as WandbLogger's own argument.",
-            )  # fmt: skip
+            )
         require("wandb", type(self).__name__)
         self.project, self.name, self.group, self.entity = project, name, group, entity
         self.dir = None if dir is None else Path(dir)
@@ -152,13 +161,19 @@ class WandbLogger(Tracker):
         def init() -> tuple[Mode, Run]:
             mode = self.requested_mode or _auto_mode(wandb)
             return mode, wandb.init(
-                project=self.project or run.experiment, name=self.name or run.name,
-                dir=str(directory), mode=mode, tags=self.tags or None,
-                group=self.group or (run.run_id if every_rank else None), entity=self.entity,
-                config={"core": {"run_id": run.run_id, "rank": run.rank,
-                                 "run_dir": str(run.run_dir)}},
-                reinit="create_new", **self.init_kwargs,
-            )  # fmt: skip
+                project=self.project or run.experiment,
+                name=self.name or run.name,
+                dir=str(directory),
+                mode=mode,
+                tags=self.tags or None,
+                group=self.group or (run.run_id if every_rank else None),
+                entity=self.entity,
+                config={
+                    "core": {"run_id": run.run_id, "rank": run.rank, "run_dir": str(run.run_dir)}
+                },
+                reinit="create_new",
+                **self.init_kwargs,
+            )
 
         mode, created = _SERVICE.start(init)
         self._run, self.run_id, self.mode = created, created.id, mode

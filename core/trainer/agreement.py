@@ -28,9 +28,11 @@ __all__ = ("agree_on_outcome",)
 
 
 def agree_on_outcome(
-    strategy: Strategy, failure: BaseException | None, last_checkpoint: str | None,
+    strategy: Strategy,
+    failure: BaseException | None,
+    last_checkpoint: str | None,
     wait_s: float,
-) -> BaseException | None:  # fmt: skip
+) -> BaseException | None:
     """What this rank raises, now that every rank said how its run ended (``failure`` in
     one process)."""
     if strategy.world_size == 1:
@@ -55,25 +57,30 @@ def _outcome(rank: int, failure: BaseException | None, last: str | None) -> Rank
     if not isinstance(failure, Exception):  # completed, or cancelled by this rank's caller
         return RankOutcome(rank=rank, last_checkpoint=last)
     return RankOutcome(
-        rank=rank, error_type=type(failure).__name__, message=str(failure),
+        rank=rank,
+        error_type=type(failure).__name__,
+        message=str(failure),
         signum=failure.signum if isinstance(failure, SignalReceived) else None,
         own_loss_nonfinite=isinstance(failure, NonFiniteLossError) and failure.own_loss_nonfinite,
         last_checkpoint=last,
-    )  # fmt: skip
+    )
 
 
 def _same_error(
-    first: RankOutcome, outcomes: list[RankOutcome], failure: BaseException | None,
+    first: RankOutcome,
+    outcomes: list[RankOutcome],
+    failure: BaseException | None,
     last: str | None,
-) -> BaseException:  # fmt: skip
+) -> BaseException:
     kept = f" Last good checkpoint: {last}." if last else " No checkpoint was written yet."
     if first.error_type == NonFiniteLossError.__name__:
         culprits = tuple(o.rank for o in outcomes if o.own_loss_nonfinite)
         where = (
             f"the loss was not finite on rank {', '.join(map(str, culprits))} (the other "
-            "ranks' gradients were, through the all-reduce)" if culprits
+            "ranks' gradients were, through the all-reduce)"
+            if culprits
             else "the gradients were not finite on every rank"
-        )  # fmt: skip
+        )
         nonfinite = NonFiniteLossError(f"{where}: {first.message}{kept}")
         nonfinite.ranks = culprits
         nonfinite.rank = culprits[0] if culprits else first.rank

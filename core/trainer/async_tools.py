@@ -66,11 +66,14 @@ async def watch_data_stalls(loop: WaitsForData, log: RunLog, warn_after_s: float
         waited = perf_counter() - since
         if waited >= next_warning_s:
             log.warning(
-                "data_stall", epoch=loop.epoch, batch_index=loop.batches_done,
-                waited_s=round(waited, 3), next_warning_after_s=2 * next_warning_s,
+                "data_stall",
+                epoch=loop.epoch,
+                batch_index=loop.batches_done,
+                waited_s=round(waited, 3),
+                next_warning_after_s=2 * next_warning_s,
                 advice="the loader has not returned a batch: check its workers, storage "
                 "and network; a stop request is honoured within stop_grace_s",
-            )  # fmt: skip
+            )
             await anyio.to_thread.run_sync(log.drain)
             next_warning_s *= 2
 

@@ -150,9 +150,11 @@ def optimal_batch_size(parts: Parts, config: TrainingConfig, target_memory_usage
     """
     if not (is_number(target_memory_usage) and 0 < target_memory_usage <= 1):
         raise config_error(
-            "target_memory_usage", target_memory_usage, "a fraction in (0, 1]",
+            "target_memory_usage",
+            target_memory_usage,
+            "a fraction in (0, 1]",
             "e.g. 0.8 to use at most 80% of the device's memory.",
-        )  # fmt: skip
+        )
     state = capture_rng()  # a shuffling loader draws its order: the run must not notice
     try:
         first = next(iter(parts.train_loader))
@@ -160,9 +162,15 @@ def optimal_batch_size(parts: Parts, config: TrainingConfig, target_memory_usage
         restore_rng(state)
     model = parts.strategy.unwrap(parts.model)
     search = find_batch_size(
-        model, None, None, config.memory.max_batch_size, 1.0 - float(target_memory_usage),
-        loss_fn=parts.objective.loss, optimizer_factory=optimizer_factory_like(parts.optimizer),
-        autocast=parts.precision.precision.autocast, device=parts.strategy.device,
+        model,
+        None,
+        None,
+        config.memory.max_batch_size,
+        1.0 - float(target_memory_usage),
+        loss_fn=parts.objective.loss,
+        optimizer_factory=optimizer_factory_like(parts.optimizer),
+        autocast=parts.precision.precision.autocast,
+        device=parts.strategy.device,
         make_batch=batch_maker_from(first),
-    )  # fmt: skip
+    )
     return search.batch_size

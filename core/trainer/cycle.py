@@ -84,11 +84,20 @@ class RunCycle:
         if run.seed is not None:
             seed_everything(run.seed, deterministic=run.deterministic)
         log.write_json("config.json", {**self.config.to_dict(), "resolved": description})
-        log.emit("run_start", **run_start_fields(
-            self.config.to_dict(), description, device=str(parts.strategy.device),
-            precision=parts.precision.precision.name, run_dir=str(log.run_dir),
-        ), model_summary=parts.model_summary, plan=plan(self.config, parts), seed=run.seed,
-           **lineage(parts, log.run_dir, run_id))  # fmt: skip
+        log.emit(
+            "run_start",
+            **run_start_fields(
+                self.config.to_dict(),
+                description,
+                device=str(parts.strategy.device),
+                precision=parts.precision.precision.name,
+                run_dir=str(log.run_dir),
+            ),
+            model_summary=parts.model_summary,
+            plan=plan(self.config, parts),
+            seed=run.seed,
+            **lineage(parts, log.run_dir, run_id),
+        )
         if parts.precision.compatibility is not None:
             log.emit("amp_compatibility", **parts.precision.compatibility)
         log.drain()
@@ -113,10 +122,13 @@ class RunCycle:
                 parts.profiler.close()
             log.write_json("amp_stats.json", parts.precision.get_amp_stats())
             fields = run_end_fields(
-                status=end.status, error=error, events_dropped=self.hub.dropped,
+                status=end.status,
+                error=error,
+                events_dropped=self.hub.dropped,
                 epochs_completed=parts.state.epochs_completed,
-                global_step=parts.loop.global_step, best_metric=parts.early_stopping.best,
-            )  # fmt: skip
+                global_step=parts.loop.global_step,
+                best_metric=parts.early_stopping.best,
+            )
             progress, checkpoint = parts.state.progress, self.config.checkpoint
             fields |= {
                 "last_checkpoint": parts.checkpointer.last_path,
@@ -168,9 +180,11 @@ class RunCycle:
         if self.log is not None:
             self.log.drain()  # every record up to the checkpoint is on disk first
         path = parts.checkpointer.save(
-            step=parts.loop.global_step, epoch=parts.state.epochs_completed, reason=reason,
+            step=parts.loop.global_step,
+            epoch=parts.state.epochs_completed,
+            reason=reason,
             best=best,
-        )  # fmt: skip
+        )
         return None if path is None else str(path)
 
     def next_due(self, step: int) -> int | None:
@@ -227,19 +241,27 @@ class RunCycle:
         progress = parts.state.progress
         verdict = epoch_verdict(stats.time_s, stats.data_time_s, parts.monitor, started)
         log.emit(
-            "epoch_end", epoch=epoch, step=parts.loop.global_step,
-            train_loss=progress.train_loss, val_loss=progress.val_loss,
-            val_accuracy=progress.val_accuracy, val_metrics=dict(progress.val_metrics),
+            "epoch_end",
+            epoch=epoch,
+            step=parts.loop.global_step,
+            train_loss=progress.train_loss,
+            val_loss=progress.val_loss,
+            val_accuracy=progress.val_accuracy,
+            val_metrics=dict(progress.val_metrics),
             steps=stats.steps,
-            skipped_steps=stats.skipped_steps, samples=stats.samples, epoch_time_s=stats.time_s,
+            skipped_steps=stats.skipped_steps,
+            samples=stats.samples,
+            epoch_time_s=stats.time_s,
             data_time_s=stats.data_time_s,
             samples_per_s=stats.samples / stats.time_s if stats.time_s else None,
             early_stopping_bad_epochs=parts.early_stopping.bad_epochs,
             stopped_early=progress.stopped_early,
             input_stall_fraction=verdict["input_stall_fraction"],
-            util_mean_pct=verdict["util_mean_pct"], bottleneck=verdict["verdict"],
-            bottleneck_advice=verdict["advice"], **parts.precision.epoch_fields(),
-        )  # fmt: skip
+            util_mean_pct=verdict["util_mean_pct"],
+            bottleneck=verdict["verdict"],
+            bottleneck_advice=verdict["advice"],
+            **parts.precision.epoch_fields(),
+        )
         log.write_json("amp_stats.json", parts.precision.get_amp_stats())
         log.drain()
 

@@ -39,9 +39,13 @@ class EarlyStopping:
     """
 
     def __init__(
-        self, patience: int | None, min_delta: float = 0.0, *, mode: Mode = "min",
+        self,
+        patience: int | None,
+        min_delta: float = 0.0,
+        *,
+        mode: Mode = "min",
         monitor: str = "val_loss",
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.patience = patience
         self.min_delta = min_delta
         self.mode: Mode = mode

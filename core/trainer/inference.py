@@ -39,10 +39,17 @@ def evaluate_with(parts: Parts, loader: Iterable[Any] | None) -> dict[str, float
         check_loader(loader, "loader", max_epochs=1)
         loader = parts.trainer.prepare_loader(loader, train=False)
     stats = evaluate(
-        parts.model, loader, epoch=parts.state.epochs_completed, stop=threading.Event(),
-        precision=parts.precision.precision, strategy=parts.strategy, objective=parts.objective,
-        errors=parts.errors, prepare_batch=parts.prepared.prepare_batch, metrics=parts.metrics,
-    )  # fmt: skip
+        parts.model,
+        loader,
+        epoch=parts.state.epochs_completed,
+        stop=threading.Event(),
+        precision=parts.precision.precision,
+        strategy=parts.strategy,
+        objective=parts.objective,
+        errors=parts.errors,
+        prepare_batch=parts.prepared.prepare_batch,
+        metrics=parts.metrics,
+    )
     parts.model.train()
     return {
         "loss": stats.loss,
@@ -57,6 +64,9 @@ def predict_with(parts: Parts, loader: Iterable[Any]) -> list[Any]:
     check_loader(loader, "loader", max_epochs=1)
     sharded = parts.trainer.prepare_loader(loader, train=False)
     return predict(
-        parts.model, sharded, precision=parts.precision.precision, strategy=parts.strategy,
+        parts.model,
+        sharded,
+        precision=parts.precision.precision,
+        strategy=parts.strategy,
         prepare_batch=parts.prepared.prepare_batch,
-    )  # fmt: skip
+    )

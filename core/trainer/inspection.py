@@ -27,7 +27,8 @@ def describe(config: TrainingConfig, parts: Parts) -> dict[str, Any]:
             "device_settings": Fixed(parts.device_settings),
             "model_setup": Fixed(parts.prepared.describe()),
             "gradient_accumulation": Fixed(
-                asdict(config.accumulation) | {
+                asdict(config.accumulation)
+                | {
                     "accumulation_steps": accumulation.accumulation_steps,
                     "micro_batch_size": accumulation.micro_batch_size,
                 }
@@ -35,9 +36,11 @@ def describe(config: TrainingConfig, parts: Parts) -> dict[str, Any]:
             "error_handling": Fixed(asdict(config.errors)),
             "plan": Fixed(plan(config, parts)),
         },
-        model=parts.strategy.unwrap(parts.model), optimizer=parts.optimizer,
-        scheduler=parts.scheduler, loss_fn=parts.objective.loss_fn,
-    )  # fmt: skip
+        model=parts.strategy.unwrap(parts.model),
+        optimizer=parts.optimizer,
+        scheduler=parts.scheduler,
+        loss_fn=parts.objective.loss_fn,
+    )
 
 
 def checkpoints_of(config: TrainingConfig, parts: Parts) -> Checkpoints:

@@ -80,9 +80,14 @@ def prepare_model(
             found.append(_search(transformed, *args))
 
     report = apply_model_transforms(
-        model, config.transforms, device, emit=emit, report_error=report_error,
-        compile_blocks=config.distributed.training_mode == "fsdp", before_compile=search,
-    )  # fmt: skip
+        model,
+        config.transforms,
+        device,
+        emit=emit,
+        report_error=report_error,
+        compile_blocks=config.distributed.training_mode == "fsdp",
+        before_compile=search,
+    )
     micro = config.accumulation.micro_batch_size
     result = found[0][0] if found else None
     if found and result is not None and result.batch_size < found[0][1]:
@@ -116,11 +121,17 @@ def _search(
     model.to(device)  # the strategy's wrap moves it anyway; the trials need it there
     memory = config.memory
     search = find_batch_size(
-        model, None, memory.target_memory_gb, memory.max_batch_size, memory.margin,
-        loss_fn=objective.loss, optimizer_factory=optimizer_factory,
-        autocast=precision.precision.autocast, device=device,
+        model,
+        None,
+        memory.target_memory_gb,
+        memory.max_batch_size,
+        memory.margin,
+        loss_fn=objective.loss,
+        optimizer_factory=optimizer_factory,
+        autocast=precision.precision.autocast,
+        device=device,
         make_batch=batch_maker_from(first),
-    )  # fmt: skip
+    )
     return search, count_samples(first)
 
 
@@ -142,9 +153,13 @@ def optimizer_factory_like(optimizer: object) -> OptimizerFactory | None:
 
 
 def compile_rule_for(
-    config: TrainingConfig, prepared: PreparedModel, model: nn.Module,
-    batches_per_epoch: int | None, emit: Emit, report_error: Emit,
-) -> tuple[CompileWhenItPays | None, PreparedModel]:  # fmt: skip
+    config: TrainingConfig,
+    prepared: PreparedModel,
+    model: nn.Module,
+    batches_per_epoch: int | None,
+    emit: Emit,
+    report_error: Emit,
+) -> tuple[CompileWhenItPays | None, PreparedModel]:
     """``compile="auto"`` on CUDA: the step hook that decides after timing eager steps (and
     why, in ``run_start``); None elsewhere."""
     transforms = prepared.transforms
@@ -161,9 +176,12 @@ def compile_rule_for(
 
     def compile_now() -> list[str]:
         return compile_model(
-            model, mode=settings.compile_mode, fullgraph=settings.compile_fullgraph,
-            emit=emit, report_error=report_error,
-        )  # fmt: skip
+            model,
+            mode=settings.compile_mode,
+            fullgraph=settings.compile_fullgraph,
+            emit=emit,
+            report_error=report_error,
+        )
 
     rule = CompileWhenItPays(planned_steps=planned, compile_now=compile_now, emit=emit)
     reason = (

@@ -83,9 +83,11 @@ class Observers:
 
         def report() -> None:
             self._warn(
-                "callback_lagging", callback=type(callback).__name__, dropped=1,
+                "callback_lagging",
+                callback=type(callback).__name__,
+                dropped=1,
                 effect="this callback misses the oldest records; training goes on",
-            )  # fmt: skip
+            )
 
         return report
 
@@ -146,11 +148,14 @@ class Observers:
                 await getattr(callback, hook)(self._run, record)
         except Exception as exc:
             self._report(
-                "error", kind="callback_failed", callback=name, hook=hook,
+                "error",
+                kind="callback_failed",
+                callback=name,
+                hook=hook,
                 event_type=None if record is None else record.get("event"),
                 error=f"{type(exc).__name__}: {exc}",
                 effect="this callback is not called again in this run; training goes on",
-            )  # fmt: skip
+            )
             return False
         finally:
             self._busy -= 1

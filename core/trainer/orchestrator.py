@@ -86,10 +86,14 @@ class OptimizedTrainingOptimizer(JobViews):
             config = config.for_run()
         self._config = config
         given = {
-            "model": model, "train_loader": train_loader, "val_loader": val_loader,
-            "loss_fn": loss_fn, "optimizer": optimizer, "scheduler": scheduler,
+            "model": model,
+            "train_loader": train_loader,
+            "val_loader": val_loader,
+            "loss_fn": loss_fn,
+            "optimizer": optimizer,
+            "scheduler": scheduler,
             "metrics": metrics,
-        }  # fmt: skip
+        }
         self._runtime = Runtime(
             **{name: resolve(name, value) for name, value in given.items()},
             model_factory=factory_of(model),
@@ -115,9 +119,11 @@ class OptimizedTrainingOptimizer(JobViews):
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         await self.aclose()
 
     async def start(self) -> None:
@@ -232,17 +238,26 @@ class OptimizedTrainingOptimizer(JobViews):
     async def _train_in_a_process(self, crossing: Crossing) -> TrainingResults:
         self._child = ChildState()
         child = TrainingProcess(
-            type(self), self._config, crossing, model=self._runtime.model, hub=self._hub,
-            observers=self._observers(), state=self._child, on_open=self._opened,
-        )  # fmt: skip
+            type(self),
+            self._config,
+            crossing,
+            model=self._runtime.model,
+            hub=self._hub,
+            observers=self._observers(),
+            state=self._child,
+            on_open=self._opened,
+        )
         return await child.execute()
 
     def _observers(self) -> Observers:
         return Observers(
-            self._callbacks, self, report=self._log.error, warn=self._log.warning,
+            self._callbacks,
+            self,
+            report=self._log.error,
+            warn=self._log.warning,
             capacity=self._config.logging.event_buffer_size,
             grace_s=self._config.logging.callback_grace_s,
-        )  # fmt: skip
+        )
 
     def _opened(self, run_dir: Path) -> None:
         self._run_dir = run_dir

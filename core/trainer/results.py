@@ -82,9 +82,14 @@ class RunProgress:
             self.best_val_loss = loss if best is None else min(best, loss)
 
     def results(
-        self, *, epochs_completed: int, global_step: int, run_dir: Path,
-        monitor: str | None = None, last_checkpoint: str | None = None,
-    ) -> TrainingResults:  # fmt: skip
+        self,
+        *,
+        epochs_completed: int,
+        global_step: int,
+        run_dir: Path,
+        monitor: str | None = None,
+        last_checkpoint: str | None = None,
+    ) -> TrainingResults:
         return TrainingResults(
             epochs_completed=epochs_completed,
             global_step=global_step,

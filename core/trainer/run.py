@@ -38,9 +38,13 @@ class Run:
     """A run of one job, from ``run_start`` to ``run_end``."""
 
     def __init__(
-        self, config: TrainingConfig, parts: Parts, cycle: RunCycle, hub: EventHub,
+        self,
+        config: TrainingConfig,
+        parts: Parts,
+        cycle: RunCycle,
+        hub: EventHub,
         observers: Observers,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.config = config
         self.parts = parts
         self.cycle = cycle
@@ -48,22 +52,27 @@ class Run:
         self.observers = observers
         loop, settings = parts.loop, config.run
         self.worker = StepThread(
-            cycle.new_stop(), grace_s=settings.stop_grace_s,
+            cycle.new_stop(),
+            grace_s=settings.stop_grace_s,
             loader_grace_s=settings.loader_grace_s,
             waiting_for_data=loop.waiting_for_data,
             # One rank only: a stop checkpoint under several is a collective that a rank
             # parked in its loader cannot join.
             park=loop.park if parts.strategy.world_size == 1 else None,
-        )  # fmt: skip
+        )
         self.end = RunEnding()
         self.agreed: BaseException | None = None  # what train() raises, agreed by every rank
         log = cycle.current
         self.stopping = Stopping(
-            checkpointer=parts.checkpointer, save=cycle.save,
-            global_step=lambda: loop.global_step, grace_s=settings.stop_grace_s,
-            emit=log.emit, warning=log.warning, error=log.error,
+            checkpointer=parts.checkpointer,
+            save=cycle.save,
+            global_step=lambda: loop.global_step,
+            grace_s=settings.stop_grace_s,
+            emit=log.emit,
+            warning=log.warning,
+            error=log.error,
             close_log=lambda: cycle.log.close() if cycle.log is not None else None,
-        )  # fmt: skip
+        )
 
     async def execute(
         self, description: dict[str, Any], *, on_open: Callable[[Path], None]
@@ -125,11 +134,15 @@ class Run:
             tg.start_soon(drain_periodically, log, self.config.logging.flush_interval_s)
             tg.start_soon(watch_data_stalls, parts.loop, log, run.data_stall_warn_s)
             if run.handle_signals:
-                tg.start_soon(functools.partial(
-                    watch_stop_signals, run_scope, end.signals,
-                    on_hurry=functools.partial(stopping.hurry, worker),
-                    on_force=stopping.force_exit,
-                ))  # fmt: skip
+                tg.start_soon(
+                    functools.partial(
+                        watch_stop_signals,
+                        run_scope,
+                        end.signals,
+                        on_hurry=functools.partial(stopping.hurry, worker),
+                        on_force=stopping.force_exit,
+                    )
+                )
             if parts.monitor is not None:
                 tg.start_soon(parts.monitor.run)
             try:
@@ -188,10 +201,12 @@ class Run:
                 break
         checkpoint = self.config.checkpoint
         return progress.results(
-            epochs_completed=parts.state.epochs_completed, global_step=parts.loop.global_step,
-            run_dir=run_dir, monitor=checkpoint.monitor if checkpoint.tracks_best else None,
+            epochs_completed=parts.state.epochs_completed,
+            global_step=parts.loop.global_step,
+            run_dir=run_dir,
+            monitor=checkpoint.monitor if checkpoint.tracks_best else None,
             last_checkpoint=parts.checkpointer.last_path,
-        )  # fmt: skip
+        )
 
 
 async def _stopped() -> bool:

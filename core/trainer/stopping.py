@@ -77,45 +77,56 @@ class Stopping:
                     return await worker.call(self._save, reason)
                 except Exception as exc:
                     self._error(
-                        "error", kind="checkpoint_failed", reason=f"{type(exc).__name__}: {exc}",
+                        "error",
+                        kind="checkpoint_failed",
+                        reason=f"{type(exc).__name__}: {exc}",
                         last_checkpoint=self.checkpointer.last_path,
-                    )  # fmt: skip
+                    )
         return self.checkpointer.last_path
 
     def _report_abandoned(self, worker: StepThread) -> None:
         in_data = worker.waited_for_data
         self._error(
-            "step_thread_abandoned", stop_grace_s=self.grace_s, waited_s=round(worker.waited_s, 3),
+            "step_thread_abandoned",
+            stop_grace_s=self.grace_s,
+            waited_s=round(worker.waited_s, 3),
             waiting_for="data" if in_data else "step",
-            last_checkpoint=self.checkpointer.last_path, step=self._global_step(),
+            last_checkpoint=self.checkpointer.last_path,
+            step=self._global_step(),
             reason=(
                 "the step thread still waited for its train loader after loader_grace_s, and "
                 "with several ranks it cannot be parked there (the stop checkpoint is a "
-                "collective)" if in_data else
-                "the step thread did not reach a step boundary within stop_grace_s (a "
+                "collective)"
+                if in_data
+                else "the step thread did not reach a step boundary within stop_grace_s (a "
                 "collective or a kernel that never returns)"
-            ) + "; it is left running as a daemon thread, and nothing it holds was saved",
-        )  # fmt: skip
+            )
+            + "; it is left running as a daemon thread, and nothing it holds was saved",
+        )
 
     def _report_parked(self, worker: StepThread) -> None:
         self._warning(
-            "step_thread_parked", loader_grace_s=worker.loader_grace_s,
-            waited_s=round(worker.waited_s, 3), step=self._global_step(),
+            "step_thread_parked",
+            loader_grace_s=worker.loader_grace_s,
+            waited_s=round(worker.waited_s, 3),
+            step=self._global_step(),
             note="the train loader had not returned a batch; the step thread is parked at "
             "this step boundary (it never steps again, even if the loader returns) and the "
             "stop checkpoint is written from here",
-        )  # fmt: skip
+        )
 
     def hurry(self, worker: StepThread, signum: int) -> None:
         """A second stop signal: a thread waiting for data is parked at once, a running step
         gets at most ``HURRY_S`` more; the checkpoint is still written at the boundary."""
         worker.hurry()
         self._emit(
-            "signal_received", signal=signal.Signals(signum).name, action="hurry",
+            "signal_received",
+            signal=signal.Signals(signum).name,
+            action="hurry",
             note=f"the stop no longer waits for the loader and waits at most {HURRY_S:g} s "
             "more for a running step; it still writes the checkpoint at the step boundary "
             "when it gets one; a third signal exits at once",
-        )  # fmt: skip
+        )
 
     def force_exit(self, signum: int) -> None:
         """A third stop signal: leave now, saying where the last good checkpoint is."""

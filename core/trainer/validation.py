@@ -47,9 +47,10 @@ class Validation:
         """The latest validation since the last epoch end (what early stopping watches)."""
         given = parts.val_loader
         self.loader = (  # a bad limit for this loader fails here, when the job is built
-            None if given is None
+            None
+            if given is None
             else limit_batches(given, self.run.limit_val_batches, "limit_val_batches")
-        )  # fmt: skip
+        )
         """What a validation evaluates: the val_loader, limited to ``limit_val_batches``."""
 
     # -- when -----------------------------------------------------------------------------
@@ -79,26 +80,40 @@ class Validation:
         step = parts.loop.global_step
         log.emit("validation_start", epoch=epoch, step=step, batches=batches_in(loader))
         evaluation = evaluate(
-            parts.model, loader, epoch=epoch, stop=stop, precision=parts.precision.precision,
-            strategy=parts.strategy, objective=parts.objective, errors=parts.errors,
-            prepare_batch=parts.prepared.prepare_batch, metrics=parts.metrics,
-        )  # fmt: skip
+            parts.model,
+            loader,
+            epoch=epoch,
+            stop=stop,
+            precision=parts.precision.precision,
+            strategy=parts.strategy,
+            objective=parts.objective,
+            errors=parts.errors,
+            prepare_batch=parts.prepared.prepare_batch,
+            metrics=parts.metrics,
+        )
         if evaluation.interrupted:
             return evaluation
         if not math.isfinite(evaluation.loss):
             log.error(
-                "error", kind="nonfinite_validation_loss", epoch=epoch, step=step,
+                "error",
+                kind="nonfinite_validation_loss",
+                epoch=epoch,
+                step=step,
                 val_loss=evaluation.loss,
                 effect="not counted as an improvement by early stopping or best_val_loss",
-            )  # fmt: skip
+            )
         parts.state.progress.add_validation(
             evaluation.loss, evaluation.accuracy, dict(evaluation.metrics)
         )
         log.emit(
-            "validation", epoch=epoch, step=step, val_loss=evaluation.loss,
-            val_accuracy=evaluation.accuracy, metrics=dict(evaluation.metrics),
+            "validation",
+            epoch=epoch,
+            step=step,
+            val_loss=evaluation.loss,
+            val_accuracy=evaluation.accuracy,
+            metrics=dict(evaluation.metrics),
             samples=evaluation.samples,
-        )  # fmt: skip
+        )
         self.last_step = step
         self.since_epoch_end = evaluation
         return evaluation
@@ -171,7 +186,9 @@ class Validation:
             return
         for _, path in (entry for entry in ranked if entry not in present):
             self.log.warning(
-                "error", kind="best_checkpoint_missing", path=str(path),
+                "error",
+                kind="best_checkpoint_missing",
+                path=str(path),
                 effect="no longer a best checkpoint of this run: it was deleted or pruned",
-            )  # fmt: skip
+            )
         self._tally(present)

@@ -130,15 +130,19 @@ def _nothing_found(model: nn.Module, block_types: BlockTypes | None) -> ConfigEr
     )
     if block_types is None:
         return config_error(
-            _FIELD, True, allowed,
+            _FIELD,
+            True,
+            allowed,
             f"{type(model).__name__} has no block class repeated in an nn.ModuleList or "
             f'nn.Sequential; name the blocks: activation_checkpointing=("{example}",).',
-        )  # fmt: skip
+        )
     value = tuple(k if isinstance(k, str) else k.__name__ for k in block_types)
     return config_error(
-        _FIELD, value, allowed,
+        _FIELD,
+        value,
+        allowed,
         f'no submodule has one of these classes; e.g. activation_checkpointing=("{example}",).',
-    )  # fmt: skip
+    )
 
 
 def apply_activation_checkpointing(

@@ -70,8 +70,13 @@ def _compiler_errors() -> tuple[type[BaseException], ...]:
     from torch._dynamo import exc as dynamo_exc
     from torch._inductor import exc as inductor_exc
 
-    names = ("CppCompileError", "CppWrapperCodegenError", "InvalidCxxCompiler",
-             "OperatorIssue", "SubgraphLoweringException")  # fmt: skip
+    names = (
+        "CppCompileError",
+        "CppWrapperCodegenError",
+        "InvalidCxxCompiler",
+        "OperatorIssue",
+        "SubgraphLoweringException",
+    )
     found = [getattr(inductor_exc, name, None) for name in names]
     inductor = [kind for kind in found if isinstance(kind, type)]
     return (dynamo_exc.TorchDynamoException, *inductor)
@@ -131,8 +136,9 @@ class _GuardedCompile:
         seconds = time.perf_counter() - start
         if not self._failed:
             breaks = _graph_breaks() - breaks
-            self.emit("compile", target=self.target, **self.record, seconds=seconds,
-                      graph_breaks=breaks)  # fmt: skip
+            self.emit(
+                "compile", target=self.target, **self.record, seconds=seconds, graph_breaks=breaks
+            )
         return result
 
     def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -156,9 +162,11 @@ class _GuardedCompile:
             first_failure, self._failed = not self._failed, True
         if first_failure:
             self.report_error(
-                "error", kind="compile_failed", reason=_reason(error),
+                "error",
+                kind="compile_failed",
+                reason=_reason(error),
                 effect="continuing in eager mode",
-            )  # fmt: skip
+            )
 
 
 def _call_impl_of(module: nn.Module) -> Callable[..., Any]:
@@ -206,9 +214,11 @@ def compile_model(
     >>> compile_model(model, emit=lambda event, **f: None, report_error=lambda e, **f: None)
     ['model']
     """
-    targets = [(_WHOLE_MODEL, model)] if blocks is None else [
-        (name, model.get_submodule(name)) for name in blocks
-    ]  # fmt: skip
+    targets = (
+        [(_WHOLE_MODEL, model)]
+        if blocks is None
+        else [(name, model.get_submodule(name)) for name in blocks]
+    )
     record = {"mode": mode, "fullgraph": fullgraph}
     for target, module in targets:
         if is_compiled(module):

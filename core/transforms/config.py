@@ -17,8 +17,11 @@ __all__ = ("COMPILE_MODES", "CompileMode", "ModelTransformsConfig")
 
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 COMPILE_MODES: tuple[CompileMode, ...] = (
-    "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs",
-)  # fmt: skip
+    "default",
+    "reduce-overhead",
+    "max-autotune",
+    "max-autotune-no-cudagraphs",
+)
 _AUTO_OR_BOOL = ("auto", True, False)
 
 
@@ -69,9 +72,11 @@ class ModelTransformsConfig:
                 )
         if self.compile_mode not in COMPILE_MODES:
             raise config_error(
-                "compile_mode", self.compile_mode, COMPILE_MODES,
+                "compile_mode",
+                self.compile_mode,
+                COMPILE_MODES,
                 "use compile_mode='default' unless profiling shows launch overhead.",
-            )  # fmt: skip
+            )
 
     def _check_activation_checkpointing(self) -> None:
         value: object = self.activation_checkpointing

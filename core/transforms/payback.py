@@ -27,8 +27,12 @@ from time import perf_counter
 from typing import Any
 
 __all__ = (
-    "CompileWhenItPays", "EXPECTED_COMPILE_S", "EXPECTED_SAVING", "payback_rule", "planned_steps"
-)  # fmt: skip
+    "CompileWhenItPays",
+    "EXPECTED_COMPILE_S",
+    "EXPECTED_SAVING",
+    "payback_rule",
+    "planned_steps",
+)
 
 EXPECTED_SAVING = 0.10
 """The fraction of an eager step a compiled step is expected to save."""

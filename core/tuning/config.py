@@ -66,9 +66,11 @@ class LRFinderConfig:
         factor = self.diverge_factor
         if factor is not None and not (is_finite_number(factor) and factor > 1.0):
             raise config_error(
-                "diverge_factor", factor, "None (never stop early) or a finite float > 1",
+                "diverge_factor",
+                factor,
+                "None (never stop early) or a finite float > 1",
                 "try 4.0.",
-            )  # fmt: skip
+            )
         check_max_grad_norm(self.max_grad_norm)
 
     def learning_rate(self, step: int) -> float:

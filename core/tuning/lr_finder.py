@@ -83,9 +83,13 @@ def find_learning_rate(
         )
     """
     config = LRFinderConfig(
-        min_lr=min_lr, max_lr=max_lr, num_steps=num_steps, smoothing=smoothing,
-        diverge_factor=diverge_factor, max_grad_norm=max_grad_norm,
-    )  # fmt: skip
+        min_lr=min_lr,
+        max_lr=max_lr,
+        num_steps=num_steps,
+        smoothing=smoothing,
+        diverge_factor=diverge_factor,
+        max_grad_norm=max_grad_norm,
+    )
     if not isinstance(model, nn.Module):
         raise config_error("model", model, "a torch.nn.Module")
     _check_loader(train_loader)
@@ -98,9 +102,13 @@ def find_learning_rate(
     original = _device_of(model)
     modes = [(module, module.training) for module in model.modules()]
     _log.info(
-        "lr_find_start", min_lr=config.min_lr, max_lr=config.max_lr,
-        num_steps=config.num_steps, device=str(place), precision=amp.name,
-    )  # fmt: skip
+        "lr_find_start",
+        min_lr=config.min_lr,
+        max_lr=config.max_lr,
+        num_steps=config.num_steps,
+        device=str(place),
+        precision=amp.name,
+    )
     with preserved(model):
         trained: torch.optim.Optimizer | None = None
         try:
@@ -124,14 +132,25 @@ def find_learning_rate(
     else:
         suggestion, reason, lowest = suggest_learning_rate(lrs, smoothed, config.min_lr)
     result = LRFinderResult(
-        lrs=tuple(lrs), losses=tuple(losses), smoothed_losses=tuple(smoothed),
-        suggestion=suggestion, reason=reason, stopped=stopped, min_loss_lr=lowest,
-        config=config, device=str(place), precision=amp.name,
-    )  # fmt: skip
+        lrs=tuple(lrs),
+        losses=tuple(losses),
+        smoothed_losses=tuple(smoothed),
+        suggestion=suggestion,
+        reason=reason,
+        stopped=stopped,
+        min_loss_lr=lowest,
+        config=config,
+        device=str(place),
+        precision=amp.name,
+    )
     _log.info(
-        "lr_find_done", suggestion=suggestion, reason=reason, stopped=stopped,
-        steps=result.steps, min_loss_lr=lowest,
-    )  # fmt: skip
+        "lr_find_done",
+        suggestion=suggestion,
+        reason=reason,
+        stopped=stopped,
+        steps=result.steps,
+        min_loss_lr=lowest,
+    )
     return result
 
 
@@ -199,10 +218,12 @@ def _check_loader(loader: object) -> None:
 
 def _empty(loader: object) -> ConfigError:
     return config_error(
-        "train_loader", loader, "a loader with at least one batch",
+        "train_loader",
+        loader,
+        "a loader with at least one batch",
         "check the dataset's length and the batch size (drop_last=True drops a short batch).",
         error=EmptyLoaderError,
-    )  # fmt: skip
+    )
 
 
 def _build_optimizer(
@@ -224,9 +245,11 @@ def _build_optimizer(
         built = argument(params)
     except Exception as exc:
         raise config_error(
-            "optimizer", argument, allowed, f"calling it with the parameters raised "
-            f"{type(exc).__name__}: {exc}; {fix}",
-        ) from exc  # fmt: skip
+            "optimizer",
+            argument,
+            allowed,
+            f"calling it with the parameters raised {type(exc).__name__}: {exc}; {fix}",
+        ) from exc
     if not isinstance(built, torch.optim.Optimizer):
         raise config_error("optimizer", argument, allowed, f"it returned {built!r}; {fix}")
     ours = {id(p) for p in params}

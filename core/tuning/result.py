@@ -74,9 +74,14 @@ class LRFinderResult:
         matplotlib (the ``plots`` extra) is not installed."""
         title = f"Learning-rate range test: {self.steps} steps ({self.stopped})"
         return write_lr_plot(
-            Path(path), self.lrs, self.losses, self.smoothed_losses,
-            suggestion=self.suggestion, lowest=self.min_loss_lr, title=title,
-        )  # fmt: skip
+            Path(path),
+            self.lrs,
+            self.losses,
+            self.smoothed_losses,
+            suggestion=self.suggestion,
+            lowest=self.min_loss_lr,
+            title=title,
+        )
 
 
 def _finite_or_none(value: float) -> float | None:

@@ -72,9 +72,11 @@ def save_final_weights(state: dict[str, Any], run_dir: Path, step: int, epoch: i
 def crossed(packed: Packed, mode: str) -> dict[str, Any]:
     """How a job's objects crossed into its training process (``run_start``)."""
     return {
-        "mode": mode, "crossing": "shared_memory", "tensor_bytes": packed.tensor_bytes,
+        "mode": mode,
+        "crossing": "shared_memory",
+        "tensor_bytes": packed.tensor_bytes,
         "hand_back": "shared_memory" if packed.model else "checkpoint",
-    }  # fmt: skip
+    }
 
 
 def hand_back(packed: Packed, job: Any, results: TrainingResults) -> str | None:
@@ -137,9 +139,13 @@ async def _heartbeat(sender: Sender) -> None:
 
 
 def main(
-    job_class: Any, config: TrainingConfig, packed: Packed, control: Connection, out: Connection,
+    job_class: Any,
+    config: TrainingConfig,
+    packed: Packed,
+    control: Connection,
+    out: Connection,
     threads: int,
-) -> None:  # fmt: skip
+) -> None:
     """The training process's entry point (``job_class`` is the orchestrator's class, passed
     by reference so this module does not import the shell that imports it; ``threads`` its
     share of the service's ``torch.get_num_threads()``)."""

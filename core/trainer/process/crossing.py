@@ -73,9 +73,11 @@ def resolve(field: str, value: Any) -> Any:
         return value
     if not is_factory_name(value):
         raise config_error(
-            field, value, f"{_OBJECTS[field]}, or a factory named {FORMAT}",
+            field,
+            value,
+            f"{_OBJECTS[field]}, or a factory named {FORMAT}",
             f"e.g. {field}='mypackage.models:make_{field}'.",
-        )  # fmt: skip
+        )
     factory = named(field, value)
     return factory() if field in CALLED else factory
 
@@ -159,10 +161,12 @@ def crossing_for(config: Any, given: Mapping[str, Any]) -> Crossing | None:
         return None
     if DistributedEnvironment.from_environ() is not None:
         raise config_error(
-            "run.isolation", "process", "'thread' under torchrun",
+            "run.isolation",
+            "process",
+            "'thread' under torchrun",
             "under torchrun each rank is already its own process; use isolation='thread' "
             "(the default) there.",
-        )  # fmt: skip
+        )
     exit_if_importing_main()
     crossing = Crossing(given)
     crossing.check()

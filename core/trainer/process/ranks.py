@@ -93,9 +93,13 @@ def entry_point(config: TrainingConfig) -> Callable[..., None]:
 
 
 def main(
-    job_class: Any, config: TrainingConfig, packed: Packed, control: Connection, out: Connection,
+    job_class: Any,
+    config: TrainingConfig,
+    packed: Packed,
+    control: Connection,
+    out: Connection,
     threads: int,
-) -> None:  # fmt: skip
+) -> None:
     """The launcher's entry point (``child.main``'s arguments; ``threads`` is unused: the
     ranks take torchrun's ``OMP_NUM_THREADS=1`` unless it is set)."""
     os.setpgrp()
@@ -124,9 +128,13 @@ def main(
 
 
 def _launch(
-    job_class: Any, config: TrainingConfig, packed: Packed, records: Connection, errors: Path,
+    job_class: Any,
+    config: TrainingConfig,
+    packed: Packed,
+    records: Connection,
+    errors: Path,
     cancelled: threading.Event,
-) -> Message:  # fmt: skip
+) -> Message:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
@@ -134,9 +142,11 @@ def _launch(
     _quiet_agent()
     try:
         values = launch_local_ranks(
-            devices, rank_main, (job_class, config, packed, records, str(errors)),
+            devices,
+            rank_main,
+            (job_class, config, packed, records, str(errors)),
             shutdown_timeout_s=math.ceil(config.run.stop_grace_s) + STOP_MARGIN_S,
-        )  # fmt: skip
+        )
         return ("ended", "completed", values[0])
     except SignalException:
         if cancelled.is_set():

@@ -250,9 +250,13 @@ def pack(objects: object, model: torch.nn.Module | None) -> Packed:
 
 def _slot(where: _Range, tensor: torch.Tensor) -> Slot:
     return Slot(
-        where.offset, where.nbytes, tensor.dtype, int(tensor.storage_offset()),
-        tuple(tensor.size()), tuple(tensor.stride()),
-    )  # fmt: skip
+        where.offset,
+        where.nbytes,
+        tensor.dtype,
+        int(tensor.storage_offset()),
+        tuple(tensor.size()),
+        tuple(tensor.stride()),
+    )
 
 
 class _Unpickler(pickle.Unpickler):
