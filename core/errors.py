@@ -7,9 +7,10 @@ a fix (see :func:`config_error`).
 
 from __future__ import annotations
 
+import contextlib
 import signal
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, Literal
 
 __all__ = (
     "BatchFormatError",
@@ -28,7 +29,45 @@ __all__ = (
     "UnevenLoadersError",
     "UnsafeCheckpointError",
     "config_error",
+    "resume_advice",
+    "resume_fix",
+    "resume_phrased_for",
 )
+
+FrontEnd = Literal["python", "command line"]
+_RESUME = {"python": "resume='auto'", "command line": "--resume auto"}
+_front_end: list[FrontEnd] = ["python"]
+
+
+def resume_advice() -> str:
+    """How to resume, as the user types it where they are: ``resume='auto'`` in Python,
+    ``--resume auto`` under ``core-train`` (which runs inside :func:`resume_phrased_for`).
+    Every message that says how to resume takes its words from here.
+
+    >>> resume_advice()
+    "resume='auto'"
+    """
+    return _RESUME[_front_end[-1]]
+
+
+def resume_fix(first: str) -> str:
+    """``Fix: <first>, then resume with <how, where the user is>.``"""
+    return f"Fix: {first}, then resume with {resume_advice()}."
+
+
+@contextlib.contextmanager
+def resume_phrased_for(front_end: FrontEnd) -> Iterator[None]:
+    """Within the block, messages say how to resume as ``front_end`` spells it.
+
+    >>> with resume_phrased_for("command line"):
+    ...     resume_advice()
+    '--resume auto'
+    """
+    _front_end.append(front_end)
+    try:
+        yield
+    finally:
+        _front_end.pop()
 
 
 class CoreError(Exception):
@@ -155,7 +194,12 @@ class SignalReceived(CoreError):
         else:
             kept = f"checkpoint {checkpoint} written" if checkpoint else "no checkpoint written"
             message = f"stopped by {name} at a step boundary; {kept}."
-        super().__init__(f"{message} Resume with resume='auto'.")
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        # Phrased where it is read: the process that prints it may not be the one that raised
+        # it (a rank, a training process), and ``core-train`` says ``--resume auto``.
+        return f"{self.args[0]} Resume with {resume_advice()}."
 
 
 class TrainingProcessDied(CoreError, RuntimeError):
@@ -183,20 +227,23 @@ class TrainingProcessDied(CoreError, RuntimeError):
             if exit_code is not None
             else "ended"
         )
-        if checkpoint and finished:
+        self.finished = finished
+        ended = "" if finished else " before its run ended"
+        super().__init__(f"the training process {how}{why}{ended}; the service is unharmed.")
+
+    def __str__(self) -> str:  # phrased where it is read, as SignalReceived's
+        checkpoint, resume = self.checkpoint, resume_advice()
+        if checkpoint and self.finished:
             kept = (
-                f"the run had finished ({finished}): its last checkpoint {checkpoint} holds the "
-                "trained weights, which core.load_weights(checkpoint, model) loads; "
-                "resume='auto' would start a new run"
+                f"the run had finished ({self.finished}): its last checkpoint {checkpoint} "
+                f"holds the trained weights, which core.load_weights(checkpoint, model) loads; "
+                f"{resume} would start a new run"
             )
         elif checkpoint:
-            kept = f"the last good checkpoint is {checkpoint}; resume='auto' continues from it"
+            kept = f"the last good checkpoint is {checkpoint}; {resume} continues from it"
         else:
-            kept = "no checkpoint was written yet; resume='auto' starts over"
-        ended = "" if finished else " before its run ended"
-        super().__init__(
-            f"the training process {how}{why}{ended}; the service is unharmed. {kept}."
-        )
+            kept = f"no checkpoint was written yet; {resume} starts over"
+        return f"{self.args[0]} {kept}."
 
 
 def _short_repr(value: object) -> str:

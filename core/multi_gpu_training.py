@@ -4,8 +4,8 @@ The work is done by ``core.distributed`` (and the monitor by ``core.monitoring``
 module keeps seed 004's names::
 
     cfg = MultiGPUConfig(training_mode="auto")
-    optimizer = create_optimized_training_optimizer(model=model, train_loader=loader,
-                                                    multi_gpu_config=cfg)
+    run = create_optimized_training_optimizer(model=model, train_loader=loader,
+                                              multi_gpu_config=cfg)
     # torchrun --standalone --nproc_per_node=2 train.py   -> DDP over 2 processes
 
 or the trainer on its own::

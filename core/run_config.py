@@ -53,8 +53,16 @@ class RunConfig:
     val batch through every part and hook, in one epoch, and nothing saved (no checkpoint of
     any kind is written, none is resumed from: a later ``resume="auto"`` run starts fresh).
     It wins over ``max_epochs``, ``max_steps``, the limits and the validation schedule
-    (:meth:`for_run`); logs, trackers and reports still run, marked by
-    ``config.run.fast_dev_run`` in ``run_start`` and a ``fast_dev_run`` console line.
+    (:meth:`for_run`). Records still reach ``events()``, callbacks and trackers, and the
+    console prints, marked by ``config.run.fast_dev_run`` in ``run_start`` and a
+    ``fast_dev_run`` console line; but the run directory (``events.jsonl``, ``config.json``,
+    ``amp_stats.json``, a profiler trace) lives in a temporary folder removed when the run
+    ends, so ``log_dir`` is left as it was: no reports, ``results.run_dir`` and ``run_end``'s
+    ``run_dir`` are None (``run.run_dir`` names the temporary folder while the run lasts).
+
+    ``keep_fast_dev_run_files=True`` keeps a smoke run's files: its run directory is
+    written under ``log_dir`` as any run's, reports included (still no checkpoint). It does
+    nothing for other runs.
 
     >>> RunConfig(fast_dev_run=True, max_epochs=5).for_run().max_epochs
     1
@@ -74,6 +82,7 @@ class RunConfig:
     data_stall_warn_s: float = 10.0
     isolation: Literal["thread", "process"] = "thread"
     fast_dev_run: bool | int = False
+    keep_fast_dev_run_files: bool = False
     limit_train_batches: int | float | None = None
     limit_val_batches: int | float | None = None
 
@@ -137,6 +146,12 @@ class RunConfig:
                 "float in (0, 1] (that fraction of the loader)",
                 fix,
             )
+
+    @property
+    def keeps_files(self) -> bool:
+        """Whether the run's directory is kept under ``log_dir``: False for a ``fast_dev_run``
+        without ``keep_fast_dev_run_files`` (its files live in a temporary folder)."""
+        return self.fast_dev_run is False or self.keep_fast_dev_run_files
 
     @property
     def smoke_batches(self) -> int | None:

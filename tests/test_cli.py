@@ -8,8 +8,12 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import pickle
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +23,17 @@ from torch import nn
 from torch.optim.lr_scheduler import OneCycleLR
 from torch.utils.data import DataLoader
 
-from core import Factory, TrainingConfig, load_model
+from core import Factory, SignalReceived, TrainingConfig, load_model
 from core.checkpointing.model_loading import model_factory_of
-from core.cli import main, run_fit
+from core.cli import _commands, main, run_fit
 from core.cli.fit import fit_parser, resolve_config
 from core.cli.flags import LeafAction
 from core.cli.leaves import plain
 from core.cli.parser import sets
 from core.cli.recipes import scheduler_factory, steps_per_epoch
+from core.cli.reference import PARSERS, flags_of, reference_markdown
 from core.cli.toml import dumps, loads
+from core.errors import resume_phrased_for
 from tests.helpers import make_classification, make_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +56,25 @@ def tiny_data(batch_size: int, num_workers: int) -> tuple[DataLoader[Any], DataL
     """Data factory for ``--data tests.test_cli:tiny_data``: 10 batches of 16 samples."""
     train = DataLoader(make_classification(160), batch_size=batch_size, shuffle=True)
     return train, DataLoader(make_classification(64, seed=1), batch_size=32)
+
+
+class SlowSamples(torch.utils.data.Dataset[Any]):
+    """160 samples, 5 ms each: a run that a test can stop in its first epochs."""
+
+    def __init__(self) -> None:
+        self.samples = make_classification(160)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> Any:
+        time.sleep(0.005)
+        return self.samples[index]
+
+
+def slow_data(batch_size: int, num_workers: int) -> tuple[DataLoader[Any], None]:
+    """Data factory for ``--data tests.test_cli:slow_data``."""
+    return DataLoader(SlowSamples(), batch_size=batch_size), None
 
 
 def tree_leaves(node: object, prefix: str = "") -> list[tuple[str, object]]:
@@ -321,3 +346,119 @@ def test_python_m_core_fits_the_digits_example_and_report_rebuilds_its_files(
     printed = capsys.readouterr().out.split()
     assert str(run_dir / "performance_summary.txt") in printed
     assert (run_dir / "performance_summary.txt").read_text().startswith("Performance summary")
+
+
+def test_the_command_line_page_lists_every_command_and_flag_the_parsers_take() -> None:
+    page = (ROOT / "docs" / "cli.md").read_text()
+    start, end = "<!-- cli-reference:start -->\n", "<!-- cli-reference:end -->"
+    documented = page.split(start, 1)[1].split(end, 1)[0]
+    assert set(PARSERS) == set(_commands())  # every command has its section
+    for name, build in PARSERS.items():
+        assert f"### `core-train {name}`" in documented
+        missing = flags_of(build()) - set(re.findall(r"--[a-z0-9][\w-]*", documented))
+        assert missing == set(), f"core-train {name}: flags docs/cli.md does not list"
+    assert documented == reference_markdown(), (
+        "docs/cli.md differs from the parsers: paste `python -m core.cli.reference` "
+        "between its cli-reference markers"
+    )
+
+
+def test_the_checkpoint_metric_and_the_gpu_monitor_have_distinct_flags() -> None:
+    parser = fit_parser()
+    new = [
+        "--checkpoint-monitor",
+        "val_accuracy",
+        "--checkpoint-mode",
+        "max",
+        "--no-gpu-monitor",
+        "--gpu-monitor-interval-s",
+        "0.5",
+        "--gpu-monitor-history-size",
+        "10",
+    ]
+    old = [
+        "--monitor",
+        "val_accuracy",
+        "--mode",
+        "max",
+        "--no-monitor-enabled",
+        "--monitor-interval-s",
+        "0.5",
+        "--monitor-history-size",
+        "10",
+    ]
+    expected = {
+        "checkpoint.monitor": "val_accuracy",
+        "checkpoint.mode": "max",
+        "monitor.enabled": False,
+        "monitor.interval_s": 0.5,
+        "monitor.history_size": 10,
+    }
+    assert sets(parser.parse(new)) == sets(fit_parser().parse(old)) == expected
+    shown = parser.format_help()
+    checkpoint = shown.split("config: checkpoint (CheckpointConfig):")[1].split("\nconfig: ")[0]
+    monitor = shown.split("config: monitor (GPUMonitorConfig):")[1].split("\nconfig: ")[0]
+    assert "--checkpoint-monitor MONITOR" in checkpoint and "(also spelt --monitor)" in checkpoint
+    described, flags = monitor.split("\n\n", 1)
+    assert "Not the checkpoint's metric: that is --checkpoint-monitor" in " ".join(
+        described.split()
+    )
+    assert "--gpu-monitor, --no-gpu-monitor" in flags and "--checkpoint-monitor" not in flags
+
+
+def test_both_spellings_of_one_setting_are_refused_together(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--monitor", "val_loss", "--checkpoint-monitor", "val_loss"]) == 2
+    assert "--checkpoint-monitor and --monitor both set checkpoint.monitor" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_stop_says_how_to_resume_where_the_user_is() -> None:
+    stopped = SignalReceived(signal.SIGINT, "ckpt/step-1")
+    assert str(stopped).endswith("Resume with resume='auto'.")  # Python
+    with resume_phrased_for("command line"):
+        assert str(stopped).endswith("Resume with --resume auto.")
+        crossed = pickle.loads(pickle.dumps(stopped))  # raised in a rank, read here
+        assert str(crossed).endswith("Resume with --resume auto.")
+    assert str(crossed).endswith("Resume with resume='auto'.")
+
+
+def test_ctrl_c_stops_fit_at_a_checkpoint_and_says_resume_auto(tmp_path: Path) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "core",
+        "fit",
+        "--model",
+        "tests.test_cli:tiny_model",
+        "--data",
+        "tests.test_cli:slow_data",
+        "--batch-size",
+        "16",
+        "--epochs",
+        "500",
+        "--no-progress",
+        "--no-reports",
+        "--log-dir",
+        str(tmp_path),
+    ]
+    fit = subprocess.Popen(
+        command, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 120
+    while not any('"train_step"' in p.read_text() for p in tmp_path.glob("*/*/events.jsonl")):
+        if fit.poll() is not None:  # it ended before training: say why
+            pytest.fail(fit.communicate()[1][-3000:])
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    fit.send_signal(signal.SIGINT)
+    _, err = fit.communicate(timeout=120)
+    assert fit.returncode == 130, err
+    said = err.strip().splitlines()[-1]
+    assert said.startswith("core-train: stopped by SIGINT at a step boundary; checkpoint "), err
+    assert said.endswith("written. Resume with --resume auto."), err
+    assert "resume='auto'" not in err
+    checkpoint = Path(said.split("checkpoint ", 1)[1].split(" written")[0])
+    assert checkpoint.is_dir()

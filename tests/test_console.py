@@ -48,6 +48,8 @@ RUN_START: Record = {
         "model_setup": {"activation_checkpointed": [], "channels_last": False, "compiled": [],
                         "batch_size_search": None, "micro_batch_size": None},
         "model": "Sequential", "parameters": 610, "optimizer": "AdamW",
+        "checkpoints": {"top_k": 1, "keep_newest": 1, "monitor": "val_loss", "mode": "min",
+                        "save_last": False},
     },
     "torch_version": "2.13.0+cpu", "python_version": "3.11.7", "device": "cpu",
     "precision": "bf16", "run_dir": RUN_DIR,
@@ -216,7 +218,8 @@ def test_the_banner_says_what_the_run_is_about_to_do() -> None:
         "precision    bf16",
         "parameters   610 total, 610 trainable (Sequential, 0.002 MB)",
         "schedule     2 epochs, 4 steps/epoch, 8 batches/epoch, effective batch 64",
-        "validation   every 1 epoch, monitor val_loss (min), best checkpoint kept",
+        "validation   every 1 epoch, monitor val_loss (min)",
+        "checkpoints  keeps the best by val_loss (min) + the newest",
         "model setup  no compile, checkpointing or channels_last",
         "seed         1234",
         "model init   9f2c4e1ab3d5 (same as the previous run)",
@@ -224,8 +227,8 @@ def test_the_banner_says_what_the_run_is_about_to_do() -> None:
         assert line in banner.splitlines()
     assert banner.splitlines()[-1].split() == ["total", "610", "610", "0.002"]
     top_3 = copy.deepcopy(RUN_START)
-    top_3["plan"]["save_top_k"] = 3
-    assert "monitor val_loss (min), 3 best checkpoints kept" in format_banner(top_3)
+    top_3["resolved"]["checkpoints"]["top_k"] = 3
+    assert "checkpoints  keeps the 3 best by val_loss (min) + the newest" in format_banner(top_3)
 
 
 def test_the_banner_of_an_older_record_leaves_out_what_it_lacks() -> None:

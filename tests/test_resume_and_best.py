@@ -26,12 +26,14 @@ from core import (
     F1Score,
     Factory,
     IncompatibleCheckpointError,
+    Metric,
     create_optimized_training_optimizer,
     load_model,
     load_weights,
 )
 from core.checkpointing.ranking import offer
 from core.checkpointing.store import CheckpointStore
+from core.console.banner import format_banner, format_retention
 from tests.helpers import loaders, make_model
 
 
@@ -161,6 +163,94 @@ def test_save_top_k_keeps_the_k_best_by_monitor_and_prunes_the_rest(log_dir: Pat
     progress = run.results
     assert progress.best_value == max(v for v, _ in values)
     assert_loads(progress.best_checkpoint)
+
+
+class Scripted(Metric):
+    """A validation metric that takes the given values, one per validation."""
+
+    def __init__(self, values: list[float]) -> None:
+        super().__init__(size=1)
+        self.values = list(values)
+
+    def update(self, outputs: Any, targets: Any) -> None:
+        self.add(torch.ones(1))
+
+    def compute(self, state: torch.Tensor) -> float | None:
+        return self.values.pop(0)
+
+
+# Epoch by epoch (8 steps each): better, better, worse, the best, the worst.
+SCORES = [0.5, 0.3, 0.4, 0.2, 0.6]
+
+
+def scored(log_dir: Path, **kwargs: Any) -> Any:
+    """A run whose monitored value takes the ``SCORES``, one per epoch."""
+    return train(log_dir, monitor="val_scripted", metrics={"scripted": Scripted(SCORES)}, **kwargs)
+
+
+def kept_steps(run: Any) -> set[int]:
+    return {info.step for info in run.checkpoints}
+
+
+def test_save_top_k_with_save_last_keeps_the_k_best_and_the_newest(log_dir: Path) -> None:
+    run = scored(log_dir, save_top_k=2, save_last=True, max_epochs=5)
+    assert [r["metrics"]["scripted"] for r in records(run, "validation")] == SCORES
+    assert kept_steps(run) == {32, 16, 40}  # 0.2 and 0.3, and the newest (Lightning's last)
+    last = Path(run.checkpoints.directory) / "last"
+    assert last.resolve() == Path(run.last_checkpoint).resolve() and "000040" in last.resolve().name
+    assert run.results.best_value == 0.2 and "000032" in run.results.best_checkpoint
+
+
+def test_the_newest_is_not_counted_twice_when_it_is_one_of_the_best(log_dir: Path) -> None:
+    run = scored(log_dir, save_top_k=2, max_epochs=4)
+    assert kept_steps(run) == {32, 16}
+
+
+def test_save_top_k_0_keeps_only_the_newest_checkpoint(log_dir: Path) -> None:
+    run = train(log_dir, save_top_k=0, checkpoint_every_n_steps=4)
+    assert kept_steps(run) == {24} and run.results.best_checkpoint is None
+
+
+def test_an_explicit_keep_last_n_is_honoured_besides_the_best(log_dir: Path) -> None:
+    run = scored(log_dir, save_top_k=2, keep_last_n=3, max_epochs=5)
+    assert kept_steps(run) == {16, 24, 32, 40}  # the 3 newest and, apart, step 16 (0.3)
+    assert kept_steps(train(log_dir, keep_last_n=3, experiment_name="plain")) == {8, 16, 24}
+    assert kept_steps(train(log_dir, experiment_name="default")) == {16, 24}  # the 2 newest
+
+
+@pytest.mark.parametrize(
+    ("settings", "line"),
+    [
+        (
+            {"save_top_k": 2, "save_last": True},
+            "keeps the 2 best by val_loss (min) + the newest; last -> newest",
+        ),
+        (
+            {"save_best": True, "monitor": "val_accuracy", "mode": "max"},
+            "keeps the best by val_accuracy (max) + the newest",
+        ),
+        ({"save_top_k": -1}, "keeps every checkpoint scored by val_loss + the newest"),
+        ({"save_top_k": 2, "keep_last_n": 3}, "keeps the 2 best by val_loss (min) + the 3 newest"),
+        ({}, "keeps the 2 newest"),
+        ({"save_top_k": 0}, "keeps the newest"),
+        ({"keep_last_n": 3, "save_last": True}, "keeps the 3 newest; last -> newest"),
+    ],
+)
+def test_the_banner_says_which_checkpoints_are_kept(settings: dict[str, Any], line: str) -> None:
+    described = {"resolved": {"checkpoints": CheckpointConfig(**settings).describe()}}
+    assert format_retention(described) == line
+    assert f"checkpoints  {line}" in format_banner(described)
+    smoke = {"resolved": {"checkpoints": {**described["resolved"]["checkpoints"], "saves": False}}}
+    assert format_retention(smoke) == "nothing saved"
+    assert format_retention({"resolved": {}}) is None  # an older run's record: no line
+
+
+def test_keep_last_n_is_none_or_a_positive_integer() -> None:
+    assert CheckpointConfig(keep_last_n=None).keep_newest == 2
+    allowed = r"allowed: None \(the default rule\) or an integer >= 1\. Fix: e\.g\. keep_last_n=3"
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ConfigError, match=rf"^keep_last_n={bad!r} is invalid; {allowed}"):
+            CheckpointConfig(keep_last_n=bad)
 
 
 def test_save_last_links_the_newest_checkpoint(log_dir: Path) -> None:

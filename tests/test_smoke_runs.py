@@ -1,5 +1,6 @@
 """Smoke runs as Lightning has them: ``fast_dev_run`` pushes one (or n) train and val
-batch through every part and hook and saves nothing; ``limit_train_batches`` /
+batch through every part and hook and leaves nothing behind (no checkpoint, no run
+directory, unless ``keep_fast_dev_run_files``); ``limit_train_batches`` /
 ``limit_val_batches`` cap an epoch, and the plan, the accumulation windows and the
 scheduler agree with the cap."""
 
@@ -9,8 +10,10 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import anyio
 import pytest
 import torch
 from torch.optim.lr_scheduler import LambdaLR, OneCycleLR
@@ -27,6 +30,7 @@ from core import (
 )
 from core.callbacks import Record, RunInfo
 from core.checkpointing.config import CheckpointConfig
+from core.checkpointing.weights import load_weights
 from core.cli import run_fit
 from core.cli.fit import fit_parser, resolve_config
 from core.cli.recipes import scheduler_factory, steps_per_epoch
@@ -34,6 +38,7 @@ from core.console import format_banner
 from core.loop.accumulation import GradientAccumulationConfig
 from core.loop.limit import limit_batches
 from core.telemetry.config import LoggingConfig
+from core.trainer.process import child
 from tests import isolation_parts
 from tests.helpers import make_classification, make_model
 
@@ -81,13 +86,20 @@ class Stream(IterableDataset[Any]):
 class Hooks(Callback):
     def __init__(self) -> None:
         self.hooks: list[str] = []
+        self.records: list[Record] = []
+        self.run_dir: Path | None = None  # run.run_dir while the run lasts
 
     async def on_run_start(self, run: RunInfo, record: Record) -> None:
         self.hooks.append("run_start")
+        self.run_dir = run.run_dir
 
     async def on_record(self, run: RunInfo, record: Record) -> None:
+        self.records.append(record)
         if "record" not in self.hooks:
             self.hooks.append("record")
+
+    def named(self, name: str) -> list[Record]:
+        return [r for r in self.records if r["event"] == name]
 
     async def on_epoch_end(self, run: RunInfo, record: Record) -> None:
         self.hooks.append("epoch_end")
@@ -104,13 +116,14 @@ class Hooks(Callback):
 
 def job(
     log_dir: Path, train: Counted, val: Counted | None, callbacks: Sequence[Callback] = (),
-    accumulation_steps: int = 1, scheduler: Any = None, progress: bool = False, **run: Any,
+    accumulation_steps: int = 1, scheduler: Any = None, progress: bool = False,
+    reports: bool = False, **run: Any,
 ) -> OptimizedTrainingOptimizer:  # fmt: skip
     config = TrainingConfig(
         run=RunConfig(log_dir=log_dir, experiment_name="smoke", **({"max_epochs": 2} | run)),
         accumulation=GradientAccumulationConfig(accumulation_steps=accumulation_steps),
         checkpoint=CheckpointConfig(checkpoint_every_n_steps=1, save_best=True, resume="auto"),
-        logging=LoggingConfig(progress=progress, reports=False),
+        logging=LoggingConfig(progress=progress, reports=reports),
     )
     return OptimizedTrainingOptimizer(
         config, model=make_model(), train_loader=DataLoader(train, batch_size=BATCH),
@@ -131,6 +144,10 @@ def checkpoint_files(log_dir: Path) -> list[Path]:
     return sorted((log_dir / "smoke" / "checkpoints").rglob("*"))
 
 
+def everything_in(log_dir: Path) -> list[Path]:
+    return sorted(log_dir.rglob("*")) if log_dir.exists() else []
+
+
 # -- fast_dev_run -------------------------------------------------------------------------
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 async def test_fast_dev_run_takes_one_batch_of_each_through_every_hook_and_saves_nothing(
@@ -143,15 +160,16 @@ async def test_fast_dev_run_takes_one_batch_of_each_through_every_hook_and_saves
     assert (train.batches, val.batches) == (1, 1)
     assert (results.global_step, results.epochs_completed) == (1, 1)
     assert seen.hooks == ["record", "run_start", "epoch_end", "run_end:completed", "run_closed"]
-    assert not (log_dir / "smoke" / "checkpoints").exists()  # no step, epoch or best one
+    assert not log_dir.exists()  # no checkpoint (step, epoch or best), no run directory
     assert results.last_checkpoint is None and run.config.run.max_epochs == 1
-    start = events(results.run_dir, "run_start")[0]
+    start = seen.named("run_start")[0]
     assert start["config"]["run"]["fast_dev_run"] is True
     assert start["plan"]["batches_per_epoch"] == start["plan"]["steps_per_epoch"] == 1
-    assert [r["samples"] for r in events(results.run_dir, "validation")] == [BATCH]
-    assert not events(results.run_dir, "checkpoint")
+    assert [r["samples"] for r in seen.named("validation")] == [BATCH]
+    assert not seen.named("checkpoint")
     console = capsys.readouterr()
     assert "fast_dev_run  1 train and 1 val batch, nothing saved" in console.out + console.err
+    assert "checkpoints   nothing saved" in console.out + console.err
 
     again = Counted(80)  # a later resume="auto" run finds nothing to resume
     results = await job(log_dir, again, Counted(8), max_epochs=1).train()
@@ -161,12 +179,47 @@ async def test_fast_dev_run_takes_one_batch_of_each_through_every_hook_and_saves
 
 
 async def test_fast_dev_run_n_takes_n_batches_and_a_short_last_window_steps(log_dir: Path) -> None:
-    train, val = Counted(80), Counted(64, seed=1)
-    results = await job(log_dir, train, val, fast_dev_run=3, accumulation_steps=2).train()
+    train, val, seen = Counted(80), Counted(64, seed=1), Hooks()
+    results = await job(log_dir, train, val, [seen], fast_dev_run=3, accumulation_steps=2).train()
     assert (train.batches, val.batches, results.global_step) == (3, 3, 2)
-    steps = events(results.run_dir, "train_step")
-    assert [r["samples"] for r in steps] == [2 * BATCH, BATCH]
-    assert events(results.run_dir, "validation")[0]["samples"] == 3 * BATCH
+    assert [r["samples"] for r in seen.named("train_step")] == [2 * BATCH, BATCH]
+    assert seen.named("validation")[0]["samples"] == 3 * BATCH
+
+
+async def test_a_fast_dev_run_leaves_the_log_dir_as_it_was_and_still_reports_its_records(
+    log_dir: Path,
+) -> None:
+    (log_dir / "other").mkdir(parents=True)
+    (log_dir / "other" / "notes.txt").write_text("a user's file")
+    before = everything_in(log_dir)
+    seen, streamed = Hooks(), list[Record]()
+    run = job(log_dir, Counted(80), Counted(32, seed=1), [seen], fast_dev_run=True, reports=True)
+    stream = run.events()  # subscribed before train() starts: every record
+
+    async def consume() -> None:
+        async with stream:
+            streamed.extend([record async for record in stream])
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(consume)
+        results = await run.train()
+    assert everything_in(log_dir) == before  # no file, no folder (not even logs/smoke)
+    for received in (streamed, seen.records):
+        assert received[0]["event"] == "run_start" and received[-1]["event"] == "run_end"
+        assert received[-1]["run_dir"] is None and received[-1]["status"] == "completed"
+    assert results.run_dir is None and results.to_dict()["run_dir"] is None
+    assert seen.run_dir is not None and not seen.run_dir.exists()  # temporary, now removed
+    assert log_dir not in seen.run_dir.parents
+
+
+async def test_keep_fast_dev_run_files_keeps_the_run_directory(log_dir: Path) -> None:
+    seen, kept = Hooks(), {"fast_dev_run": True, "keep_fast_dev_run_files": True}
+    results = await job(log_dir, Counted(80), Counted(32, seed=1), [seen], **kept).train()
+    assert results.run_dir is not None and results.run_dir.parent == log_dir / "smoke"
+    assert [r["event"] for r in records(results.run_dir)] == [r["event"] for r in seen.records]
+    assert (results.run_dir / "config.json").is_file() and events(results.run_dir, "run_end")
+    assert events(results.run_dir, "run_end")[0]["run_dir"] == str(results.run_dir)
+    assert not (log_dir / "smoke" / "checkpoints").exists()  # still no checkpoint
 
 
 def failing_on_second_call() -> Any:
@@ -337,6 +390,8 @@ def test_the_command_line_flags_set_the_run_section(tmp_path: Path) -> None:
     run = resolve_config(parser.parse(argv), parser).run
     assert (run.fast_dev_run, run.limit_train_batches, run.limit_val_batches) == (True, 0.5, 2)
     assert resolve_config(parser.parse(["--fast-dev-run", "3"]), parser).run.fast_dev_run == 3
+    kept = parser.parse(["--fast-dev-run", "--keep-fast-dev-run-files"])
+    assert resolve_config(kept, parser).run.keep_fast_dev_run_files is True
     outcome = run_fit([
         "--model", "tests.test_cli:tiny_model", "--data", "tests.test_cli:tiny_data",
         "--batch-size", "16", "--epochs", "4", "--scheduler", "onecycle", "--fast-dev-run",
@@ -344,19 +399,38 @@ def test_the_command_line_flags_set_the_run_section(tmp_path: Path) -> None:
     ])  # fmt: skip
     assert outcome.exit_code == 0 and outcome.results is not None
     assert (outcome.results.global_step, outcome.results.epochs_completed) == (1, 1)
-    assert not (tmp_path / "cli" / "checkpoints").exists()
+    assert outcome.results.run_dir is None and everything_in(tmp_path) == []  # no results.json
 
 
-async def test_a_fast_dev_run_in_a_training_process_saves_nothing(log_dir: Path) -> None:
+async def test_a_fast_dev_run_in_a_training_process_leaves_nothing(log_dir: Path) -> None:
+    seen = Hooks()
     run = create_optimized_training_optimizer(
         model=isolation_parts.make_model(), train_loader=isolation_parts.make_loader(),
         val_loader=isolation_parts.make_val_loader(), log_dir=log_dir, experiment_name="smoke",
         isolation="process", fast_dev_run=True, max_epochs=3, checkpoint_every_n_steps=1,
-        progress=False, reports=False,
+        progress=False, reports=True, callbacks=[seen],
     )  # fmt: skip
     results = await run.train()
     assert (results.global_step, results.epochs_completed) == (1, 1)
-    assert [r["samples"] for r in events(results.run_dir, "validation")] == [BATCH]
-    assert len(events(results.run_dir, "train_step")) == 1
-    assert events(results.run_dir, "run_start")[0]["config"]["run"]["fast_dev_run"] is True
-    assert not (log_dir / "smoke" / "checkpoints").exists() and len(run.checkpoints) == 0
+    assert [r["samples"] for r in seen.named("validation")] == [BATCH]
+    assert len(seen.named("train_step")) == 1
+    assert seen.named("run_start")[0]["config"]["run"]["fast_dev_run"] is True
+    assert seen.named("run_end")[0]["run_dir"] is None and results.run_dir is None
+    assert everything_in(log_dir) == [] and len(run.checkpoints) == 0
+
+
+def test_weights_handed_back_by_checkpoint_cross_a_temporary_folder_the_service_removes() -> None:
+    """A smoke run in a training process has no run directory to hand its weights back
+    through when they do not fit the given model: a temporary folder, removed once loaded."""
+    trained = make_model(seed=3)
+    strategy = SimpleNamespace(rank=0, model_state_dict=lambda model: model.state_dict())
+    done = SimpleNamespace(model=trained, multi_gpu_trainer=SimpleNamespace(strategy=strategy))
+    packed = SimpleNamespace(block=None, model={})  # nothing fits: the checkpoint way
+    results = SimpleNamespace(run_dir=None, global_step=1, epochs_completed=1)
+    final = child.hand_back(packed, done, results)  # type: ignore[arg-type]
+    assert final is not None and Path(final).is_dir()
+    mine = make_model(seed=4)
+    load_weights(final, mine)
+    assert torch.equal(mine[0].weight, trained[0].weight)
+    child.discard_handed_back(final)
+    assert not Path(final).parent.parent.exists()

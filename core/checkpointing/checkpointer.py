@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,12 +30,13 @@ from core.checkpointing.disk import disk_error, free_bytes, is_write_failure
 from core.checkpointing.manifest import followed
 from core.checkpointing.store import CheckpointStore
 from core.distributed import Strategy
-from core.errors import CheckpointError, IncompatibleCheckpointError
+from core.errors import CheckpointError, IncompatibleCheckpointError, resume_advice, resume_fix
 from core.factory import Factory
 from core.rng import capture_rng
 
-_FIX = "Fix: free space or point checkpoint_dir at a writable disk, then resume with resume='auto'."
 __all__ = ("CheckpointConfig", "Checkpointer", "TrainerState")  # (the config re-exported)
+
+_FREE_SPACE = "free space or point checkpoint_dir at a writable disk"
 
 FORMAT = 1
 Emit = Callable[..., None]
@@ -74,7 +74,7 @@ class Checkpointer:
     ) -> None:
         self.config = config
         self.store = CheckpointStore(
-            directory, keep_last_n=config.keep_last_n, safe_globals=config.safe_globals
+            directory, keep_last_n=config.keep_newest, safe_globals=config.safe_globals
         )
         self.strategy = strategy
         self.model = model
@@ -89,11 +89,8 @@ class Checkpointer:
         self.stale = False
 
     def describe(self) -> dict[str, Any]:
-        """Every checkpoint setting, and the directory they are written to."""
-        return {
-            **{f.name: getattr(self.config, f.name) for f in fields(self.config)},
-            "directory": str(self.store.directory),
-        }
+        """Every checkpoint setting, what it resolved to, and the directory written to."""
+        return {**self.config.describe(), "directory": str(self.store.directory)}
 
     # -- when -----------------------------------------------------------------------------
     def due_after_step(self, global_step: int) -> bool:
@@ -113,7 +110,7 @@ class Checkpointer:
             self.store.sweep()
 
     def keep_best(self, paths: list[str]) -> None:
-        """Keep ``paths`` apart from ``keep_last_n`` as the run's best checkpoints; one that
+        """Keep ``paths`` apart from the newest ones as the run's best checkpoints; one that
         left them becomes an ordinary checkpoint again (pruned if older than the newest)."""
         self.store.kept = {Path(path).name for path in paths}
         if self.strategy.is_global_zero:
@@ -177,7 +174,7 @@ class Checkpointer:
         outcome = strategy.broadcast_object((str(final) if final else None, failure))
         failure = failure or outcome[1]
         if failure is not None:
-            raise CheckpointError(f"{failure}. {_FIX}") from cause
+            raise CheckpointError(f"{failure}. {resume_fix(_FREE_SPACE)}") from cause
         final = Path(outcome[0] or staging)
         self.last_saved_step, self.last_path, self.stale = step, str(final), False
         self.emit(
@@ -203,7 +200,7 @@ class Checkpointer:
             return self.store.stage(step)
         except OSError as exc:
             message = disk_error(exc, self.store.directory, "a checkpoint", self.last_path)
-            raise CheckpointError(f"{message}. {_FIX}") from exc
+            raise CheckpointError(f"{message}. {resume_fix(_FREE_SPACE)}") from exc
 
     # -- resuming -------------------------------------------------------------------------
     def restore(self) -> dict[str, Any] | None:
@@ -276,7 +273,7 @@ class Checkpointer:
         if differ is not None:
             raise IncompatibleCheckpointError(
                 f"cannot resume from {path}: {differ}. Fix: restore those settings, or start "
-                "a new run (resume='auto' starts one when they differ, resume=None always "
+                f"a new run ({resume_advice()} starts one when they differ, no resume always "
                 "does; or another experiment_name/checkpoint_dir)."
             )
         self.strategy.load_checkpoint_state(self.model, self.optimizer, payload, path / "sharded")

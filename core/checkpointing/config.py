@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,21 +39,30 @@ class CheckpointConfig:
       run stays finished. For services that must never silently start over.
     - the path of a checkpoint directory (strict, that one), or None to start fresh.
 
-    ``keep_last_n``, ``save_top_k`` and ``save_last`` count over the lineage (every run that
-    continued it), so restarts never grow the checkpoints.
+    Retention (``keep_last_n``, ``save_top_k``, ``save_last``) counts over the lineage (every
+    run that continued it), so restarts never grow the checkpoints.
 
     ``save_best=True`` also keeps the checkpoint where ``monitor`` (``val_loss``,
     ``train_loss``, ``val_accuracy`` or ``val_<metric>``) was best (lowest with
-    ``mode="min"``, highest with ``"max"``), apart from the ``keep_last_n`` newest;
-    ``save_top_k=k`` keeps the ``k`` best instead (it implies ``save_best``; ``-1``: every
-    monitored checkpoint). ``save_last=True`` keeps a link ``<checkpoint_dir>/last`` to the
-    newest committed checkpoint, a stable path for ``load_weights``.
+    ``mode="min"``, highest with ``"max"``). ``save_top_k=k`` keeps the ``k`` best instead,
+    and implies ``save_best`` (``-1``: every monitored checkpoint, ``0``: none, as in
+    Lightning). ``save_last=True`` keeps a link ``<checkpoint_dir>/last`` to the newest
+    committed checkpoint, a stable path for ``load_weights``.
+
+    ``keep_last_n`` is how many of the newest checkpoints are kept besides the best ones,
+    by default (None) 1 with ``save_top_k`` or ``save_best`` and 2 without
+    (:attr:`keep_newest`). Without best checkpoints, 2: a crash while the newest is written
+    still leaves one to resume. With them, what is kept is the ``k`` best by ``monitor``
+    plus the newest one (Lightning's ``last``, counted once when it is itself one of the
+    best), so ``save_top_k=2`` keeps at most 3 checkpoints. ``save_top_k=0`` keeps the newest
+    only, so that a run can still resume. An integer ``n`` keeps the ``n`` newest, whatever
+    else is kept.
     """
 
     checkpoint_dir: str | Path | None = None
     checkpoint_every_n_steps: int | None = None
     checkpoint_every_n_epochs: int | None = 1
-    keep_last_n: int = 2
+    keep_last_n: int | None = None
     resume: str | Path | None = None
     save_on_cancel: bool = True
     safe_globals: Sequence[Any] = ()
@@ -92,8 +101,13 @@ class CheckpointConfig:
                 "None, -1 or an integer >= 1 with save_best=True",
                 "drop save_top_k (save_best keeps the best one) or save_best.",
             )
-        if not (is_int(self.keep_last_n) and self.keep_last_n >= 1):
-            raise config_error("keep_last_n", self.keep_last_n, "an integer >= 1")
+        if not _optional_positive(self.keep_last_n):
+            raise config_error(
+                "keep_last_n",
+                self.keep_last_n,
+                "None (the default rule) or an integer >= 1",
+                "e.g. keep_last_n=3 keeps the three newest checkpoints besides the best ones.",
+            )
         check_bool_fields(self)
         if self.checkpoint_dir is not None and not is_path(self.checkpoint_dir):
             raise config_error(
@@ -112,6 +126,25 @@ class CheckpointConfig:
     def tracks_best(self) -> bool:
         """Whether ``monitor`` is watched for best checkpoints (``save_best``/``save_top_k``)."""
         return self.top_k != 0
+
+    @property
+    def keep_newest(self) -> int:
+        """How many of the newest checkpoints are kept besides the best ones: ``keep_last_n``,
+        or by default 1 where ``save_top_k``/``save_best`` is set, else 2.
+
+        >>> CheckpointConfig().keep_newest, CheckpointConfig(save_top_k=2).keep_newest
+        (2, 1)
+        >>> CheckpointConfig(save_top_k=0).keep_newest, CheckpointConfig(keep_last_n=3).keep_newest
+        (1, 3)
+        """
+        if self.keep_last_n is not None:
+            return self.keep_last_n
+        return 1 if self.save_best or self.save_top_k is not None else 2
+
+    def describe(self) -> dict[str, Any]:
+        """Every setting, and what the defaults resolved to (``top_k``, ``keep_newest``)."""
+        settings = {f.name: getattr(self, f.name) for f in fields(self)}
+        return settings | {"top_k": self.top_k, "keep_newest": self.keep_newest}
 
     def _check_resume(self) -> None:
         resume = self.resume

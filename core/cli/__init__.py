@@ -24,6 +24,7 @@ from core.cli.commands import (
 )
 from core.cli.find_lr import find_lr_command
 from core.cli.train import FitOutcome, run_fit
+from core.errors import resume_phrased_for
 
 __all__ = ("FitOutcome", "main", "run_fit")
 
@@ -53,7 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = args[0] if args and args[0] in commands else "fit"
     rest = args[1:] if args and args[0] == name else args
     try:
-        return commands[name](rest)
+        with resume_phrased_for("command line"):  # a stopped run says: --resume auto
+            return commands[name](rest)
     except SystemExit as done:  # argparse: --help (0) and bad command lines (2)
         code = done.code
         return code if isinstance(code, int) else (0 if code is None else 1)

@@ -1,6 +1,7 @@
-"""The commands besides ``fit``: ``report`` (rebuild a run's reports), ``info`` (devices,
-their capabilities and what core recommends here), ``find-batch-size`` (the largest batch a
-training step fits) and ``check-amp`` (whether a model suits mixed precision).
+"""The commands besides ``fit`` and ``find-lr``: ``report`` (rebuild a run's reports),
+``info`` (devices, their capabilities and what core recommends here), ``find-batch-size``
+(the largest batch a training step fits) and ``check-amp`` (whether a model suits mixed
+precision). Each has its parser (``info_parser()``...), which ``core.cli.reference`` lists.
 
 Example::
 
@@ -17,30 +18,29 @@ from typing import Any
 import torch
 
 from core.cli.factories import build_model, parse_model_args
+from core.cli.machine import machine_info
 from core.cli.parser import Parser, choice
-from core.data import auto_num_workers, usable_cores
-from core.distributed.config import MultiGPUConfig
-from core.distributed.selection import Machine, resolve_mode
 from core.errors import ConfigError, OutOfMemoryError
-from core.hardware.device import device_of
 from core.memory import check_input_shape, find_batch_size
-from core.monitoring.nvml import load_nvml, nvml_acquire, nvml_release
 from core.reports import write_reports
 
 __all__ = (
     "check_amp_command",
+    "check_amp_parser",
     "find_batch_size_command",
+    "find_batch_size_parser",
     "info_command",
+    "info_parser",
     "machine_info",
     "report_command",
+    "report_parser",
 )
 
 _GIB = 2**30
-_AMPERE = 8
 
 
-def report_command(argv: Sequence[str]) -> int:
-    """``core-train report RUN_DIR``: write its summary and plot again from its records."""
+def report_parser() -> Parser:
+    """The parser of ``core-train report``."""
     parser = Parser(
         prog="core-train report",
         description="Rebuild performance_summary.txt and training_metrics.png of a "
@@ -50,6 +50,12 @@ def report_command(argv: Sequence[str]) -> int:
         "run_dir", metavar="RUN_DIR",
         help="logs/<experiment>/<run id>, or logs/<experiment> for its newest run",
     )  # fmt: skip
+    return parser
+
+
+def report_command(argv: Sequence[str]) -> int:
+    """``core-train report RUN_DIR``: write its summary and plot again from its records."""
+    parser = report_parser()
     namespace = parser.parse(argv)
     try:
         written = write_reports(_newest_run(Path(namespace.run_dir)))
@@ -69,60 +75,6 @@ def _newest_run(directory: Path) -> Path:
         return directory
     runs = sorted(p.parent for p in directory.glob("*/events.jsonl"))
     return runs[-1] if runs else directory
-
-
-def _nvml() -> dict[str, Any]:
-    try:
-        nvml = load_nvml()
-        nvml_acquire(nvml)
-    except Exception as exc:  # not installed, no driver: say why
-        return {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
-    try:
-        return {"available": True, "devices": int(nvml.nvmlDeviceGetCount())}
-    finally:
-        nvml_release(nvml)
-
-
-def machine_info() -> dict[str, Any]:
-    """Devices, capabilities, NVML, and the settings ``auto`` resolves to on this machine."""
-    cuda = torch.cuda.is_available()
-    devices = []
-    for index in range(torch.cuda.device_count() if cuda else 0):
-        props = torch.cuda.get_device_properties(index)
-        devices.append(
-            {
-                "index": index,
-                "name": props.name,
-                "capability": f"{props.major}.{props.minor}",
-                "memory_gb": round(props.total_memory / _GIB, 2),
-                "bf16": props.major >= _AMPERE,
-                "tf32": props.major >= _AMPERE,
-                "tensor_cores": props.major >= 7,
-            }
-        )
-    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    try:
-        mode, why = resolve_mode(MultiGPUConfig(), Machine.detect())
-    except ConfigError as exc:
-        mode, why = "unknown", [str(exc)]
-    dtype = device_of(device).auto_dtype()
-    names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-    return {
-        "torch": torch.__version__,
-        "cuda_runtime": torch.version.cuda,
-        "cpu_cores": usable_cores(),
-        "devices": devices,
-        "nvml": _nvml(),
-        "recommended": {
-            "device": str(device),
-            "precision": names.get(dtype, str(dtype)),
-            "training_mode": mode,
-            "why": why,
-            "num_workers": auto_num_workers(device),
-            "compile": cuda,
-            "channels_last": cuda,
-        },
-    }
 
 
 def _model_parser(prog: str, description: str) -> Parser:
@@ -172,8 +124,8 @@ def _search(parser: Parser, model: Any, shape_text: str, target: float | None,
     return search.to_dict() | {"max_batch_size": max_batch_size, "capped": capped}
 
 
-def info_command(argv: Sequence[str]) -> int:
-    """``core-train info``: this machine, and with ``--model``, a batch size for it."""
+def info_parser() -> Parser:
+    """The parser of ``core-train info``."""
     parser = _model_parser(
         "core-train info",
         "Devices, capability, bf16/TF32 support, NVML, "
@@ -186,6 +138,12 @@ def info_command(argv: Sequence[str]) -> int:
         metavar="N,...",
         help="one batch's shape for --model, the batch first (32,784)",
     )
+    return parser
+
+
+def info_command(argv: Sequence[str]) -> int:
+    """``core-train info``: this machine, and with ``--model``, a batch size for it."""
+    parser = info_parser()
     namespace = parser.parse(argv)
     info = machine_info()
     if namespace.model:
@@ -219,14 +177,16 @@ def info_command(argv: Sequence[str]) -> int:
     return 0
 
 
-def find_batch_size_command(argv: Sequence[str]) -> int:
-    """``core-train find-batch-size``: the largest batch whose training step fits."""
+def find_batch_size_parser() -> Parser:
+    """The parser of ``core-train find-batch-size``."""
     parser = _model_parser(
         "core-train find-batch-size",
         "The largest batch size whose full training step (forward, backward, "
         "optimizer) fits the memory target, and the trials behind it.",
     )
-    parser.add_argument("--model", required=True, metavar="MODULE:FACTORY")
+    parser.add_argument(
+        "--model", required=True, metavar="MODULE:FACTORY", help="the model factory to measure"
+    )
     parser.add_argument(
         "--input-shape",
         required=True,
@@ -242,6 +202,12 @@ def find_batch_size_command(argv: Sequence[str]) -> int:
     )
     parser.add_argument("--max-batch-size", type=int, default=4096, metavar="N",
                         help="the largest size tried (default %(default)d)")  # fmt: skip
+    return parser
+
+
+def find_batch_size_command(argv: Sequence[str]) -> int:
+    """``core-train find-batch-size``: the largest batch whose training step fits."""
+    parser = find_batch_size_parser()
     namespace = parser.parse(argv)
     device = _device(namespace.device)
     model = _model(parser, namespace.model, namespace.model_arg, device)
@@ -267,14 +233,13 @@ def find_batch_size_command(argv: Sequence[str]) -> int:
     return 0
 
 
-def check_amp_command(argv: Sequence[str]) -> int:
-    """``core-train check-amp MODULE:FACTORY``: layers and settings that suit fp16/bf16 badly
-    (exit status 1 when the model is not compatible)."""
+def check_amp_parser() -> Parser:
+    """The parser of ``core-train check-amp``."""
     parser = _model_parser(
         "core-train check-amp",
         "Check a model for mixed precision: compatible or not, warnings, recommendations.",
     )
-    parser.add_argument("model", metavar="MODULE:FACTORY")
+    parser.add_argument("model", metavar="MODULE:FACTORY", help="the model factory to check")
     parser.add_argument(
         "--dtype",
         type=choice("fp16", "bf16"),
@@ -282,6 +247,13 @@ def check_amp_command(argv: Sequence[str]) -> int:
         metavar="{fp16,bf16}",
         help="default: what auto picks on the device",
     )
+    return parser
+
+
+def check_amp_command(argv: Sequence[str]) -> int:
+    """``core-train check-amp MODULE:FACTORY``: layers and settings that suit fp16/bf16 badly
+    (exit status 1 when the model is not compatible)."""
+    parser = check_amp_parser()
     namespace = parser.parse(argv)
     device = _device(namespace.device)
     model = _model(parser, namespace.model, namespace.model_arg, device)

@@ -27,9 +27,17 @@ from typing import Any
 
 from core.cli.leaves import Leaf, leaves, plain
 from core.cli.parser import claim
+from core.cli.renames import SECTION_NOTES
 from core.config import TrainingConfig
 
-__all__ = ("LeafAction", "add_tree_flags", "default_text", "section_title")
+__all__ = (
+    "LeafAction",
+    "add_tree_flags",
+    "default_text",
+    "negatives",
+    "option_strings",
+    "section_title",
+)
 
 
 _BARE = object()  # a flag given without its optional value: ``--compile`` is true
@@ -41,6 +49,8 @@ class LeafAction(argparse.Action):
     def __init__(self, option_strings: Sequence[str], dest: str, leaf: Leaf, **kw: Any) -> None:
         self.leaf = leaf
         self.negative = f"--no-{leaf.flag[2:]}" if leaf.takes_bool else None
+        self.negatives = negatives(leaf)
+        self.invocation = f"{leaf.flag} {leaf.metavar()}"  # the aliases: in the help text
         if leaf.is_switch:
             kw["nargs"] = 0
             self.invocation = f"{leaf.flag}, {self.negative}"
@@ -58,13 +68,23 @@ class LeafAction(argparse.Action):
     ) -> None:
         flag = option_string or self.leaf.flag
         bare = self.nargs == 0 or values is _BARE
-        if flag == self.negative:
+        if flag in self.negatives:
             if not bare:
                 parser.error(f"{flag} takes no value (it is {self.leaf.flag} false)")
             value: object = False
         else:
             value = True if bare else values
         claim(parser, namespace, self.leaf.path, flag, value)
+
+
+def option_strings(leaf: Leaf) -> list[str]:
+    """Every spelling that sets ``leaf``: its flag, its aliases, and their ``--no-`` forms."""
+    return [leaf.flag, *leaf.aliases, *negatives(leaf)]
+
+
+def negatives(leaf: Leaf) -> list[str]:
+    """The ``--no-`` forms of a leaf that takes ``true``/``false``, aliases included."""
+    return [f"--no-{s[2:]}" for s in (leaf.flag, *leaf.aliases)] if leaf.takes_bool else []
 
 
 def default_text(value: object) -> str:
@@ -84,7 +104,7 @@ def section_title(section: str) -> tuple[str, str]:
     for part in section.split("."):
         node = getattr(node, part)
     doc = " ".join((inspect.getdoc(type(node)) or "").split())
-    first = re.split(r"(?<=\.)\s", doc, maxsplit=1)[0]
+    first = SECTION_NOTES.get(section) or re.split(r"(?<=\.)\s", doc, maxsplit=1)[0]
     first = re.sub(r":\w+:`~?(?:[\w.]+\.)?(\w+)`", r"\1", first).replace("``", "")
     wrapped = textwrap.fill(first, width=94)
     return f"config: {section} ({type(node).__name__})", wrapped.replace("%", "%%")
@@ -96,6 +116,8 @@ def _help(leaf: Leaf) -> str:
     if complex_kind and not leaf.choices:
         parts.append(f"Allowed: {leaf.allowed()}.")
     parts.append(f"[{leaf.path}; default: {default_text(leaf.default)}]")
+    if leaf.aliases:
+        parts.append(f"(also spelt {', '.join(leaf.aliases)})")
     return " ".join(parts)
 
 
@@ -106,9 +128,8 @@ def add_tree_flags(parser: argparse.ArgumentParser) -> None:
         section = leaf.path.rsplit(".", 1)[0]
         if section not in groups:
             groups[section] = parser.add_argument_group(*section_title(section))
-        strings = [leaf.flag] + ([f"--no-{leaf.flag[2:]}"] if leaf.takes_bool else [])
         groups[section].add_argument(
-            *strings,
+            *option_strings(leaf),
             action=LeafAction,
             leaf=leaf,
             dest=argparse.SUPPRESS,

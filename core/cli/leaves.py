@@ -25,6 +25,7 @@ from typing import Any, Literal, Union
 import torch
 
 from core.cli.factories import import_object
+from core.cli.renames import RENAMES
 from core.config import TrainingConfig
 from core.flat import FLAT_KEYWORDS
 
@@ -51,6 +52,8 @@ class Leaf:
     optional: bool
     default: object
     help: str
+    aliases: tuple[str, ...] = ()
+    """Older spellings of ``flag`` that still set the leaf (``--monitor``)."""
 
     @property
     def is_switch(self) -> bool:
@@ -224,15 +227,17 @@ def _walk(node: object, prefix: str, keywords: dict[str, str]) -> list[Leaf]:
             found += _walk(value, path + ".", keywords)
             continue
         kinds, choices, optional = _members(hints[field.name])
+        renamed = RENAMES.get(path)
         found.append(
             Leaf(
                 path=path,
-                flag=_flag(path, keywords.get(path)),
+                flag=renamed.flag if renamed else _flag(path, keywords.get(path)),
                 kinds=tuple(kinds),
                 choices=tuple(choices),
                 optional=optional,
                 default=value,
-                help=_help(kind, field.name),
+                help=renamed.help if renamed else _help(kind, field.name),
+                aliases=renamed.aliases if renamed else (),
             )
         )
     return found

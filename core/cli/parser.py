@@ -17,6 +17,7 @@ import argparse
 import difflib
 import re
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
@@ -33,6 +34,10 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
     def _format_action_invocation(self, action: argparse.Action) -> str:
         shown = getattr(action, "invocation", None)
         return shown if isinstance(shown, str) else super()._format_action_invocation(action)
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        # A flag named in a help text stays whole: --save-top-k, never "--save-" / "top-k".
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
 class Parser(argparse.ArgumentParser):

@@ -283,7 +283,8 @@ def add_seed_flags(parser: argparse.ArgumentParser) -> None:
         nargs=0,
         dest=argparse.SUPPRESS,
         default=argparse.SUPPRESS,
-        help="GPU monitoring on (it is by default), sampled every 0.25 s unless "
-        "--monitor-interval-s says otherwise, and the GPU's memory and utilisation printed "
-        "at the end (sets --monitor-enabled and --distributed-enable-gpu-monitoring)",
+        help="the GPU monitor on (--gpu-monitor, on by default, and "
+        "--distributed-enable-gpu-monitoring), sampling every 0.25 s unless "
+        "--gpu-monitor-interval-s says otherwise, and the GPU's memory and utilisation "
+        "printed at the end",
     )

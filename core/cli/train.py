@@ -162,16 +162,23 @@ def _outcome(
 ) -> None:
     """Write ``results.json`` into the run directory and print the outcome: where the run's
     files are, and, when no progress display showed the end summary (``--no-progress``), the
-    numbers it would have shown."""
+    numbers it would have shown. A ``--fast-dev-run`` keeps no run directory, so no
+    ``results.json`` either (``--keep-fast-dev-run-files`` keeps both)."""
     run_dir = results.run_dir
-    summary = results.to_dict() | {"command": ["core-train", *argv]}
-    (run_dir / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"run directory: {run_dir}")
-    if config.logging.progress:  # the progress display printed the end summary on stderr
-        print(f"results: {run_dir / 'results.json'}")
+    if run_dir is None:
+        print(
+            "run directory: none (a --fast-dev-run keeps no files; "
+            "--keep-fast-dev-run-files keeps them)"
+        )
     else:
+        summary = results.to_dict() | {"command": ["core-train", *argv]}
+        (run_dir / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"run directory: {run_dir}")
+    if not config.logging.progress:  # else the progress display printed the end summary
         _print_summary(results, config.logging.reports)
-    if monitor_gpu:
+    elif run_dir is not None:
+        print(f"results: {run_dir / 'results.json'}")
+    if monitor_gpu and run_dir is not None:
         _print_gpu(run_dir)
 
 
@@ -191,6 +198,8 @@ def _print_summary(results: TrainingResults, reports: bool) -> None:
             f"best checkpoint ({results.monitor}={show(results.best_value)}): "
             f"{results.best_checkpoint}"
         )
+    if run_dir is None:
+        return
     print(f"results: {run_dir / 'results.json'}")
     if reports:
         files = [run_dir / n for n in ("performance_summary.txt", "training_metrics.png")]
@@ -238,7 +247,9 @@ def run_fit(argv: Sequence[str]) -> FitOutcome:
     try:
         results, rank = anyio.run(_train, config, parts)
     except SignalReceived as stopped:  # the stop checkpoint is written: --resume auto
-        print(f"core-train: {stopped}", file=sys.stderr)
+        env = DistributedEnvironment.from_environ()
+        if env is None or env.rank == 0:  # every rank stopped alike: one of them says so
+            print(f"core-train: {stopped}", file=sys.stderr)
         return FitOutcome(stopped.exit_code)
     except ConfigError as exc:
         print(f"core-train: error: {flag_error(exc, namespace, None)}", file=sys.stderr)

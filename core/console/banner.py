@@ -1,5 +1,6 @@
 """The start banner: what a run is about to do, in a few aligned lines built from its
-``run_start`` record (experiment, device, precision, model, schedule, model setup, seed).
+``run_start`` record (experiment, device, precision, model, schedule, the checkpoints kept,
+model setup, seed).
 
 Example::
 
@@ -17,7 +18,7 @@ from core.console.digest import lookup
 from core.console.model_summary import format_model_summary
 from core.console.units import format_count
 
-__all__ = ("format_banner", "format_fields")
+__all__ = ("format_banner", "format_fields", "format_retention")
 
 
 def format_fields(fields: list[tuple[str, str]]) -> str:
@@ -100,15 +101,37 @@ def _validation(record: Record) -> str | None:
     if monitor := plan.get("monitor"):
         mode = plan.get("mode")
         parts.append(f"monitor {monitor}" + (f" ({mode})" if mode else ""))
-    if plan.get("save_best"):
-        top_k = plan.get("save_top_k")
-        if top_k == -1:
-            parts.append("every best checkpoint kept")
-        elif is_int(top_k) and top_k > 1:
-            parts.append(f"{top_k} best checkpoints kept")
-        else:
-            parts.append("best checkpoint kept")
     return ", ".join(parts) or "on"
+
+
+def format_retention(run_start: Record) -> str | None:
+    """What the run keeps of its checkpoints, from the resolved checkpoint settings of its
+    ``run_start`` record (None where the record has none: an older run's).
+
+    >>> settings = {"top_k": 2, "keep_newest": 1, "monitor": "val_loss", "mode": "min",
+    ...             "save_last": True}
+    >>> format_retention({"resolved": {"checkpoints": settings}})
+    'keeps the 2 best by val_loss (min) + the newest; last -> newest'
+    >>> format_retention({"resolved": {"checkpoints": {"top_k": 0, "keep_newest": 2}}})
+    'keeps the 2 newest'
+    """
+    settings = lookup(run_start, "resolved", "checkpoints")
+    if not isinstance(settings, Mapping):
+        return None
+    if settings.get("saves") is False:
+        return "nothing saved"
+    top_k, newest = settings.get("top_k"), settings.get("keep_newest")
+    if not (is_int(top_k) and is_int(newest)):
+        return None
+    kept = "the newest" if newest == 1 else f"the {newest} newest"
+    monitor = settings.get("monitor")
+    if top_k == -1:
+        kept = f"every checkpoint scored by {monitor} + {kept}"
+    elif top_k >= 1:
+        best = "the best" if top_k == 1 else f"the {top_k} best"
+        kept = f"{best} by {monitor} ({settings.get('mode')}) + {kept}"
+    last = "; last -> newest" if settings.get("save_last") is True else ""
+    return f"keeps {kept}{last}"
 
 
 def _names(values: list[object], limit: int = 3) -> str:
@@ -144,16 +167,36 @@ def _seed(record: Record) -> str | None:
     return "none (not reproducible)" if seed is None else str(seed)
 
 
-def _smoke_run(record: Record) -> str | None:
-    """``1 train and 1 val batch, nothing saved`` for a ``fast_dev_run``."""
+def _smoke_batches(record: Record) -> int | None:
     smoke = lookup(record, "config", "run", "fast_dev_run")
     if smoke is not True and not (is_int(smoke) and smoke >= 1):
         return None
-    n = 1 if smoke is True else smoke
+    return 1 if smoke is True else int(smoke)
+
+
+def _files_kept(record: Record) -> bool:
+    return lookup(record, "config", "run", "keep_fast_dev_run_files") is True
+
+
+def _smoke_run(record: Record) -> str | None:
+    """``1 train and 1 val batch, nothing saved`` for a ``fast_dev_run``."""
+    n = _smoke_batches(record)
+    if n is None:
+        return None
     noun = "batch" if n == 1 else "batches"
     both = lookup(record, "plan", "has_validation") is True
     what = f"{n} train and {n} val {noun}" if both else f"{n} train {noun}"
-    return f"{what}, nothing saved"
+    return f"{what}, " + (
+        "no checkpoint saved, run files kept" if _files_kept(record) else "nothing saved"
+    )
+
+
+def _run_dir(record: Record) -> str | None:
+    """The run's directory; a ``fast_dev_run``'s is temporary unless its files are kept."""
+    run_dir = record.get("run_dir")
+    if run_dir and _smoke_batches(record) is not None and not _files_kept(record):
+        return f"{run_dir} (temporary: removed when the run ends)"
+    return str(run_dir) if run_dir else None
 
 
 def _init(record: Record) -> str | None:
@@ -186,12 +229,13 @@ def format_banner(run_start: Record) -> str:
     candidates = [
         ("fast_dev_run", _smoke_run(run_start)),
         ("run", name or None),
-        ("run dir", run_start.get("run_dir")),
+        ("run dir", _run_dir(run_start)),
         ("device", _strategy(run_start)),
         ("precision", precision),
         ("parameters", _parameters(run_start)),
         ("schedule", _schedule(run_start)),
         ("validation", _validation(run_start)),
+        ("checkpoints", format_retention(run_start)),
         ("model setup", _model_setup(run_start)),
         ("seed", _seed(run_start)),
         ("model init", _init(run_start)),

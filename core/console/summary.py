@@ -90,7 +90,8 @@ def _speed(run_end: Record, digest: RunDigest) -> str | None:
 
 
 def _run_dir(run_end: Record, digest: RunDigest) -> Path | None:
-    run_dir = run_end.get("run_dir") or lookup(digest.run_start, "run_dir")
+    # run_end's null: a fast_dev_run's directory, removed (older records lack the field)
+    run_dir = run_end["run_dir"] if "run_dir" in run_end else lookup(digest.run_start, "run_dir")
     return Path(run_dir) if isinstance(run_dir, str) and run_dir else None
 
 

@@ -21,6 +21,7 @@ has imported torch already, where it never initialized CUDA (``spawn`` otherwise
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import signal
 import socket
@@ -43,11 +44,17 @@ __all__ = (
     "launch_distributed_training",
     "launch_local_ranks",
     "python_module",
+    "quiet_agent",
     "setup_distributed_environment",
 )
 
 TIMEOUT_EXIT_CODE = 124
 _PORT_ATTEMPTS = 3
+_AGENT_LOGGERS = (
+    "torch.distributed.elastic",
+    "torch.distributed.launcher",
+    "torch.multiprocessing",
+)
 
 
 def get_free_port(host: str = "127.0.0.1") -> int:
@@ -172,6 +179,7 @@ def launch_local_ranks(
         raise config_error("nprocs", nprocs, "an integer >= 1")
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    quiet_agent(logging.ERROR)  # not "Received 2 death signal, shutting down workers"
     start_method, target = "spawn", entrypoint
     if callable(entrypoint) and not torch.cuda.is_initialized():
         start_method, target = "fork", _as_if_spawned(entrypoint)
@@ -198,6 +206,18 @@ def launch_local_ranks(
         except dist.DistNetworkError:  # the free port was taken before its store bound it
             if attempts == _PORT_ATTEMPTS:
                 raise
+
+
+def quiet_agent(level: int) -> None:
+    """Torch's agent logs every stop and shutdown step as a warning (a Ctrl-C is not news to
+    the user who pressed it): its loggers keep to ``level`` or above (never lowered)."""
+    import torch.distributed.elastic.agent.server.local_elastic_agent
+    import torch.distributed.launcher.api  # noqa: F401 (their loggers)
+
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(_AGENT_LOGGERS):
+            logger = logging.getLogger(name)
+            logger.setLevel(max(logger.getEffectiveLevel(), level))
 
 
 def _as_if_spawned(entrypoint: Callable[..., Any]) -> Callable[..., Any]:

@@ -4,7 +4,7 @@ seed faces that run one of their own (``anyio.run`` cannot nest in a running loo
 Example::
 
     if running_event_loop() is not None:
-        raise RuntimeError("use `await optimizer.train()` here")
+        raise RuntimeError("use `await run.train()` here")
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ wake-up per ``poll_interval_s``, not fifty a second.
 
 Example::
 
-    async with optimizer.events() as stream:
+    async with run.events() as stream:
         async for record in stream:
             if record["event"] == "train_step":
                 ...

@@ -1,10 +1,12 @@
 """A run's directory and its structured event log (orjson, one JSON object per line).
 
 ``logs/<experiment>/<run_id>/`` holds ``events.jsonl`` (rank 0; rank N > 0 writes
-``events.rank<N>.jsonl``), ``config.json`` and ``amp_stats.json``. Every record carries
+``events.rank<N>.jsonl``), ``config.json`` and ``amp_stats.json``; a smoke run's lies in a
+temporary folder instead, removed when the run ends (:meth:`RunLog.create`,
+:meth:`RunLog.discard`). Every record carries
 ``event``, ``ts`` (ISO 8601, UTC, taken when the record was emitted), ``level``, ``run_id``
 and ``rank``. The same records go to the :class:`~core.telemetry.events.EventHub`, so
-``optimizer.events()`` sees exactly what the log gets, in the same order.
+``run.events()`` sees exactly what the log gets, in the same order.
 
 ``emit`` is cheap and safe from any thread: it stamps the time and appends the fields to a
 queue. ``drain`` renders the queued records with orjson directly (about 1 us a record; the
@@ -27,6 +29,8 @@ import functools
 import json
 import math
 import secrets
+import shutil
+import tempfile
 import threading
 import time
 from collections import deque
@@ -141,6 +145,8 @@ class RunLog:
         """Whether a ``train_step`` record was written (the run's first step is visible)."""
         self.closed = False
         """Whether :meth:`close` closed the file (records emitted later go nowhere)."""
+        self.scratch: Path | None = None
+        """The temporary folder the run directory lies in (None: it is kept)."""
 
     def _degraded(self, name: str, why: str) -> None:
         """Tell ``events()`` (the file cannot be told) that a log file stopped being written."""
@@ -159,9 +165,33 @@ class RunLog:
 
     @classmethod
     def create(
-        cls, log_dir: Path, experiment: str, run_id: str, *, rank: int, hub: EventHub
+        cls,
+        log_dir: Path,
+        experiment: str,
+        run_id: str,
+        *,
+        rank: int,
+        hub: EventHub,
+        temporary: bool = False,
     ) -> RunLog:
-        return cls(log_dir / experiment / run_id, run_id=run_id, rank=rank, hub=hub)
+        """The log of a run in ``<log_dir>/<experiment>/<run_id>``; ``temporary`` (a smoke
+        run's): in a fresh temporary folder instead, which :meth:`discard` removes, so
+        nothing is created under ``log_dir``."""
+        scratch = Path(tempfile.mkdtemp(prefix="core-smoke-")) if temporary else None
+        root = log_dir if scratch is None else scratch
+        log = cls(root / experiment / run_id, run_id=run_id, rank=rank, hub=hub)
+        log.scratch = scratch
+        return log
+
+    @property
+    def kept_dir(self) -> Path | None:
+        """The run directory as it stays after the run: None for a temporary one."""
+        return self.run_dir if self.scratch is None else None
+
+    def discard(self) -> None:
+        """Remove a temporary run directory and everything in it (after :meth:`close`)."""
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
     def emit(self, event: str, **fields: Any) -> None:
         """Queue one ``info`` record (any thread; no I/O unless the queue is full)."""

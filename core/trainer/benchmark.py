@@ -8,9 +8,9 @@ return, so training is unaffected.
 
 Example::
 
-    optimizer = create_optimized_training_optimizer(model=model, train_loader=loader)
-    optimizer.benchmark_performance(num_iterations=20)["average_forward_time"]
-    optimizer.get_optimal_batch_size(target_memory_usage=0.8)
+    run = create_optimized_training_optimizer(model=model, train_loader=loader)
+    run.benchmark_performance(num_iterations=20)["average_forward_time"]
+    run.get_optimal_batch_size(target_memory_usage=0.8)
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import anyio
 
 from core.checkpointing.checkpointer import Checkpointer
+from core.errors import resume_advice
 from core.trainer.step_thread import HURRY_S, StepThread
 
 __all__ = ("RunEnding", "Stopping")
@@ -133,7 +134,7 @@ class Stopping:
         name, last = signal.Signals(signum).name, self.checkpointer.last_path
         message = (
             f"core: forced exit by a third {name}; the stop checkpoint was not waited for. "
-            f"Last good checkpoint: {last or 'none'}. Resume with resume='auto'.\n"
+            f"Last good checkpoint: {last or 'none'}. Resume with {resume_advice()}.\n"
         )
         with contextlib.suppress(Exception):
             self._error("forced_exit", signal=name, last_checkpoint=last)

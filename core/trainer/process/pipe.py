@@ -115,7 +115,9 @@ class Inbox:
         while True:
             try:
                 batch: list[Message] = self._connection.recv()
-            except (EOFError, OSError):
+            except (EOFError, OSError, TypeError):
+                # TypeError: closed under this thread (the caller left at a second Ctrl-C);
+                # an end of file like the others, not a thread's traceback
                 batch = [("eof",)]
             self.messages.extend(batch)
             self.last_heard = time.monotonic()
