@@ -24,6 +24,24 @@ Example::
                                           callbacks=[curve]) as run:
         await run.train()
 
+A callback may also steer: ``run.request_stop(reason)`` from any hook stops the run at its
+next step boundary, on every run mode (a thread, ``isolation="process"``, ``devices=N``)::
+
+    class StopOnBudget(Callback):
+        def __init__(self, samples: int) -> None:
+            self.budget, self.seen = samples, 0
+
+        async def on_train_step(self, run: RunInfo, record: Record) -> None:
+            self.seen += record["samples"]
+            if self.seen >= self.budget:
+                run.request_stop(f"the budget of {self.budget} samples is spent")
+
+Hooks see records as they are written: a ``train_step`` record arrives one step after its
+step ran (its scalars are read back during the next step) plus the log's drain (at most
+``logging.flush_interval_s``), so a stop requested from ``on_train_step`` lands a few steps
+after the step that prompted it. Under ``devices=N`` the callbacks of the caller see rank
+0's records.
+
 A hook must not block the event loop: hand slow work to a thread
 (``await anyio.to_thread.run_sync(...)``).
 """
@@ -54,6 +72,12 @@ class RunInfo(Protocol):
     def is_global_zero(self) -> bool: ...
     @property
     def run_dir(self) -> Path | None: ...
+    def request_stop(self, reason: str) -> bool:
+        """Stop the run at its next step boundary, as Lightning's ``trainer.should_stop``
+        does: the stop checkpoint is written, ``train()`` returns, ``run_end`` has
+        ``status="stopped"`` and ``stop_reason="requested: <reason>"``. False when no run
+        is in progress."""
+        ...
 
 
 class Callback:
@@ -68,6 +92,13 @@ class Callback:
 
     async def on_record(self, run: RunInfo, record: Record) -> None:
         """Every record of the run, in order (``train_step``, ``gpu_sample``, ...)."""
+
+    async def on_train_step(self, run: RunInfo, record: Record) -> None:
+        """Each ``train_step`` record: one per optimizer step, on the event loop, never on
+        the step thread's path (see the module docstring for the lag)."""
+
+    async def on_validation_end(self, run: RunInfo, record: Record) -> None:
+        """Each ``validation`` record: ``val_loss``, ``val_accuracy``, ``metrics``."""
 
     async def on_epoch_end(self, run: RunInfo, record: Record) -> None:
         """The ``epoch_end`` record (after validation)."""

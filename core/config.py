@@ -66,17 +66,34 @@ class OptimConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class EarlyStoppingConfig:
-    """Stop after ``patience`` epochs whose ``monitor`` did not improve by more than
-    ``min_delta`` (lower with ``mode="min"``, higher with ``"max"``); ``patience=None``
-    trains for ``max_epochs``. ``monitor=None`` watches what the checkpoint section's
-    ``monitor`` names, with its ``mode`` (by default the validation loss, or the mean
-    training loss without a ``val_loader``): one setting for the best checkpoint and for
-    stopping."""
+    """When the run stops before ``max_epochs``, judged at every validation (without a
+    ``val_loader``: at every epoch end, on the training loss), as Lightning's
+    ``EarlyStopping`` judges:
+
+    - ``patience``: stop after ``patience`` validations in a row whose ``monitor`` did not
+      improve by more than ``min_delta`` (lower with ``mode="min"``, higher with ``"max"``);
+      None: no patience rule;
+    - ``check_finite`` (on): stop at once when the monitored value is NaN or inf;
+    - ``stopping_threshold``: stop at once when the value is at least this good;
+    - ``divergence_threshold``: stop at once when the value is worse than this;
+    - ``min_epochs`` / ``min_steps``: no rule stops the run before this many epochs /
+      optimizer steps (a rule that fired earlier stops it at the first validation after).
+
+    Early stopping is on when ``patience`` or a threshold is set (``check_finite`` alone
+    stops nothing). ``monitor=None`` watches what the checkpoint section's ``monitor`` names,
+    with its ``mode`` (by default the validation loss, or the mean training loss without a
+    ``val_loader``): one setting for the best checkpoint and for stopping. Why the run
+    stopped is ``run_end``'s ``stop_reason`` (and ``TrainingResults.stop_reason``)."""
 
     patience: int | None = None
     min_delta: float = 0.0
     monitor: str | None = None
     mode: Literal["min", "max"] | None = None
+    check_finite: bool = True
+    stopping_threshold: float | None = None
+    divergence_threshold: float | None = None
+    min_epochs: int | None = None
+    min_steps: int | None = None
 
     def __post_init__(self) -> None:
         if self.monitor is not None and not (
@@ -102,6 +119,22 @@ class EarlyStoppingConfig:
             )
         if not (is_finite_number(self.min_delta) and self.min_delta >= 0):
             raise config_error("min_delta", self.min_delta, "a finite float >= 0")
+        check_bool_fields(self)
+        for name in ("stopping_threshold", "divergence_threshold"):
+            value = getattr(self, name)
+            if value is not None and not is_finite_number(value):
+                raise config_error(name, value, "None (off) or a finite number")
+        for name in ("min_epochs", "min_steps"):
+            value = getattr(self, name)
+            if value is not None and not (is_int(value) and value >= 0):
+                raise config_error(name, value, "None or an integer >= 0")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any rule may stop the run: a ``patience`` or a threshold is set."""
+        return self.patience is not None or not (
+            self.stopping_threshold is None and self.divergence_threshold is None
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -35,6 +35,7 @@ class FlatSettings(TypedDict, total=False):
     data_stall_warn_s: float
     isolation: Literal["thread", "process"]
     fast_dev_run: bool | int
+    keep_fast_dev_run_files: bool
     limit_train_batches: int | float | None
     limit_val_batches: int | float | None
     learning_rate: float
@@ -79,7 +80,7 @@ class FlatSettings(TypedDict, total=False):
     checkpoint_dir: str | Path | None
     checkpoint_every_n_steps: int | None
     checkpoint_every_n_epochs: int | None
-    keep_last_n: int
+    keep_last_n: int | None
     resume: str | Path | None
     save_on_cancel: bool
     checkpoint_safe_globals: Sequence[Any]
@@ -94,6 +95,11 @@ class FlatSettings(TypedDict, total=False):
     early_stopping_min_delta: float
     early_stopping_monitor: str | None
     early_stopping_mode: Literal["min", "max"] | None
+    check_finite: bool
+    stopping_threshold: float | None
+    divergence_threshold: float | None
+    min_epochs: int | None
+    min_steps: int | None
     monitor_interval_s: float
     monitor_history_size: int
     event_buffer_size: int

@@ -39,7 +39,7 @@ from core.memory import GPUMemoryOptimizer
 from core.metrics import Metric, MetricFn
 from core.mixed_precision_training import MixedPrecisionConfig, MixedPrecisionTrainer
 from core.monitoring.performance import GPUPerformanceMonitor
-from core.trainer.build import OptimizerArgument, SchedulerArgument
+from core.trainer.optimization import OptimizerArgument, SchedulerArgument
 from core.trainer.orchestrator import OptimizedTrainingOptimizer
 from core.trainer.results import TrainingResults
 from core.transforms.activation_checkpointing import find_blocks

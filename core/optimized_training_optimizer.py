@@ -3,10 +3,10 @@
 
     from core.optimized_training_optimizer import create_optimized_training_optimizer
 
-    optimizer = create_optimized_training_optimizer(
+    run = create_optimized_training_optimizer(
         model=model, train_loader=train_loader, val_loader=val_loader, max_epochs=3
     )
-    results = await optimizer.train()
+    results = await run.train()
 
 The factory is an adapter: its flat keywords map onto the config tree through one table
 (``core.flat``), ``config=`` reaches every other setting, and the same setting given twice
@@ -26,9 +26,10 @@ from core.config import TrainingConfig
 from core.factory import Factory
 from core.flat import FlatSettings, config_from_flat
 from core.loop.objective import LossFn
+from core.loop.step_function import StepFn
 from core.metrics import Metric, MetricFn
 from core.trainer.arguments import check_parts
-from core.trainer.build import OptimizerArgument, SchedulerArgument
+from core.trainer.optimization import OptimizerArgument, SchedulerArgument
 from core.trainer.orchestrator import OptimizedTrainingOptimizer
 
 __all__ = ("OptimizedTrainingOptimizer", "create_optimized_training_optimizer")
@@ -44,6 +45,8 @@ def create_optimized_training_optimizer(
     scheduler: SchedulerArgument | str | None = None,
     callbacks: Sequence[Callback] = (),
     metrics: Mapping[str, Metric | MetricFn] | None = None,
+    training_step: StepFn | str | None = None,
+    validation_step: StepFn | str | None = None,
     config: TrainingConfig | None = None,
     **settings: Unpack[FlatSettings],
 ) -> OptimizedTrainingOptimizer:
@@ -62,11 +65,13 @@ def create_optimized_training_optimizer(
     batches use the model's own loss. ``resume="auto"`` continues from the newest valid
     checkpoint of the experiment. ``metrics`` maps names to :class:`~core.metrics.Metric`
     objects or ``(outputs, targets) -> tensor`` callables, computed at every validation.
+    ``training_step(model, batch)`` returns the loss (or a dict with ``"loss"`` and values to
+    log) in place of ``loss_fn``; ``validation_step`` evaluates (default: the same).
 
     A bad argument raises :class:`~core.errors.ConfigError` here, naming it: wrong types
     (``True`` is not a number, ``'no'`` not a flag), a ``log_dir`` that cannot be created or
     written, a factory that raises, an optimizer over parameters that are not the model's,
-    ``ReduceLROnPlateau`` (it needs a metric; not supported yet), a one-shot iterator as a
+    a ``ReduceLROnPlateau`` whose ``mode`` is not the monitored value's, a one-shot iterator as a
     loader when ``max_epochs > 1``, and a setting given twice. Loaders without ``len()`` (a
     DataLoader over an ``IterableDataset``) are streamed.
 
@@ -85,6 +90,8 @@ def create_optimized_training_optimizer(
         scheduler=scheduler,
         callbacks=callbacks,
         metrics=metrics,
+        training_step=training_step,
+        validation_step=validation_step,
     )
     job.build()
     return job

@@ -3,6 +3,7 @@ at creation, or a LossFormatError at the first step (findings of a fault-injecti
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -18,7 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from core import ConfigError, LossFormatError, create_optimized_training_optimizer
 from core.checkpointing.checkpointer import CheckpointConfig
-from core.config import RunConfig
+from core.config import EarlyStoppingConfig, RunConfig
 from core.distributed.config import MultiGPUConfig
 from core.hardware.settings import GPUManagerConfig
 from core.loop.recovery import ErrorHandlerConfig
@@ -243,9 +244,21 @@ def test_a_failing_scheduler_factory_is_named_and_chained(log_dir: Path) -> None
     assert isinstance(caught.value.__cause__, TypeError)
 
 
-def test_reduce_lr_on_plateau_is_refused_as_not_supported_yet(log_dir: Path) -> None:
-    with pytest.raises(ConfigError, match=r"scheduler=.*ReduceLROnPlateau.*not supported yet"):
-        build(log_dir, scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau)
+def test_a_plateau_scheduler_of_the_wrong_mode_is_refused(log_dir: Path) -> None:
+    def plateau(optimizer: torch.optim.Optimizer) -> object:
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max")
+
+    with pytest.raises(
+        ConfigError, match=r"scheduler=\"ReduceLROnPlateau\(mode='max'\)\".*mode='min'.*val_loss"
+    ):
+        build(log_dir, scheduler=plateau)
+
+
+def test_a_training_step_beside_a_loss_fn_is_refused(log_dir: Path) -> None:
+    with pytest.raises(ConfigError, match=r"loss_fn=.*None when training_step is given"):
+        build(log_dir, loss_fn=nn.MSELoss(), training_step=lambda model, batch: model(batch[0]))
+    with pytest.raises(ConfigError, match=r"training_step=3 is invalid.*\(model, batch\)"):
+        build(log_dir, training_step=3)
 
 
 def test_an_optimizer_over_no_parameters_is_refused(log_dir: Path) -> None:
@@ -328,13 +341,14 @@ async def test_a_generator_is_fine_for_one_epoch(log_dir: Path) -> None:
 
 
 # -- early stopping ------------------------------------------------------------------------
-def test_nan_is_never_the_best_value_and_counts_as_a_bad_epoch() -> None:
-    stopper = EarlyStopping(patience=2)
-    assert stopper.update(math.nan) is False
+def test_nan_is_never_the_best_value_and_counts_as_a_bad_check_without_check_finite() -> None:
+    stopper = EarlyStopping(EarlyStoppingConfig(patience=2, check_finite=False))
+    judge = functools.partial(stopper.judge, epochs=1, steps=1)
+    assert judge(math.nan) is None
     assert stopper.best == math.inf and stopper.bad_epochs == 1
-    assert stopper.update(1.0) is False and stopper.best == 1.0
-    assert stopper.update(math.nan) is False
-    assert stopper.update(math.nan) is True
+    assert judge(1.0) is None and stopper.best == 1.0
+    assert judge(math.nan) is None
+    assert judge(math.nan) is not None
     assert stopper.best == 1.0
 
 
@@ -418,7 +432,8 @@ async def test_a_nan_validation_loss_is_an_error_record_and_never_the_best(log_d
             out: torch.Tensor = self.net(x)
             return out if self.training else out * math.nan
 
-    optimizer = build(log_dir, model=NaNInEval(), early_stopping_patience=5)
+    # check_finite=False: a NaN is a bad check, not a stop (by default it stops at once).
+    optimizer = build(log_dir, model=NaNInEval(), early_stopping_patience=5, check_finite=False)
     results = await optimizer.train()
     assert results.best_val_loss is None and math.isnan(results.val_loss)
     lines = (optimizer.run_dir / "events.jsonl").read_text().splitlines()

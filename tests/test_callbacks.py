@@ -5,13 +5,21 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
-from core import Callback, ConfigError, OptimizedTrainingOptimizer, RunConfig, TrainingConfig
+from core import (
+    Callback,
+    CheckpointConfig,
+    ConfigError,
+    OptimizedTrainingOptimizer,
+    RunConfig,
+    TrainingConfig,
+)
 from core.callbacks import Record, RunInfo
 from core.telemetry.config import LoggingConfig
 from tests.helpers import loaders, make_model
@@ -42,8 +50,27 @@ class Recorder(Callback):
         self.hooks.append(f"run_end:{record['status']}:{run.run_dir is not None}")
 
 
-def job(log_dir: Path, callbacks: list[Callback], **run: Any) -> OptimizedTrainingOptimizer:
+class SlowLoader:
+    """A loader taking ``delay_s`` per batch: a run long enough for a callback to act."""
+
+    def __init__(self, loader: Any, delay_s: float) -> None:
+        self.loader, self.delay_s = loader, delay_s
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Any:
+        for batch in self.loader:
+            time.sleep(self.delay_s)
+            yield batch
+
+
+def job(
+    log_dir: Path, callbacks: list[Callback], loader_delay_s: float = 0.0, **run: Any
+) -> OptimizedTrainingOptimizer:
     train, val = loaders(n=128)
+    if loader_delay_s:
+        train = SlowLoader(train, loader_delay_s)
     config = TrainingConfig(
         run=RunConfig(log_dir=log_dir, **({"max_epochs": 2} | run)),
         logging=LoggingConfig(event_buffer_size=4096, flush_interval_s=0.05),
@@ -168,3 +195,88 @@ async def test_a_callback_failing_on_the_last_records_is_reported_before_run_end
     assert written[-1]["event"] == "run_end" and written[-1]["status"] == "completed"
     (failure,) = [r for r in written if r.get("kind") == "callback_failed"]
     assert "a bug seen only at the end" in failure["error"]
+
+
+# -- callbacks that steer ----------------------------------------------------------------
+class StopOnBudget(Callback):
+    """Stops the run once ``samples`` training samples were seen (a service's budget)."""
+
+    def __init__(self, samples: int) -> None:
+        self.budget, self.seen, self.answers = samples, 0, []
+
+    async def on_train_step(self, run: RunInfo, record: Record) -> None:
+        self.seen += record["samples"]
+        if self.seen >= self.budget:
+            self.answers.append(run.request_stop(f"the budget of {self.budget} samples is spent"))
+
+
+async def test_a_callback_stops_the_run_with_its_reason_and_a_checkpoint(log_dir: Path) -> None:
+    budget = StopOnBudget(samples=96)  # 3 steps of 32; the run has 12
+    run = job(log_dir, [budget], max_epochs=3, loader_delay_s=0.05)
+    results = await run.train()
+    assert budget.answers[0] is True
+    # The record of step 3 arrives during step 4 or later: the stop lands a few steps on.
+    assert 3 < results.global_step < 12
+    assert results.stop_reason == "requested: the budget of 96 samples is spent"
+    assert not results.stopped_early and not results.interrupted
+    records = read(results.run_dir)
+    end = records[-1]
+    assert (end["event"], end["status"], end["stop_reason"]) == (
+        "run_end",
+        "stopped",
+        results.stop_reason,
+    )
+    saved = [r for r in records if r["event"] == "checkpoint" and r["reason"] == "requested"]
+    assert [r["step"] for r in saved] == [results.global_step]
+    assert run.checkpoints.latest.path == Path(saved[0]["path"])
+    assert run.request_stop("late") is False  # no run in progress
+    # The stopped run is unfinished: resumed, it trains to its end, and no longer says why
+    # the earlier one stopped.
+    train, val = loaders(n=128)
+    config = TrainingConfig(
+        run=RunConfig(log_dir=log_dir, max_epochs=3), checkpoint=CheckpointConfig(resume="auto")
+    )
+    resumed = OptimizedTrainingOptimizer(
+        config, model=make_model(), train_loader=SlowLoader(train, 0.0), val_loader=val
+    )
+    again = await resumed.train()
+    assert (again.global_step, again.stop_reason) == (12, None)
+    events = read(again.run_dir)
+    assert [r["step"] for r in events if r["event"] == "resumed"] == [results.global_step]
+    assert events[-1]["status"] == "completed"
+
+
+async def test_per_step_and_validation_hooks_see_their_records(log_dir: Path) -> None:
+    class Hooks(Callback):
+        def __init__(self) -> None:
+            self.steps: list[int] = []
+            self.validations: list[float] = []
+
+        async def on_train_step(self, run: RunInfo, record: Record) -> None:
+            self.steps.append(record["step"])
+
+        async def on_validation_end(self, run: RunInfo, record: Record) -> None:
+            self.validations.append(record["val_loss"])
+
+    hooks = Hooks()
+    await job(log_dir, [hooks], max_epochs=2).train()
+    assert hooks.steps == list(range(1, 9)) and len(hooks.validations) == 2
+
+
+@pytest.mark.slow
+def test_a_callback_stops_a_run_in_a_training_process(tmp_path: Path) -> None:
+    from tests import isolation_parts as parts
+
+    budget = StopOnBudget(samples=24)  # 3 steps of 8; the run has 24
+    run = OptimizedTrainingOptimizer(
+        TrainingConfig(run=RunConfig(log_dir=tmp_path, max_epochs=2, isolation="process")),
+        model=parts.make_model(),
+        train_loader=parts.SlowLoader(0.05),
+        callbacks=[budget],
+    )
+    results = asyncio.run(run.train())
+    assert budget.answers[0] is True
+    assert 3 < results.global_step < 24
+    assert results.stop_reason == "requested: the budget of 24 samples is spent"
+    end = read(results.run_dir)[-1]
+    assert (end["status"], end["stop_reason"]) == ("stopped", results.stop_reason)

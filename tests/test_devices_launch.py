@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pickle
+import signal
 import subprocess
 import sys
 import time
@@ -20,9 +22,10 @@ import psutil
 import pytest
 import torch
 
-from core import ConfigError, MultiGPUConfig, load_weights
+from core import ConfigError, MultiGPUConfig, SignalReceived, load_weights
 from core.cli import main
 from core.distributed.devices import ranks_to_start
+from core.trainer.process.ranks import _kept
 from tests import devices_parts, isolation_parts
 from tests.helpers import pythonpath
 
@@ -202,3 +205,103 @@ def _alive(process: psutil.Process) -> bool:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+CTRL_C_PROGRAM = """
+import asyncio, sys
+from tests import devices_parts
+
+async def main():
+    job = devices_parts.build(sys.argv[1], max_epochs=5000, progress=True)
+    stream = job.events()
+
+    async def first_step():
+        async for record in stream:
+            if record["event"] == "train_step":
+                print("training", flush=True)
+                return
+
+    asyncio.ensure_future(first_step())
+    await job.train()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.distributed
+def test_ctrl_c_under_devices_2_ends_as_one_process_does(tmp_path: Path) -> None:
+    """A user's ``asyncio.run`` program with ``devices=2``, Ctrl-C (SIGINT to it) after the
+    first step: the ranks stop at a checkpoint, the summary says where it is, and the
+    program ends by its own KeyboardInterrupt: no rank's traceback, none of core's threads'."""
+    program = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C_PROGRAM, str(tmp_path)],
+        cwd=Path(__file__).parents[1],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert program.stdout is not None
+    if program.stdout.readline() != "training\n":  # it ended before training: say why
+        pytest.fail(program.communicate(timeout=60)[1][-3000:])
+    program.send_signal(signal.SIGINT)
+    _, err = program.communicate(timeout=120)
+    assert program.returncode == -signal.SIGINT, err  # KeyboardInterrupt, as asyncio.run ends
+    assert err.rstrip().endswith("KeyboardInterrupt"), err
+    for noise in (
+        "rank.py",
+        "raised in rank",
+        "Exception in thread",
+        "forkserver",
+        "death signal",
+        "closing signal",
+        "SignalException",
+    ):
+        assert noise not in err, err
+    assert "status           cancelled" in err, err
+    kept = Path(err.split("last checkpoint  ", 1)[1].split()[0])
+    assert kept.is_dir() and kept.name.startswith("step-"), err
+
+
+def test_a_stop_crossing_from_a_rank_carries_no_rank_traceback(tmp_path: Path) -> None:
+    stopped = SignalReceived(signal.SIGINT, "ckpt/step-9", rank=0)
+    stopped.add_note("(raised in rank 0: Traceback (most recent call last): ...)")
+    (tmp_path / "rank0.pickle").write_bytes(pickle.dumps(stopped))
+    kept = _kept(tmp_path, [0])
+    assert isinstance(kept, SignalReceived) and kept.checkpoint == "ckpt/step-9"
+    assert getattr(kept, "__notes__", []) == []
+    failure = RuntimeError("a bug")  # a failure keeps its rank's traceback
+    failure.add_note("(raised in rank 1: Traceback ...)")
+    (tmp_path / "rank1.pickle").write_bytes(pickle.dumps(failure))
+    assert _kept(tmp_path, [1]).__notes__ == ["(raised in rank 1: Traceback ...)"]  # type: ignore[union-attr]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_callback_stops_every_rank_of_a_devices_run(tmp_path: Path) -> None:
+    from core.callbacks import Callback, Record, RunInfo
+
+    class StopAtStep(Callback):
+        def __init__(self) -> None:
+            self.answers: list[bool] = []
+
+        async def on_train_step(self, run: RunInfo, record: Record) -> None:
+            if record["step"] >= 3 and not self.answers:
+                self.answers.append(run.request_stop("enough for this test"))
+
+    stopper = StopAtStep()
+    job = devices_parts.build(
+        tmp_path,
+        max_epochs=50,
+        train_loader=isolation_parts.SlowLoader(0.05),
+        callbacks=[stopper],
+    )
+    results = asyncio.run(job.train())
+    assert stopper.answers == [True]
+    assert results.stop_reason == "requested: enough for this test"
+    assert 3 < results.global_step < 50 * 12
+    (run,) = (tmp_path / "devices").glob("*/events.jsonl")
+    records = [json.loads(x) for x in run.read_text().splitlines()]
+    assert records[-1]["status"] == "stopped"
+    saved = [r for r in records if r["event"] == "checkpoint" and r["reason"] == "requested"]
+    assert [r["step"] for r in saved] == [results.global_step]

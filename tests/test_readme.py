@@ -81,6 +81,13 @@ CLAIMS: dict[tuple[str, str], str] = {
     ("docs/seed-api.md", "## The per-batch and synchronous faces"): (
         "test_the_seed_api_example_runs_as_written"
     ),
+    ("docs/lightning.md", "## Your own step"): "test_the_step_function_example_runs_as_written",
+    ("docs/lightning.md", "## Callbacks that steer"): (
+        "test_the_steering_callback_example_runs_as_written"
+    ),
+    ("docs/lightning.md", "## Early stopping and plateau schedules"): (
+        "test_the_early_stopping_and_plateau_example_runs_as_written"
+    ),
 }
 
 
@@ -213,11 +220,14 @@ def test_the_async_program_runs_as_written(tmp_path: Path) -> None:
         ("docs/getting-started.md", "## Inside an async program"),
     )
     assert "create_optimized_training_optimizer(" in program
-    assert program.index("optimizer.events()") < program.index("optimizer.train()")
+    assert program.index("run.events()") < program.index("run.train()")
     done = run_program(program, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    epochs = [line.split()[0] for line in done.stdout.splitlines()[:-1]]
-    assert epochs == ["0", "1", "2"], done.stdout  # one line per epoch_end, from the stream
+    epochs = [" ".join(line.split()[:2]) for line in done.stdout.splitlines()[:-1]]
+    # one line per epoch_end, from the stream, numbered as the console numbers them
+    assert epochs == ["epoch 1/3", "epoch 2/3", "epoch 3/3"], done.stdout
+    console = next(line for line in done.stderr.splitlines() if line.startswith("epoch "))
+    assert console.startswith("epoch 1/3"), done.stderr  # the console's count, the same
     (run_dir,) = {p.parent for p in (tmp_path / "logs").glob("*/*/events.jsonl")}
     eventually(run_dir / "performance_summary.txt")
 

@@ -165,6 +165,9 @@ class ProgressBar(Callback):
             postfix.append(f"loss={format_number(self._loss_sum / self._loss_samples)}")
         if is_number(lr := record.get("lr")):
             postfix.append(f"lr={lr:.2e}")
+        logged = record.get("logged")  # a training_step's own values, this step's
+        if isinstance(logged, dict):
+            postfix += [f"{k}={format_number(v)}" for k, v in logged.items() if is_number(v)]
         if self._seconds > 0:
             postfix.append(f"samples/s={format_count(self._samples / self._seconds)}")
         self._postfix = postfix

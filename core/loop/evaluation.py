@@ -10,7 +10,7 @@ metrics equal one process's. Nothing waits for the device before that all-reduce
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -39,6 +39,36 @@ class EvalStats:
     samples: int
     interrupted: bool = False
     metrics: dict[str, float | None] = field(default_factory=dict)
+
+
+class LoggedSums:
+    """A step function's logged values over an evaluation, each summed times its batch's
+    samples on the device (names sorted: every rank packs them in the same order)."""
+
+    def __init__(self, zero: torch.Tensor) -> None:
+        self._zero = zero
+        self._sums: dict[str, torch.Tensor] = {}
+
+    def add(self, logged: Mapping[str, Any], samples: int) -> None:
+        for name, value in logged.items():
+            total = self._sums.get(name, self._zero)
+            if isinstance(value, torch.Tensor):
+                self._sums[name] = total + value.double() * samples
+            else:
+                self._sums[name] = total + float(value) * samples
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._sums)
+
+    def state(self) -> list[torch.Tensor]:
+        return [self._sums[name].reshape(1) for name in self.names]
+
+    def means(self, sums: list[float], samples: float) -> dict[str, float | None]:
+        return {
+            name: total / samples if samples else None
+            for name, total in zip(self.names, sums, strict=True)
+        }
 
 
 @torch.no_grad()
@@ -77,6 +107,7 @@ def evaluate(
     samples = 0
     accuracy_applies = True
     interrupted = False
+    logged = LoggedSums(zero)
     for index, raw in enumerate(loader):
         batch = prepare(errors.check_batch(raw, epoch=epoch, batch_index=index))
         size = count_samples(batch)
@@ -89,6 +120,8 @@ def evaluate(
         if keep:
             loss_sum += loss.detach().double() * size
             samples += size
+            if objective.logs:
+                logged.add(objective.logged, size)
             hits = objective.correct(outputs, batch)
             if hits is None:
                 accuracy_applies = False
@@ -104,10 +137,13 @@ def evaluate(
     local = torch.stack([loss_sum, correct, counted, zero + samples, zero + accuracy_applies])
     if metrics is not None:
         local = torch.cat([local, metrics.state()])
+    local = torch.cat([local, *logged.state()])
     # Host sync, once per validation: early stopping needs the value now.
     summed = strategy.all_reduce_sum(local).cpu()
     loss_total, correct_total, counted_total, sample_total, applies = summed[:5].tolist()
-    values = metrics.compute(summed[5:]) if metrics is not None else {}
+    own = len(logged.names)
+    values = metrics.compute(summed[5 : len(summed) - own]) if metrics is not None else {}
+    values |= logged.means(summed[len(summed) - own :].tolist(), sample_total)
     if sample_total == 0 and interrupted:
         return EvalStats(
             loss=float("nan"),

@@ -23,7 +23,8 @@ model shifts the labels inside, so position t's logits predict label t + 1 (use
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from types import MappingProxyType
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -50,6 +51,11 @@ def _own_loss(outputs: Any) -> Any:
 class Objective:
     """Computes ``(outputs, loss)`` for a batch, whichever form the batch takes."""
 
+    logs: ClassVar[bool] = False
+    """Whether a call may leave values to log in :attr:`logged` (a user's step function)."""
+    logged: Mapping[str, Any] = MappingProxyType({})
+    """The values the last call returned to be logged with its step (none here)."""
+
     def __init__(self, loss_fn: LossFn) -> None:
         self.loss_fn = loss_fn
         ignore = getattr(loss_fn, "ignore_index", None)
@@ -66,6 +72,23 @@ class Objective:
     def loss(self, outputs: Any, targets: Any) -> Any:
         """The loss of an ``(inputs, targets)`` batch."""
         return self.loss_fn(outputs, targets)
+
+    _evaluation: Objective | None = None
+
+    def evaluated_by(self, evaluation: Objective | None) -> Objective:
+        """This objective, with ``evaluation`` (a ``validation_step``) used to evaluate."""
+        self._evaluation = evaluation
+        return self
+
+    def evaluation(self) -> Objective:
+        """The objective validation and ``evaluate()`` use: this one, or the one given to
+        :meth:`evaluated_by`."""
+        return self._evaluation or self
+
+    @property
+    def source(self) -> object:
+        """What computes the loss (the run's description names it): ``loss_fn``."""
+        return self.loss_fn
 
     def correct(self, outputs: Any, batch: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(correct, counted)`` device tensors, or None when accuracy does not apply."""

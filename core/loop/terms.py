@@ -21,8 +21,10 @@ StepFields = Callable[[Sequence[float]], dict[str, Any]]
 class StepTermsLike(Protocol):
     tensor: torch.Tensor
     """1-D device tensor of the step's statistics."""
-    fields: StepFields
-    """Their host values -> ``train_step`` fields."""
+
+    def fields(self, values: Sequence[float], /) -> dict[str, Any]:
+        """Their host values -> ``train_step`` fields."""
+        ...
 
 
 class ModelTerms(Protocol):

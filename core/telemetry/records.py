@@ -26,7 +26,8 @@ __all__ = (
     "ValidationStart",
 )  # fmt: skip
 
-_Reason = Literal["step", "epoch", "best", "top_k", "signal", "cancel", "stopped_by_peer", "error"]
+_Reason = Literal["step", "epoch", "best", "top_k", "signal", "cancel", "stopped_by_peer", "error",
+                  "early_stop", "requested"]  # fmt: skip
 _Verdict = Literal["input_bound", "underutilised", "compute_bound"]
 _Status = Literal["completed", "stopped", "cancelled", "failed", "abandoned"]
 _ErrorKind = Literal["checkpoint_invalid", "checkpoint_failed", "nonfinite_validation_loss",
@@ -106,6 +107,7 @@ class TrainStep(Common):
     max_mem_allocated_bytes: Annotated[int | None, "peak allocator bytes; null on CPU"]
     device_util_pct: Annotated[float | None, "latest gpu_sample util_pct of the first device"]
     device_mem_used_bytes: Annotated[int | None, "latest gpu_sample mem_used_bytes, likewise"]
+    logged: NotRequired[Annotated[dict[str, float | None], "training_step's own values, means"]]
     moe_aux_loss: NotRequired[Annotated[float | None, "MoE: balance loss, layer mean (1: even)"]]
     moe_tokens_per_expert: NotRequired[Annotated[dict[str, list[int]], "MoE: layer -> per expert"]]
     moe_dropped_tokens: NotRequired[Annotated[int, "MoE: assignments dropped for capacity"]]
@@ -193,7 +195,7 @@ class EpochEnd(Common):
     epoch_time_s: Annotated[float, "seconds of training in the epoch (validation excluded)"]
     data_time_s: Annotated[float, "seconds of it spent waiting for the loader"]
     samples_per_s: Annotated[float | None, "samples / epoch_time_s"]
-    early_stopping_bad_epochs: Annotated[int, "epochs in a row without improvement"]
+    early_stopping_bad_epochs: Annotated[int, "checks in a row without improvement"]
     stopped_early: Annotated[bool, "early stopping ends the run after this epoch"]
     input_stall_fraction: Annotated[float, "data_time_s / epoch_time_s, 0 to 1"]
     util_mean_pct: Annotated[float | None, "mean gpu_sample util_pct over the epoch"]
@@ -262,7 +264,8 @@ class RunEnd(Common):
     monitor: Annotated[str | None, "what save_best watched; null without save_best"]
     best_value: Annotated[float | None, "its best value"]
     best_checkpoint: Annotated[str | None, "the checkpoint holding it"]
-    run_dir: Annotated[str, "the run's directory"]
+    stop_reason: Annotated[str | None, "why a rule or a callback stopped it early; else null"]
+    run_dir: Annotated[str | None, "the run's directory (null: a fast_dev_run's, removed)"]
 
 
 class Profile(Common):

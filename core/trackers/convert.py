@@ -81,7 +81,8 @@ def scalars_of(record: Mapping[str, object]) -> list[Scalar]:
     """The scalars of a ``train_step``, ``validation`` or ``epoch_end`` record (others: none).
 
     Fields that are absent, null or not finite are skipped; a ``validation`` record's
-    ``metrics`` become ``val/<name>``.
+    ``metrics`` become ``val/<name>``, a ``train_step`` record's ``logged`` values (a
+    ``training_step``'s) ``train/<name>``.
 
     >>> [s.name for s in scalars_of({"event": "validation", "step": 8, "val_loss": 0.7,
     ...                              "metrics": {"f1": 0.8, "auc": None}})]
@@ -97,6 +98,9 @@ def scalars_of(record: Mapping[str, object]) -> list[Scalar]:
     metrics = record.get("metrics") if record.get("event") == "validation" else None
     if isinstance(metrics, Mapping):
         fields += [(f"val/{key}", value) for key, value in metrics.items()]
+    logged = record.get("logged") if record.get("event") == "train_step" else None
+    if isinstance(logged, Mapping):  # a training_step's own values
+        fields += [(f"train/{key}", value) for key, value in logged.items()]
     when = wall_time(record)
     return [
         Scalar(name, float(value), step, epoch, when)

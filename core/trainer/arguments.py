@@ -52,6 +52,8 @@ _FACTORY_CONTRACTS = {
 }
 _FACTORY_EXAMPLES = {
     "loss_fn": "a loss module such as loss_fn=nn.CrossEntropyLoss() or nn.MSELoss()",
+    "training_step": "a function such as def training_step(model, batch): return loss",
+    "validation_step": "a function such as def validation_step(model, batch): return loss",
     "optimizer": "an optimizer over the model's parameters, e.g. "
     "optimizer=torch.optim.SGD(model.parameters(), lr=0.1), or a factory, e.g. "
     "optimizer=lambda params: torch.optim.SGD(params, lr=0.1)",
@@ -97,6 +99,19 @@ def check_loss_fn(loss_fn: object) -> None:
             "None or an instance of a loss module",
             f"pass an instance, {name}(), not the class {name}.",
         )
+
+
+def check_step_functions(runtime: Any) -> None:
+    """``training_step``/``validation_step``: callables of ``(model, batch)``; a
+    ``training_step`` computes the loss itself, so a ``loss_fn`` beside it is a mistake."""
+    for name in ("training_step", "validation_step"):
+        check_callable(name, getattr(runtime, name), "(model, batch) and returns the loss")
+    if runtime.training_step is not None and runtime.loss_fn is not None:
+        raise config_error(
+            "loss_fn", runtime.loss_fn, "None when training_step is given",
+            "training_step(model, batch) returns the loss itself: compute it there, e.g. "
+            "return loss_fn(model(inputs), targets), and drop loss_fn=.",
+        )  # fmt: skip
 
 
 def check_parts(settings: Mapping[str, Any]) -> None:
@@ -208,32 +223,28 @@ def check_scheduler(scheduler: object, optimizer: torch.optim.Optimizer) -> None
             "it drives another optimizer; build it on the optimizer you pass, or pass a "
             "factory: scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 100).",
         )  # fmt: skip
-    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-        raise config_error(
-            "scheduler",
-            scheduler,
-            "a scheduler stepped without a metric (StepLR, OneCycleLR, LambdaLR, ...)",
-            "ReduceLROnPlateau needs the monitored loss at each step and is not supported yet; "
-            "use another scheduler, or scheduler=None.",
-        )
     if not callable(getattr(scheduler, "step", None)):
         raise config_error("scheduler", scheduler, "a callable returning an LR scheduler")
 
 
-def check_monitor(config: Any, has_validation: bool, metrics: Mapping[str, Any]) -> None:
-    """``monitor`` (with ``save_best``/``save_top_k``) and ``early_stopping.monitor`` (with a
-    ``patience``) must name a value the run will produce."""
+def check_monitor(
+    config: Any, has_validation: bool, metrics: Mapping[str, Any], step_logs: bool = False
+) -> None:
+    """``monitor`` (with ``save_best``/``save_top_k``) and ``early_stopping.monitor`` (with
+    early stopping on) must name a value the run will produce (``step_logs``: a step
+    function's logged values may be any ``val_<name>``)."""
     names = ["train_loss"]
-    if has_validation and (config.run.val_every_n_epochs or config.run.val_every_n_steps):
+    validates = has_validation and (config.run.val_every_n_epochs or config.run.val_every_n_steps)
+    if validates:
         names += ["val_loss", "val_accuracy", *(f"val_{name}" for name in metrics)]
     why = "" if has_validation else " (without a val_loader only the training loss exists)"
     wanted = []
     if config.checkpoint.tracks_best:
         wanted.append(("monitor", config.checkpoint.monitor))
-    if config.early_stopping.patience is not None:
+    if config.early_stopping.enabled:
         wanted.append(("early_stopping.monitor", watched(config, has_validation)[0]))
     for field, name in wanted:
-        if name not in names:
+        if name not in names and not (validates and step_logs and name.startswith("val_")):
             raise config_error(
                 field, name, f"one of {', '.join(map(repr, names))}{why}",
                 "name a metric given in metrics= as 'val_<name>', pass a val_loader, or "
@@ -256,6 +267,7 @@ def check_runtime(runtime: Any, config: Any, callbacks: object) -> None:
         )  # fmt: skip
     check_model(runtime.model)
     check_loss_fn(runtime.loss_fn)
+    check_step_functions(runtime)
     check_optimizer_argument(runtime.optimizer)
     check_scheduler_argument(runtime.scheduler)
     max_epochs = config.run.max_epochs
@@ -278,7 +290,9 @@ def check_runtime(runtime: Any, config: Any, callbacks: object) -> None:
             )  # fmt: skip
     if runtime.metrics is not None:
         check_metrics(runtime.metrics)
-    check_monitor(config, runtime.val_loader is not None, runtime.metrics or {})
-    check_writable_dir("log_dir", config.run.log_dir)
+    step_logs = runtime.training_step is not None or runtime.validation_step is not None
+    check_monitor(config, runtime.val_loader is not None, runtime.metrics or {}, step_logs)
+    if config.run.keeps_files:  # a smoke run writes nothing there
+        check_writable_dir("log_dir", config.run.log_dir)
     if config.checkpoint.checkpoint_dir is not None:
         check_writable_dir("checkpoint_dir", config.checkpoint.checkpoint_dir)

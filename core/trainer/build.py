@@ -34,11 +34,10 @@ from core.hardware.settings import GPUManager
 from core.loop.accumulation import GradientAccumulation
 from core.loop.epoch import Scheduler, StepLoop
 from core.loop.limit import limit_batches
-from core.loop.objective import DefaultObjective, LossFn, Objective
+from core.loop.objective import LossFn, Objective
 from core.loop.recovery import ErrorHandler
-from core.loop.stepper import default_optimizer
+from core.loop.step_function import StepFn, objective_for
 from core.memory.amp_savings import measure_amp_savings
-from core.memory.trial import OptimizerFactory
 from core.metrics import MetricSet
 from core.moe import MoEProbe
 from core.monitoring.distribution import MonitoredDistribution
@@ -49,18 +48,19 @@ from core.rng import capture_rng, restore_rng
 from core.telemetry.describe import fingerprint
 from core.telemetry.init_hash import weights_hash
 from core.telemetry.profiler import StepProfiler
-from core.trainer.arguments import (
-    built_by,
-    check_optimizer,
-    check_scheduler,
-    is_scheduler_instance,
-)
 from core.trainer.early_stopping import EarlyStopping, watched
 from core.trainer.model_setup import (
     PreparedModel,
     compile_rule_for,
-    optimizer_factory_like,
     prepare_model,
+)
+from core.trainer.optimization import (
+    OptimizerArgument,
+    SchedulerArgument,
+    optimizer_for,
+    plateau_of,
+    scheduler_for,
+    trial_optimizer,
 )
 from core.trainer.run_state import RunState
 
@@ -71,8 +71,6 @@ __all__ = ("Parts", "Runtime", "build")
 # Imported with core (above), it is paid at the application's start, not in a running loop.
 
 Emit = Callable[..., None]
-OptimizerArgument = torch.optim.Optimizer | Callable[[list[nn.Parameter]], torch.optim.Optimizer]
-SchedulerArgument = Scheduler | Callable[[torch.optim.Optimizer], Scheduler]
 
 
 @dataclass(frozen=True)
@@ -86,6 +84,8 @@ class Runtime:
     optimizer: OptimizerArgument | None = None
     scheduler: SchedulerArgument | None = None
     metrics: Mapping[str, Any] | None = None
+    training_step: StepFn | None = None
+    validation_step: StepFn | None = None
     model_factory: Factory | None = None
     """How the model was made, when it was named (recorded in every checkpoint)."""
 
@@ -103,6 +103,8 @@ class Parts:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: Scheduler | None
+    plateau: Scheduler | None
+    """The scheduler again where it steps with the monitored value (``core.trainer.judging``)."""
     objective: Objective
     errors: ErrorHandler
     train_loader: Iterable[Any]
@@ -155,16 +157,18 @@ def _build(
             runtime.model, device=strategy.device, dtype=precision.amp_precision.dtype,
             loss_scaling=config.precision.enable_grad_scaler,
         )  # fmt: skip
-    objective = DefaultObjective() if runtime.loss_fn is None else Objective(runtime.loss_fn)
+    objective = objective_for(runtime.loss_fn, runtime.training_step, runtime.validation_step)
     model_summary, init_hash = summarize_model(runtime.model), weights_hash(runtime.model)
     prepared = prepare_model(
         runtime.model, config, strategy=strategy, precision=precision, objective=objective,
-        train_loader=runtime.train_loader, optimizer_factory=_trial_optimizer(runtime.optimizer),
+        train_loader=runtime.train_loader, optimizer_factory=trial_optimizer(runtime.optimizer),
         emit=emit, report_error=report_error,
     )  # fmt: skip
     model = trainer.initialize_training(runtime.model, precision.amp_precision.dtype)
-    optimizer = _optimizer(runtime.optimizer, model, config)
-    scheduler = _scheduler(runtime.scheduler, optimizer)
+    optimizer = optimizer_for(runtime.optimizer, model, config)
+    scheduler = scheduler_for(runtime.scheduler, optimizer)
+    watching, mode = watched(config, runtime.val_loader is not None)
+    plateau = plateau_of(scheduler, watching, mode)  # stepped after each check, not per step
     accumulation = GradientAccumulation(
         replace(config.accumulation, micro_batch_size=prepared.micro_batch_size)
     )
@@ -196,17 +200,15 @@ def _build(
     )
     hooks = [hook for hook in (profiler, compile_rule) if hook is not None]
     loop = StepLoop(
-        model=model, optimizer=optimizer, scheduler=scheduler, precision=precision,
+        model=model, optimizer=optimizer, scheduler=None if plateau else scheduler,
+        precision=precision,
         accumulation=accumulation, strategy=strategy, objective=objective, errors=errors,
         max_grad_norm=config.optim.max_grad_norm, emit=emit,
         step_hooks=hooks, device_fields=monitor,
         prepare_batch=prepared.prepare_batch, max_steps=config.run.max_steps,
         terms=MoEProbe.of(strategy.unwrap(model)),
     )  # fmt: skip
-    watching, mode = watched(config, val_loader is not None)
-    early_stopping = EarlyStopping(
-        config.early_stopping.patience, config.early_stopping.min_delta, mode=mode, monitor=watching
-    )
+    early_stopping = EarlyStopping(config.early_stopping, mode=mode, monitor=watching)
     state = RunState(
         loop=loop, mixed_precision=precision, accumulation=accumulation, scheduler=scheduler,
         early_stopping=early_stopping, errors=errors,
@@ -227,33 +229,14 @@ def _build(
     return Parts(
         trainer=trainer, strategy=strategy, device_settings=device_settings,
         precision=precision, prepared=prepared, accumulation=accumulation, model=model,
-        optimizer=optimizer, scheduler=scheduler, objective=objective, errors=errors,
+        optimizer=optimizer, scheduler=scheduler, plateau=plateau, objective=objective,
+        errors=errors,
         train_loader=train_loader,
         val_loader=val_loader, early_stopping=early_stopping, loop=loop, state=state,
         checkpointer=checkpointer, monitor=monitor,
         metrics=None if runtime.metrics is None else MetricSet(runtime.metrics),
         model_summary=model_summary, init_hash=init_hash, profiler=profiler,
     )  # fmt: skip
-
-
-def _optimizer(
-    argument: OptimizerArgument | None, model: nn.Module, config: TrainingConfig
-) -> torch.optim.Optimizer:
-    """The user's optimizer instance, one built by their factory, or the default AdamW."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if argument is None:
-        return default_optimizer(params, config.optim.learning_rate, config.optim.weight_decay)
-    given = isinstance(argument, torch.optim.Optimizer)
-    optimizer = argument if given else built_by("optimizer", argument, params)  # type: ignore[arg-type]
-    check_optimizer(optimizer, model, given=given)
-    return optimizer  # type: ignore[return-value]
-
-
-def _trial_optimizer(argument: OptimizerArgument | None) -> OptimizerFactory | None:
-    """What the batch-size trials step: a fresh optimizer like the run's (AdamW without)."""
-    if argument is None or isinstance(argument, torch.optim.Optimizer):
-        return optimizer_factory_like(argument)
-    return argument  # the user's factory of parameters
 
 
 def _amp_memory(
@@ -282,15 +265,3 @@ def _prefetched(loader: Iterable[Any], config: TrainingConfig, device: torch.dev
     if batches_in(loader) is None:
         return loader
     return prefetch_to_device(loader, device, config.data.loader)
-
-
-def _scheduler(
-    argument: SchedulerArgument | None, optimizer: torch.optim.Optimizer
-) -> Scheduler | None:
-    if argument is None:
-        return None
-    scheduler = (
-        argument if is_scheduler_instance(argument) else built_by("scheduler", argument, optimizer)
-    )
-    check_scheduler(scheduler, optimizer)
-    return scheduler

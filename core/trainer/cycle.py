@@ -25,6 +25,7 @@ from core.telemetry.describe import run_end_fields, run_start_fields
 from core.telemetry.events import EventHub
 from core.telemetry.run_log import CurrentLog, RunLog, new_run_id
 from core.trainer.build import Parts
+from core.trainer.judging import Judge
 from core.trainer.plan import lineage, plan
 from core.trainer.stopping import RunEnding
 from core.trainer.validation import Validation
@@ -55,15 +56,25 @@ class RunCycle:
         self.hub = hub
         self.current = current
         """Where the parts write records: pointed at each run's log when it opens."""
-        self.validation = Validation(config, parts, current, self.save)
+        self.judge = Judge(parts)
+        self.validation = Validation(config, parts, current, self.save, self.judge)
         self.stop = threading.Event()
         """The stop flag of the run in progress (step hooks pass it to validation)."""
+        self.requested: str | None = None
+        """Why a callback asked the run in progress to stop (:meth:`request_stop`)."""
         self._opened_at = 0.0
 
     def new_stop(self) -> threading.Event:
         """A fresh stop flag for the next run (its step thread sets it)."""
-        self.stop = threading.Event()
+        self.stop, self.requested = threading.Event(), None
         return self.stop
+
+    def request_stop(self, reason: str) -> None:
+        """Stop the run in progress at its next step boundary (any thread): the stop
+        checkpoint is written, ``run_end`` says ``stop_reason="requested: <reason>"``."""
+        if self.requested is None:
+            self.requested = reason
+        self.stop.set()
 
     @property
     def log(self) -> RunLog | None:
@@ -75,7 +86,12 @@ class RunCycle:
         run, parts = self.config.run, self.parts
         run_id = parts.strategy.broadcast_object(new_run_id())
         log = RunLog.create(
-            Path(run.log_dir), run.experiment_name, run_id, rank=parts.strategy.rank, hub=self.hub
+            Path(run.log_dir),
+            run.experiment_name,
+            run_id,
+            rank=parts.strategy.rank,
+            hub=self.hub,
+            temporary=not run.keeps_files,
         )
         self.current.log = log
         self._opened_at = time.monotonic()
@@ -137,7 +153,8 @@ class RunCycle:
                 "monitor": checkpoint.monitor if checkpoint.tracks_best else None,
                 "best_value": progress.best_value,
                 "best_checkpoint": progress.best_checkpoint,
-                "run_dir": str(log.run_dir),
+                "stop_reason": progress.stop_reason,
+                "run_dir": None if log.kept_dir is None else str(log.kept_dir),
             }
             (log.error if end.status in ("failed", "abandoned") else log.emit)("run_end", **fields)
         finally:
@@ -153,8 +170,9 @@ class RunCycle:
         """Start writing ``training_metrics.png`` and ``performance_summary.txt`` from the
         closed log (rank 0) in a child process, and return at once: the run does not wait
         for them (``core.wait_for_reports`` does). A report that fails is said in the
-        process's log and never fails the run."""
-        if not (self.config.logging.reports and self.parts.strategy.is_global_zero):
+        process's log and never fails the run. A smoke run's directory is gone: none."""
+        wanted = self.config.logging.reports and self.parts.strategy.is_global_zero
+        if not wanted or log.kept_dir is None:
             return
         try:
             start_reports(log.run_dir)
@@ -216,12 +234,13 @@ class RunCycle:
         latest, validation.since_epoch_end = validation.since_epoch_end, None
         parts.state.epochs_completed = epoch + 1
         parts.checkpointer.mark_stale()  # a checkpoint of this step predates the epoch's end
-        watched = validation.values(latest, train_loss).get(parts.early_stopping.monitor)
-        if watched is not None:
-            # Rank 0 decides, every rank follows: no rank is left waiting in a collective.
-            progress.stopped_early = parts.strategy.broadcast_object(
-                parts.early_stopping.update(watched)
-            )
+        judge, epochs = self.judge, epoch + 1  # each validation is a check, once
+        if judge.at_epoch_end:
+            judge.check(validation.values(None, train_loss), epochs=epochs, stop=stop)
+        elif due:
+            judge.check(validation.values(latest, train_loss), epochs=epochs, stop=stop)
+        else:
+            judge.due(epochs=epochs, stop=stop)
         if latest is not None and validation.last_step == parts.loop.global_step:
             validation.keep_if_best(validation.values(latest, train_loss))  # saved now
         elif self.config.checkpoint.monitor == "train_loss":

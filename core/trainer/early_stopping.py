@@ -1,5 +1,11 @@
 """Early stopping on a monitored value: the validation loss by default, or any value the
-checkpoint section's ``monitor`` may name (``val_f1``, ``val_accuracy``...), with its mode."""
+checkpoint section's ``monitor`` may name (``val_f1``, ``val_accuracy``...), with its mode.
+
+The rules are Lightning's ``EarlyStopping``'s, judged in its order at every check (every
+validation; the epoch's end for the training loss): a value that is not finite, the
+stopping threshold, the divergence threshold, then patience. Each stop says why in words,
+which ``run_end`` records as its ``stop_reason``.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import math
 from typing import Any, Literal
 
 from core.checkpointing.ranking import WORST, better
+from core.config import EarlyStoppingConfig
 
 __all__ = ("EarlyStopping", "watched")
 
@@ -26,45 +33,82 @@ def watched(config: Any, has_validation: bool) -> tuple[str, Mode]:
 
 
 class EarlyStopping:
-    """Stop after ``patience`` epochs without an improvement larger than ``min_delta``.
+    """The stopping rules of ``config`` over one monitored value.
 
-    A non-finite value (a NaN validation loss) is never the best: it counts as a bad epoch.
-
-    >>> stopper = EarlyStopping(patience=2)
-    >>> [stopper.update(v) for v in (1.0, 0.9, 0.95, 0.91)]
-    [False, False, False, True]
-    >>> stopper = EarlyStopping(patience=1, mode="max", monitor="val_accuracy")
-    >>> [stopper.update(v) for v in (0.5, 0.7, 0.6)]
-    [False, False, True]
+    >>> stopper = EarlyStopping(EarlyStoppingConfig(patience=2))
+    >>> [stopper.judge(v, epochs=1, steps=1) for v in (1.0, 0.9, 0.95, 0.91)]
+    [None, None, None, 'val_loss did not improve by more than 0 in 2 validations (best 0.9)']
+    >>> EarlyStopping(EarlyStoppingConfig(patience=3)).judge(float("nan"), epochs=1, steps=1)
+    'val_loss = nan is not finite (best none yet)'
     """
 
     def __init__(
         self,
-        patience: int | None,
-        min_delta: float = 0.0,
+        config: EarlyStoppingConfig,
         *,
         mode: Mode = "min",
         monitor: str = "val_loss",
     ) -> None:
-        self.patience = patience
-        self.min_delta = min_delta
+        self.config = config
         self.mode: Mode = mode
         self.monitor = monitor
         self.best = WORST[mode]
         self.bad_epochs = 0
+        """Checks in a row without an improvement (validations; epochs for train_loss)."""
+        self.pending: str | None = None
+        """A rule that fired before ``min_epochs``/``min_steps``: it stops the run then."""
 
-    def update(self, value: float) -> bool:
-        """Record one epoch's metric; return True when training should stop."""
-        if math.isfinite(value) and better(value, self.best, self.mode, self.min_delta):
-            self.best = value
-            self.bad_epochs = 0
-        else:
+    @property
+    def min_delta(self) -> float:
+        return self.config.min_delta
+
+    def judge(self, value: float, *, epochs: int, steps: int) -> str | None:
+        """Record one check of the monitored value after ``epochs`` epochs and ``steps``
+        optimizer steps; the reason to stop now, or None."""
+        reason = self._rules(value)
+        if reason is not None and self.pending is None:
+            self.pending = reason
+        return self.due(epochs=epochs, steps=steps)
+
+    def due(self, *, epochs: int, steps: int) -> str | None:
+        """The reason a rule gave, once ``min_epochs`` and ``min_steps`` are reached."""
+        config, pending = self.config, self.pending
+        if pending is None or not config.enabled:
+            return None
+        if config.min_epochs is not None and epochs < config.min_epochs:
+            return None
+        if config.min_steps is not None and steps < config.min_steps:
+            return None
+        return pending
+
+    def _rules(self, value: float) -> str | None:
+        config, monitor = self.config, self.monitor
+        best = "none yet" if math.isinf(self.best) else f"{self.best:.4g}"
+        if not math.isfinite(value) and config.check_finite:
             self.bad_epochs += 1
-        return self.patience is not None and self.bad_epochs >= self.patience
+            return f"{monitor} = {value} is not finite (best {best})"
+        threshold = config.stopping_threshold
+        if threshold is not None and not better(threshold, value, self.mode):
+            return f"{monitor} = {value:.4g} reached stopping_threshold {threshold:g}"
+        divergence = config.divergence_threshold
+        if divergence is not None and better(divergence, value, self.mode):
+            return f"{monitor} = {value:.4g} is worse than divergence_threshold {divergence:g}"
+        if math.isfinite(value) and better(value, self.best, self.mode, config.min_delta):
+            self.best, self.bad_epochs = value, 0
+            return None
+        self.bad_epochs += 1  # a value that is not finite is never the best
+        if config.patience is not None and self.bad_epochs >= config.patience:
+            checks = "epochs" if monitor == "train_loss" else "validations"
+            return (
+                f"{monitor} did not improve by more than {config.min_delta:g} in "
+                f"{self.bad_epochs} {checks} (best {best})"
+            )
+        return None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "bad_epochs": self.bad_epochs}
+        return {"best": self.best, "bad_epochs": self.bad_epochs, "pending": self.pending}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best = float(state["best"])
         self.bad_epochs = int(state["bad_epochs"])
+        self.pending = state.get("pending")

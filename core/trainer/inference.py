@@ -45,7 +45,7 @@ def evaluate_with(parts: Parts, loader: Iterable[Any] | None) -> dict[str, float
         stop=threading.Event(),
         precision=parts.precision.precision,
         strategy=parts.strategy,
-        objective=parts.objective,
+        objective=parts.objective.evaluation(),
         errors=parts.errors,
         prepare_batch=parts.prepared.prepare_batch,
         metrics=parts.metrics,

@@ -39,7 +39,7 @@ def describe(config: TrainingConfig, parts: Parts) -> dict[str, Any]:
         model=parts.strategy.unwrap(parts.model),
         optimizer=parts.optimizer,
         scheduler=parts.scheduler,
-        loss_fn=parts.objective.loss_fn,
+        loss_fn=parts.objective.source,
     )
 
 

@@ -24,6 +24,8 @@ __all__ = ("Observers", "with_default_callbacks")
 Emit = Callable[..., None]
 _HOOKS: dict[str, str] = {
     "run_start": "on_run_start",
+    "train_step": "on_train_step",
+    "validation": "on_validation_end",
     "epoch_end": "on_epoch_end",
     "checkpoint": "on_checkpoint",
     "run_end": "on_run_end",

@@ -30,19 +30,22 @@ from core.callbacks import Callback
 from core.config import TrainingConfig
 from core.factory import Factory, factory_of
 from core.loop.objective import LossFn
+from core.loop.step_function import StepFn
 from core.metrics import Metric, MetricFn
 from core.telemetry.events import EventHub, EventStream
 from core.telemetry.run_log import CurrentLog
 from core.trainer.arguments import check_runtime
 from core.trainer.benchmark import benchmark_performance, optimal_batch_size
-from core.trainer.build import OptimizerArgument, Parts, Runtime, SchedulerArgument, build
+from core.trainer.build import Parts, Runtime, build
 from core.trainer.cycle import RunCycle
 from core.trainer.inference import evaluate_with, predict_with
 from core.trainer.inspection import describe
 from core.trainer.observers import Observers, with_default_callbacks
+from core.trainer.optimization import OptimizerArgument, SchedulerArgument
+from core.trainer.process.child_state import ChildState
 from core.trainer.process.crossing import Crossing, crossing_for, resolve
 from core.trainer.process.ranks import ranks_crossing
-from core.trainer.process.supervisor import ChildState, TrainingProcess, warm_up
+from core.trainer.process.supervisor import TrainingProcess, warm_up
 from core.trainer.results import TrainingResults
 from core.trainer.run import Run
 from core.trainer.views import JobViews
@@ -62,8 +65,13 @@ class OptimizedTrainingOptimizer(JobViews):
     ``config.logging.progress`` is False or one is given. Bad arguments raise
     :class:`~core.errors.ConfigError` here, before anything is built.
 
-    ``model``, the loaders, ``loss_fn``, ``optimizer`` and ``scheduler`` may also be named as
-    ``"package.module:function"`` factories (see ``core.trainer.process.crossing``). With
+    ``training_step(model, batch)`` computes the loss in place of ``loss_fn`` (and may return
+    values to log with it: ``core.loop.step_function``); ``validation_step`` evaluates
+    (default: ``training_step``).
+
+    ``model``, the loaders, ``loss_fn``, the step functions, ``optimizer`` and ``scheduler``
+    may also be named as ``"package.module:function"`` factories (see
+    ``core.trainer.process.crossing``). With
     ``config.run.isolation="process"`` the job trains in a supervised child process
     (``core.trainer.process``): what it is given must pickle, or be such a factory.
     """
@@ -80,6 +88,8 @@ class OptimizedTrainingOptimizer(JobViews):
         scheduler: SchedulerArgument | str | None = None,
         callbacks: Sequence[Callback] = (),
         metrics: Mapping[str, Metric | MetricFn] | None = None,
+        training_step: StepFn | str | None = None,
+        validation_step: StepFn | str | None = None,
     ) -> None:
         config = TrainingConfig() if config is None else config
         if isinstance(config, TrainingConfig):  # a fast_dev_run's one epoch, decided once here
@@ -93,6 +103,8 @@ class OptimizedTrainingOptimizer(JobViews):
             "optimizer": optimizer,
             "scheduler": scheduler,
             "metrics": metrics,
+            "training_step": training_step,
+            "validation_step": validation_step,
         }
         self._runtime = Runtime(
             **{name: resolve(name, value) for name, value in given.items()},
@@ -110,6 +122,7 @@ class OptimizedTrainingOptimizer(JobViews):
         self._log = CurrentLog()
         self._parts: Parts | None = None
         self._cycle: RunCycle | None = None
+        self._process: TrainingProcess | None = None
         self._running = False
         self._run_dir: Path | None = None
 
@@ -175,6 +188,22 @@ class OptimizedTrainingOptimizer(JobViews):
         plan: steps per epoch, effective batch, micro-batches as they stand now."""
         return describe(self._config, self._built) | {"isolation": dict(self.isolation)}
 
+    def request_stop(self, reason: str = "requested by a callback") -> bool:
+        """Stop the run in progress at its next step boundary (a callback's way to steer,
+        from any hook, or any code on the event loop's thread): the stop checkpoint is
+        written, ``train()`` returns, ``run_end`` has ``status="stopped"`` and
+        ``stop_reason="requested: <reason>"``. Under ``isolation="process"`` and
+        ``devices=N`` the request crosses to the training process. False when no run is in
+        progress (nothing happens)."""
+        if not self._running:
+            return False
+        if self._process is not None:
+            return self._process.request_stop(reason)
+        if self._cycle is None:
+            return False
+        self._cycle.request_stop(reason)
+        return True
+
     # -- using the trained model ----------------------------------------------------------
     async def evaluate(self, loader: Iterable[Any] | None = None) -> dict[str, float | None]:
         """Loss, accuracy and ``metrics=`` over ``loader`` (default: the ``val_loader``) on the
@@ -231,13 +260,15 @@ class OptimizedTrainingOptimizer(JobViews):
             parts, cycle = self._built, self._cycle
             assert cycle is not None
             run = Run(self._config, parts, cycle, self._hub, self._observers())
-            return await run.execute(self.describe(), on_open=self._opened)
+            results = await run.execute(self.describe(), on_open=self._opened)
+            self._run_dir = results.run_dir  # None: a smoke run's directory, removed
+            return results
         finally:
             self._running = False
 
     async def _train_in_a_process(self, crossing: Crossing) -> TrainingResults:
         self._child = ChildState()
-        child = TrainingProcess(
+        self._process = child = TrainingProcess(
             type(self),
             self._config,
             crossing,
@@ -247,7 +278,12 @@ class OptimizedTrainingOptimizer(JobViews):
             state=self._child,
             on_open=self._opened,
         )
-        return await child.execute()
+        try:
+            results = await child.execute()
+        finally:
+            self._process = None
+        self._run_dir = results.run_dir  # None: a smoke run's directory, removed
+        return results
 
     def _observers(self) -> Observers:
         return Observers(

@@ -1,4 +1,4 @@
-"""What ``await optimizer.train()`` returns, and the running tally it is built from."""
+"""What ``await run.train()`` returns, and the running tally it is built from."""
 
 from __future__ import annotations
 
@@ -19,9 +19,14 @@ class TrainingResults:
     class indices; ``best_val_loss`` is None without a ``val_loader``. ``samples_per_s``
     counts this rank's training samples over training time (validation excluded).
     ``interrupted`` is True when another rank stopped the job (this rank was not cancelled).
+    ``stop_reason`` says why the run ended before ``max_epochs``/``max_steps`` when a rule
+    or a callback stopped it (``"early_stopping: val_loss did not improve ..."``,
+    ``"requested: <the callback's reason>"``), else None.
     ``val_metrics`` are the last validation's ``metrics=`` values. With ``save_best``,
     ``best_value`` is the best ``monitor`` value and ``best_checkpoint`` its checkpoint
     (load it with :func:`core.load_weights`); ``last_checkpoint`` is the newest one.
+    ``run_dir`` is where the run's files are; None for a ``fast_dev_run``, whose files were
+    removed with it (``RunConfig.keep_fast_dev_run_files`` keeps them).
     """
 
     epochs_completed: int
@@ -32,17 +37,18 @@ class TrainingResults:
     val_accuracy: float | None
     stopped_early: bool
     samples_per_s: float
-    run_dir: Path
+    run_dir: Path | None
     interrupted: bool = False
     val_metrics: dict[str, float | None] = field(default_factory=dict)
     monitor: str | None = None
     best_value: float | None = None
     best_checkpoint: str | None = None
     last_checkpoint: str | None = None
+    stop_reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data["run_dir"] = str(self.run_dir)
+        data["run_dir"] = None if self.run_dir is None else str(self.run_dir)
         return data
 
 
@@ -63,6 +69,8 @@ class RunProgress:
     best_checkpoint: str | None = None
     top_k: list[list[float | str]] = field(default_factory=list)
     """The kept best checkpoints, ``[value, path]``, the best first (``save_top_k``)."""
+    stop_reason: str | None = None
+    """Why the run stopped before its end (early stopping's rule, a callback's request)."""
 
     def add_epoch(self, samples: int, time_s: float) -> None:
         self.samples += samples
@@ -86,7 +94,7 @@ class RunProgress:
         *,
         epochs_completed: int,
         global_step: int,
-        run_dir: Path,
+        run_dir: Path | None,
         monitor: str | None = None,
         last_checkpoint: str | None = None,
     ) -> TrainingResults:
@@ -106,4 +114,5 @@ class RunProgress:
             best_value=self.best_value,
             best_checkpoint=self.best_checkpoint,
             last_checkpoint=last_checkpoint,
+            stop_reason=self.stop_reason,
         )

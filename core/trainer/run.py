@@ -113,6 +113,8 @@ class Run:
         )
         worker.close()
         await observers.finish()
+        if cycle.log is not None:  # a smoke run's temporary directory, once nothing writes
+            await anyio.to_thread.run_sync(cycle.log.discard)
         # Peers close within their callbacks' grace; a stop that gave up on its step thread
         # gives control back first, and waits for the others briefly.
         wait_s = 5.0 if worker.abandoned else self.config.logging.callback_grace_s + 10
@@ -146,7 +148,7 @@ class Run:
             if parts.monitor is not None:
                 tg.start_soon(parts.monitor.run)
             try:
-                return await self._supervise(run_scope, log.run_dir)
+                return await self._supervise(run_scope, log.kept_dir)
             except Exception as exc:  # re-raised unwrapped, after the task group
                 end.error = exc
             finally:
@@ -154,7 +156,9 @@ class Run:
         assert end.error is not None
         raise end.error
 
-    async def _supervise(self, run_scope: anyio.CancelScope, run_dir: Path) -> TrainingResults:
+    async def _supervise(
+        self, run_scope: anyio.CancelScope, run_dir: Path | None
+    ) -> TrainingResults:
         """The run itself, and the stop checkpoint whatever ends it."""
         worker, end, stopping, cycle = self.worker, self.end, self.stopping, self.cycle
         try:
@@ -167,7 +171,8 @@ class Run:
                 raise SignalReceived(end.signals[0], checkpoint, abandoned=worker.abandoned)
             if results.interrupted:
                 await stopping.checkpoint(worker, "stopped_by_peer")
-            end.status = "stopped" if results.interrupted else "completed"
+            requested = results.stop_reason is not None and not results.stopped_early
+            end.status = "stopped" if results.interrupted or requested else "completed"
             return results
         except anyio.get_cancelled_exc_class():
             end.status = "cancelled"
@@ -178,9 +183,11 @@ class Run:
                 await stopping.checkpoint(worker, "error", always=True)
             raise
 
-    async def _fit(self, resume: ResumePoint | None, run_dir: Path) -> TrainingResults:
+    async def _fit(self, resume: ResumePoint | None, run_dir: Path | None) -> TrainingResults:
         parts, cycle, worker = self.parts, self.cycle, self.worker
         stop, progress, max_steps = worker.stop, parts.state.progress, self.config.run.max_steps
+        if not progress.stopped_early:  # a resumed request was the earlier run's, not this one's
+            progress.stop_reason = None
         for epoch in range(parts.state.epochs_completed, self.config.run.max_epochs):
             if max_steps is not None and parts.loop.global_step >= max_steps:
                 break
@@ -191,11 +198,11 @@ class Run:
             resume = None
             progress.add_epoch(stats.samples, stats.time_s)
             if stats.interrupted:
-                progress.interrupted = await _stopped()
+                await self._interrupted()
                 break
             ended = await worker.call(cycle.end_epoch, epoch, stats, started, stop)
             if ended.interrupted:
-                progress.interrupted = await _stopped()
+                await self._interrupted()
                 break
             if ended.stop:
                 break
@@ -208,9 +215,17 @@ class Run:
             last_checkpoint=parts.checkpointer.last_path,
         )
 
-
-async def _stopped() -> bool:
-    """After the ranks agreed to stop: re-raise this task's cancellation if it was cancelled;
-    otherwise another rank asked to stop, and this one ends its run as interrupted."""
-    await anyio.lowlevel.checkpoint()
-    return True
+    async def _interrupted(self) -> None:
+        """After the ranks agreed to stop at a step boundary: re-raise this task's
+        cancellation if it was cancelled; a stop this run decided (a stopping rule, a
+        callback's request) writes its checkpoint here; otherwise another rank asked to
+        stop, and this one ends its run as interrupted."""
+        await anyio.lowlevel.checkpoint()
+        progress, requested = self.parts.state.progress, self.cycle.requested
+        if progress.stopped_early:
+            await self.stopping.checkpoint(self.worker, "early_stop")
+        elif requested is not None:
+            progress.stop_reason = f"requested: {requested}"
+            await self.stopping.checkpoint(self.worker, "requested")
+        else:
+            progress.interrupted = True

@@ -26,6 +26,7 @@ from core.loop.limit import limit_batches
 if TYPE_CHECKING:
     from core.telemetry.run_log import CurrentLog
     from core.trainer.build import Parts
+    from core.trainer.judging import Judge
 
 __all__ = ("Validation",)
 
@@ -35,8 +36,11 @@ Save = Callable[..., "str | None"]
 class Validation:
     """The validation schedule and the best checkpoint of one job."""
 
-    def __init__(self, config: TrainingConfig, parts: Parts, log: CurrentLog, save: Save) -> None:
+    def __init__(
+        self, config: TrainingConfig, parts: Parts, log: CurrentLog, save: Save, judge: Judge
+    ) -> None:
         self.run = config.run
+        self.judge = judge
         self.checkpoint = config.checkpoint
         self.parts = parts
         self.log = log
@@ -86,7 +90,7 @@ class Validation:
             stop=stop,
             precision=parts.precision.precision,
             strategy=parts.strategy,
-            objective=parts.objective,
+            objective=parts.objective.evaluation(),
             errors=parts.errors,
             prepare_batch=parts.prepared.prepare_batch,
             metrics=parts.metrics,
@@ -127,7 +131,10 @@ class Validation:
         evaluation = self.validate(parts.loop.epoch, stop)
         parts.model.train()
         if not evaluation.interrupted:
-            self.keep_if_best(self.values(evaluation))
+            values = self.values(evaluation)
+            self.keep_if_best(values)
+            if not self.judge.at_epoch_end:  # a stop here ends the epoch at this step
+                self.judge.check(values, epochs=parts.state.epochs_completed, stop=stop)
 
     # -- the best checkpoint --------------------------------------------------------------
     @staticmethod

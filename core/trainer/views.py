@@ -23,7 +23,7 @@ from core.monitoring.distribution import MonitoredDistribution
 from core.precision.policy import MixedPrecisionTrainer
 from core.trainer.build import Parts, Runtime
 from core.trainer.inspection import checkpoints_of
-from core.trainer.process.supervisor import ChildState
+from core.trainer.process.child_state import ChildState
 
 __all__ = ("JobViews",)
 

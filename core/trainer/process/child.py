@@ -5,7 +5,8 @@ of its own (a terminal's Ctrl-C reaches the service, which decides) and at a low
 priority than the service (``NICENESS``). It builds the job from what
 crossed (``core.trainer.process.crossing``), trains it under asyncio with SIGTERM/SIGINT as
 graceful stops, and ends with one ``ended`` message. On success it first writes the model's
-final weights as a verified checkpoint under ``<run_dir>/final_weights/``, which the parent
+final weights as a verified checkpoint under ``<run_dir>/final_weights/`` (a smoke run's,
+whose directory is gone: in a temporary folder the parent removes), which the parent
 loads into its own model. A ``"cancel"`` from the parent, or the parent's end (the control
 pipe reads end-of-file: the service was killed), cancels the run: the stop checkpoint is
 written as under a cancelled ``train()`` in thread mode.
@@ -15,7 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -32,9 +36,18 @@ from core.trainer.process.pipe import Sender
 from core.trainer.process.shared import Packed
 from core.trainer.results import TrainingResults
 
-__all__ = ("FINAL_WEIGHTS", "HEARTBEAT_S", "NICENESS", "crossed", "hand_back", "main")
+__all__ = (
+    "FINAL_WEIGHTS",
+    "HEARTBEAT_S",
+    "NICENESS",
+    "crossed",
+    "discard_handed_back",
+    "hand_back",
+    "main",
+)
 
 FINAL_WEIGHTS = "final_weights"
+_SCRATCH = "core-final-"
 HEARTBEAT_S = 1.0
 NICENESS = 10
 """The training process's CPU priority below the service's: where they compete for cores,
@@ -86,19 +99,34 @@ def hand_back(packed: Packed, job: Any, results: TrainingResults) -> str | None:
     state = job.multi_gpu_trainer.strategy.model_state_dict(job.model)
     if job.multi_gpu_trainer.strategy.rank != 0 or HandBack(packed).write(state):
         return None
-    final = save_final_weights(
-        state, Path(results.run_dir), results.global_step, results.epochs_completed
-    )
+    # A smoke run keeps no run directory: its weights cross through a temporary folder.
+    run_dir = results.run_dir or Path(tempfile.mkdtemp(prefix=_SCRATCH))
+    final = save_final_weights(state, run_dir, results.global_step, results.epochs_completed)
     return str(final)
 
 
-def _listen(control: Connection, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
-    """Cancel ``task`` on ``"cancel"`` or when the parent is gone (end-of-file)."""
+def discard_handed_back(final: str) -> None:
+    """In the service, once loaded: remove the temporary folder a smoke run's weights
+    crossed through (:func:`hand_back`); weights in a kept run directory stay."""
+    scratch = Path(final).parent.parent
+    if scratch.name.startswith(_SCRATCH) and scratch.parent == Path(tempfile.gettempdir()):
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _listen(
+    control: Connection,
+    loop: asyncio.AbstractEventLoop,
+    task: asyncio.Task[Any],
+    request_stop: Callable[[str], object],
+) -> None:
+    """Cancel ``task`` on ``"cancel"`` or when the parent is gone (end-of-file); pass a
+    ``("stop", reason)`` to ``request_stop`` on the event loop."""
 
     def wait() -> None:
         try:
-            while control.recv() != "cancel":
-                pass
+            while (message := control.recv()) != "cancel":
+                if isinstance(message, tuple) and message[0] == "stop":
+                    loop.call_soon_threadsafe(request_stop, message[1])
         except (EOFError, OSError):
             pass
         loop.call_soon_threadsafe(task.cancel)
@@ -111,9 +139,14 @@ async def _train(
 ) -> None:
     task = asyncio.current_task()
     assert task is not None
-    _listen(control, asyncio.get_running_loop(), task)
+    job: Any = None
+
+    def request_stop(reason: str) -> None:
+        if job is not None:
+            job.request_stop(reason)
+
+    _listen(control, asyncio.get_running_loop(), task, request_stop)
     beat = asyncio.create_task(_heartbeat(sender))
-    job = None
     try:
         objects = Crossing.unpack(packed)
         job = job_class(training_config(config), callbacks=[Relay(sender)], **objects)

@@ -7,8 +7,9 @@ model's parameters on the other side; their tensors through shared memory, never
 imported and called in each process that needs it. A factory name stands for:
 
 - ``model``, ``train_loader``, ``val_loader``: a function of no arguments returning the object;
-- ``loss_fn``: the loss function itself; ``optimizer``: a function of the model's parameters;
-  ``scheduler``: a function of the optimizer (as when a callable is passed).
+- ``loss_fn``, ``training_step``, ``validation_step``: the function itself;
+- ``optimizer``: a function of the model's parameters; ``scheduler``: a function of the
+  optimizer (as when a callable is passed).
 
 Anything else (a lambda, a class defined inside a function or in a ``__main__`` the training
 process cannot import, an open file, a lock) is a :class:`~core.errors.ConfigError` naming
@@ -58,6 +59,8 @@ _OBJECTS = {
     "train_loader": "an iterable of batches (a DataLoader)",
     "val_loader": "None or an iterable of batches (a DataLoader)",
     "loss_fn": "None or a loss function",
+    "training_step": "None or a function of (model, batch)",
+    "validation_step": "None or a function of (model, batch)",
     "optimizer": "None, a torch.optim.Optimizer or a function of the parameters",
     "scheduler": "None, an LR scheduler or a function of the optimizer",
     "metrics": "None or a mapping of names to metrics",

@@ -21,6 +21,7 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -42,15 +43,22 @@ STOP_MARGIN_S = 15
 
 
 def rank_main(
-    job_class: Any, config: TrainingConfig, packed: Packed, records: Connection, errors: str
+    job_class: Any,
+    config: TrainingConfig,
+    packed: Packed,
+    records: Connection,
+    stops: Connection,
+    errors: str,
 ) -> tuple[Any, str | None] | None:
-    """One rank: the job rebuilt and trained; rank 0 returns ``(results, final weights)``."""
+    """One rank: the job rebuilt and trained; rank 0 returns ``(results, final weights)``
+    and takes the caller's stop requests from ``stops``."""
     env = DistributedEnvironment.from_environ()
     rank = env.rank if env is not None else 0
     if rank != 0:
         records.close()
+        stops.close()
     try:
-        return asyncio.run(_train_rank(job_class, config, packed, records, rank))
+        return asyncio.run(_train_rank(job_class, config, packed, (records, stops), rank))
     except asyncio.CancelledError:  # stopped at its checkpoint; torch's agent is shutting down
         # and would never collect a return value (the rank would wait for it, then be killed)
         raise SystemExit(128 + CANCEL) from None
@@ -60,8 +68,13 @@ def rank_main(
 
 
 async def _train_rank(
-    job_class: Any, config: TrainingConfig, packed: Packed, records: Connection, rank: int
+    job_class: Any,
+    config: TrainingConfig,
+    packed: Packed,
+    pipes: tuple[Connection, Connection],
+    rank: int,
 ) -> tuple[Any, str | None] | None:
+    records, stops = pipes
     task = asyncio.current_task()
     assert task is not None
     loop = asyncio.get_running_loop()
@@ -73,6 +86,8 @@ async def _train_rank(
         callbacks = [child.Relay(sender)] if sender is not None else []
         job = job_class(child.training_config(config), callbacks=callbacks, **objects)
         job.isolation = child.crossed(packed, f"rank {rank} of {config.distributed.devices}")
+        if rank == 0:
+            _take_stop_requests(stops, loop, job.request_stop)
         async with job:
             results = await job.train()
             final = await asyncio.to_thread(child.hand_back, packed, job, results)
@@ -80,6 +95,23 @@ async def _train_rank(
     finally:
         if sender is not None:
             sender.close()
+
+
+def _take_stop_requests(
+    stops: Connection, loop: asyncio.AbstractEventLoop, request_stop: Callable[[str], object]
+) -> None:
+    """Each reason the launcher passes on becomes this rank's ``request_stop`` (rank 0: the
+    other ranks follow its stop at the step boundary they vote for)."""
+
+    def take() -> None:
+        try:
+            while True:
+                reason = stops.recv()
+                loop.call_soon_threadsafe(request_stop, reason)
+        except (EOFError, OSError, RuntimeError):  # the launcher is gone, or the run ended
+            return
+
+    threading.Thread(target=take, name="core-stop-requests", daemon=True).start()
 
 
 def _watch_parent(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], grace_s: float) -> None:

@@ -44,8 +44,8 @@ from typing import Any
 from core.checkpointing.store import CheckpointStore
 from core.config import TrainingConfig
 from core.distributed.devices import ranks_to_start
-from core.distributed.launch import launch_local_ranks
-from core.errors import ConfigError, TrainingProcessDied
+from core.distributed.launch import launch_local_ranks, quiet_agent
+from core.errors import ConfigError, SignalReceived, TrainingProcessDied
 from core.trainer.process import child
 from core.trainer.process.crossing import Crossing, exit_if_importing_main
 from core.trainer.process.pipe import Message, Sender
@@ -55,11 +55,6 @@ from core.trainer.process.shared import Packed
 __all__ = ("entry_point", "main", "ranks_crossing")
 
 _STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-_AGENT_LOGGERS = (
-    "torch.distributed.elastic",
-    "torch.distributed.launcher",
-    "torch.multiprocessing",
-)
 
 
 def ranks_crossing(config: TrainingConfig, given: Mapping[str, Any]) -> Crossing | None:
@@ -108,14 +103,18 @@ def main(
         signal.signal(stop, _raise_signal)
     sender, done, cancelled = Sender(out), threading.Event(), threading.Event()
     records_in, records_out = get_context("spawn").Pipe(duplex=False)
-    os.register_at_fork(after_in_child=functools.partial(_let_go, control, out, records_in))
+    stops_in, stops_out = get_context("spawn").Pipe(duplex=False)  # requests, to rank 0
+    os.register_at_fork(
+        after_in_child=functools.partial(_let_go, control, out, records_in, stops_out)
+    )
     errors = Path(tempfile.mkdtemp(prefix="core-ranks-"))
     forward = threading.Thread(target=_forward, args=(records_in, sender, done), daemon=True)
     forward.start()
     threading.Thread(target=_beat, args=(sender, done), daemon=True).start()
-    threading.Thread(target=_listen, args=(control, cancelled, done), daemon=True).start()
+    listen = (control, cancelled, done, stops_out)
+    threading.Thread(target=_listen, args=listen, daemon=True).start()
     try:
-        ended = _launch(job_class, config, packed, records_out, errors, cancelled)
+        ended = _launch(job_class, config, packed, (records_out, stops_in), errors, cancelled)
     finally:
         for stop in _STOPS:  # a late cancel must not cut the report short
             signal.signal(stop, signal.SIG_IGN)
@@ -131,7 +130,7 @@ def _launch(
     job_class: Any,
     config: TrainingConfig,
     packed: Packed,
-    records: Connection,
+    pipes: tuple[Connection, Connection],
     errors: Path,
     cancelled: threading.Event,
 ) -> Message:
@@ -139,12 +138,13 @@ def _launch(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     devices = int(config.distributed.devices or 1)
-    _quiet_agent()
+    # Torch's agent logs each failure too; here ``train()`` raises what happened.
+    quiet_agent(logging.CRITICAL)
     try:
         values = launch_local_ranks(
             devices,
             rank_main,
-            (job_class, config, packed, records, str(errors)),
+            (job_class, config, packed, *pipes, str(errors)),
             shutdown_timeout_s=math.ceil(config.run.stop_grace_s) + STOP_MARGIN_S,
         )
         return ("ended", "completed", values[0])
@@ -174,17 +174,6 @@ def _let_go(*connections: Connection) -> None:
         connection.close()
 
 
-def _quiet_agent() -> None:
-    """Torch's agent logs each failure, stop and shutdown step; here ``train()`` raises what
-    happened (a rank's own exception, with its traceback), so its loggers keep to CRITICAL."""
-    import torch.distributed.elastic.agent.server.local_elastic_agent
-    import torch.distributed.launcher.api  # noqa: F401 (their loggers)
-
-    for name in list(logging.root.manager.loggerDict):
-        if name.startswith(_AGENT_LOGGERS):
-            logging.getLogger(name).setLevel(logging.CRITICAL)
-
-
 def _raise_signal(signum: int, frame: object) -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
@@ -210,11 +199,15 @@ def _beat(sender: Sender, done: threading.Event) -> None:
         sender.put(("alive",))
 
 
-def _listen(control: Connection, cancelled: threading.Event, done: threading.Event) -> None:
-    """A ``"cancel"`` from the caller, or its end, stops the ranks (through torch's agent)."""
+def _listen(
+    control: Connection, cancelled: threading.Event, done: threading.Event, stops: Connection
+) -> None:
+    """A ``"cancel"`` from the caller, or its end, stops the ranks (through torch's agent); a
+    ``("stop", reason)`` goes to rank 0, whose stop the others follow at a step boundary."""
     try:
-        while control.recv() != "cancel":
-            pass
+        while (message := control.recv()) != "cancel":
+            if isinstance(message, tuple) and message[0] == "stop":
+                stops.send(message[1])
     except (EOFError, OSError):
         pass
     if not done.is_set():
@@ -230,6 +223,8 @@ def _kept(errors: Path, ranks: list[int]) -> BaseException | None:
             error = pickle.loads(path.read_bytes())
         except Exception:
             continue
+        if isinstance(error, SignalReceived):  # a stop, not a bug: the rank's traceback goes
+            vars(error).pop("__notes__", None)
         if isinstance(error, BaseException):
             return error
     return None

@@ -34,7 +34,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +49,7 @@ from core.telemetry.events import EventHub
 from core.trainer.async_tools import to_the_end
 from core.trainer.observers import Observers
 from core.trainer.process import child
+from core.trainer.process.child_state import ChildState
 from core.trainer.process.crossing import Crossing
 from core.trainer.process.handback import HandBack
 from core.trainer.process.pipe import Inbox, Message
@@ -59,30 +59,9 @@ from core.trainer.process.shared import Packed
 from core.trainer.process.watch import ExitStatus, WatchedProcess, subreaper
 from core.trainer.results import TrainingResults
 
-__all__ = ("ChildState", "TrainingProcess", "start_method", "warm_up")
+__all__ = ("TrainingProcess", "start_method", "warm_up")
 
 _EXIT_MARGIN_S = 15.0  # to exit, after the child reported how its run ended
-
-
-@dataclass
-class ChildState:
-    """What the service knows of its training process's run, from the records."""
-
-    run_dir: Path | None = None
-    global_step: int = 0
-    epochs_completed: int = 0
-    last_checkpoint: str | None = None
-    best_checkpoint: str | None = None
-    pid: int | None = None
-
-    def read(self, record: dict[str, Any]) -> None:
-        event = record.get("event")
-        if event == "train_step":
-            self.global_step = int(record.get("step", self.global_step))
-        elif event == "epoch_end":
-            self.epochs_completed = int(record.get("epoch", -1)) + 1
-        elif event in ("checkpoint", "resumed") and isinstance(record.get("path"), str):
-            self.last_checkpoint = record["path"]
 
 
 _PRELOAD = (
@@ -135,6 +114,8 @@ class TrainingProcess:
         self.signals: list[int] = []
         self.killed_why = ""
         self.packed: Packed | None = None
+        self.control: Any = None
+        """The pipe to the child while it runs (``"cancel"``, ``("stop", reason)``)."""
 
     async def execute(self) -> TrainingResults:
         """Start the child, relay it to its end, and return or raise as it ended."""
@@ -164,6 +145,7 @@ class TrainingProcess:
             watched = WatchedProcess(process)
             self.state.pid = watched.pid
             control_in.close()  # the child's ends: end-of-file here once the child is gone
+            self.control = control_out
             records_out.close()
             inbox = Inbox(records_in)
             self.hub.reopen()
@@ -177,12 +159,24 @@ class TrainingProcess:
                             watchers, functools.partial(self._finish, watched, inbox, control_out)
                         )
             finally:
+                self.control = None
                 records_in.close()
                 control_out.close()
             status = await anyio.to_thread.run_sync(watched.exit_status)
         finally:
             subreaper.release()
         return await self._outcome(status)
+
+    def request_stop(self, reason: str) -> bool:
+        """Ask the child's run to stop at its next step boundary (``request_stop``); False
+        when the child is not running."""
+        if self.control is None or self.ended is not None or self.eof:
+            return False
+        try:
+            self.control.send(("stop", str(reason)))
+        except OSError:
+            return False
+        return True
 
     async def _supervise(self, process: WatchedProcess, inbox: Inbox) -> None:
         async with anyio.create_task_group() as tg:
@@ -292,5 +286,6 @@ class TrainingProcess:
             await anyio.to_thread.run_sync(HandBack(self.packed).load_into, self.model)
         else:
             await anyio.to_thread.run_sync(load_weights, final, self.model)
+            await anyio.to_thread.run_sync(child.discard_handed_back, final)
         assert isinstance(results, TrainingResults)
         return results

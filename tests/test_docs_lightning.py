@@ -1,0 +1,51 @@
+"""docs/lightning.md ("Coming from Lightning"): each program runs as written and shows what
+its section says."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import json
+from pathlib import Path
+
+from tests.doc_blocks import python_blocks, run_program
+
+PAGE = "docs/lightning.md"
+
+
+def run(heading: str, cwd: Path) -> list[str]:
+    (program,) = python_blocks(PAGE, heading)
+    done = run_program(program, cwd)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.splitlines()
+
+
+def events(cwd: Path, experiment: str) -> list[dict[str, object]]:
+    (path,) = (cwd / "logs" / experiment).glob("*/events.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_the_step_function_example_runs_as_written(tmp_path: Path) -> None:
+    lines = run("## Your own step", tmp_path)
+    assert lines[0].startswith("step 12 {'ce': ") and "'kd': " in lines[0]
+    assert lines[-1].startswith("best val_error_rate ")
+    validations = [r for r in events(tmp_path, "distill") if r["event"] == "validation"]
+    assert all(set(r["metrics"]) == {"error_rate"} for r in validations)  # type: ignore[arg-type]
+
+
+def test_the_steering_callback_example_runs_as_written(tmp_path: Path) -> None:
+    reason, stopped = run("## Callbacks that steer", tmp_path)[-2:]
+    assert reason == "requested: the budget of 3200 samples is spent"
+    steps = int(stopped.split()[2])
+    assert 100 <= steps < 3200 and stopped.endswith("checkpoint True")
+    end = events(tmp_path, "budget")[-1]
+    assert (end["status"], end["stop_reason"]) == ("stopped", reason)
+
+
+def test_the_early_stopping_and_plateau_example_runs_as_written(tmp_path: Path) -> None:
+    rates, ended = run("## Early stopping and plateau schedules", tmp_path)[-2:]
+    learning_rates = ast.literal_eval(rates.removeprefix("learning rates: "))
+    assert learning_rates[0] == 0.01 and len(learning_rates) >= 2
+    assert all(b == a / 2 for a, b in itertools.pairwise(learning_rates))
+    epochs = int(ended.split()[0])
+    assert 6 <= epochs < 40 and "early_stopping: val_loss did not improve" in ended
