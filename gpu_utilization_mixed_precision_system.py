@@ -1,5 +1,5 @@
 """Seed 000's import path, ``from gpu_utilization_mixed_precision_system import ...``: the
-names of :mod:`core.gpu_utilization_mixed_precision_system`, re-exported.
+names of :mod:`core.facades.gpu_utilization_mixed_precision_system`, re-exported.
 
 Example::
 
@@ -8,7 +8,7 @@ Example::
 
 from __future__ import annotations
 
-from core.gpu_utilization_mixed_precision_system import (
+from core.facades.gpu_utilization_mixed_precision_system import (
     GPUConfig,
     GPUManager,
     GPUMemoryOptimizer,

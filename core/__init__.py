@@ -42,13 +42,27 @@ from core.errors import (
     UnevenLoadersError,
     UnsafeCheckpointError,
 )
-from core.factory import Factory
-from core.gpu_utilization_mixed_precision_system import (
+from core.facades.gpu_utilization_mixed_precision_system import (
     GPUConfig,
     GPUPerformanceMonitor,
     IntegratedGPUTrainingSystem,
 )
-from core.gradient_accumulation import GradientAccumulation, GradientAccumulationConfig
+from core.facades.gradient_accumulation import GradientAccumulation, GradientAccumulationConfig
+from core.facades.mixed_precision_training import (
+    LossScalerConfig,
+    MixedPrecisionConfig,
+    MixedPrecisionOptimizer,
+    MixedPrecisionTrainer,
+    check_amp_compatibility,
+    create_mixed_precision_optimizer,
+    create_mixed_precision_trainer,
+)
+from core.facades.multi_gpu_training import MultiGPUConfig, MultiGPUTrainer
+from core.facades.optimized_training_optimizer import (
+    OptimizedTrainingOptimizer,
+    create_optimized_training_optimizer,
+)
+from core.factory import Factory
 from core.hardware.heap import set_aside_import_heap
 from core.hardware.settings import GPUManagerConfig
 from core.loop.recovery import ErrorHandler, ErrorHandlerConfig
@@ -61,22 +75,8 @@ from core.memory import (
     profile_memory_usage,
 )
 from core.metrics import Accuracy, F1Score, MeanAbsoluteError, MeanOf, Metric, Perplexity
-from core.mixed_precision_training import (
-    LossScalerConfig,
-    MixedPrecisionConfig,
-    MixedPrecisionOptimizer,
-    MixedPrecisionTrainer,
-    check_amp_compatibility,
-    create_mixed_precision_optimizer,
-    create_mixed_precision_trainer,
-)
 from core.moe import ExpertGroup, MoELayer, auxiliary_loss
 from core.monitoring.config import GPUMonitorConfig
-from core.multi_gpu_training import MultiGPUConfig, MultiGPUTrainer
-from core.optimized_training_optimizer import (
-    OptimizedTrainingOptimizer,
-    create_optimized_training_optimizer,
-)
 from core.reports import write_reports
 from core.reports.apart import wait_for_reports
 from core.rng import seed_everything
@@ -90,7 +90,7 @@ from core.trackers import (
     TrackerUnavailableError,
     WandbLogger,
 )
-from core.trainer.results import TrainingResults
+from core.trainer.state.results import TrainingResults
 from core.transforms import ModelTransformsConfig
 from core.tuning import LRFinderResult, find_learning_rate
 

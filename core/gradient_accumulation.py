@@ -1,14 +1,19 @@
-"""Seed face of gradient accumulation: the names seed 001 imports from here.
+"""The import path seed 002 names:
+the names of :mod:`core.facades.gradient_accumulation`, re-exported.
 
-The implementation lives in ``core.loop.accumulation``::
+Example::
 
-    from core.gradient_accumulation import GradientAccumulation, GradientAccumulationConfig
-
-    accumulation = GradientAccumulation(GradientAccumulationConfig(accumulation_steps=4))
+    from core.gradient_accumulation import GradientAccumulationConfig
 """
 
 from __future__ import annotations
 
-from core.loop.accumulation import GradientAccumulation, GradientAccumulationConfig
+from core.facades.gradient_accumulation import (
+    GradientAccumulation,
+    GradientAccumulationConfig,
+)
 
-__all__ = ("GradientAccumulation", "GradientAccumulationConfig")
+__all__ = (
+    "GradientAccumulation",
+    "GradientAccumulationConfig",
+)

@@ -1,97 +1,19 @@
-"""Seed face of the orchestrator: ``create_optimized_training_optimizer`` and
-``OptimizedTrainingOptimizer`` (seeds 002 and 004), as in the seed API::
+"""The import path seeds 002 and 004 name:
+the names of :mod:`core.facades.optimized_training_optimizer`, re-exported.
+
+Example::
 
     from core.optimized_training_optimizer import create_optimized_training_optimizer
-
-    run = create_optimized_training_optimizer(
-        model=model, train_loader=train_loader, val_loader=val_loader, max_epochs=3
-    )
-    results = await run.train()
-
-The factory is an adapter: its flat keywords map onto the config tree through one table
-(``core.flat``), ``config=`` reaches every other setting, and the same setting given twice
-raises :class:`~core.errors.ConfigError` naming both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from core.facades.optimized_training_optimizer import (
+    OptimizedTrainingOptimizer,
+    create_optimized_training_optimizer,
+)
 
-from torch import nn
-from typing_extensions import Unpack
-
-from core.callbacks import Callback
-from core.config import TrainingConfig
-from core.factory import Factory
-from core.flat import FlatSettings, config_from_flat
-from core.loop.objective import LossFn
-from core.loop.step_function import StepFn
-from core.metrics import Metric, MetricFn
-from core.trainer.arguments import check_parts
-from core.trainer.optimization import OptimizerArgument, SchedulerArgument
-from core.trainer.orchestrator import OptimizedTrainingOptimizer
-
-__all__ = ("OptimizedTrainingOptimizer", "create_optimized_training_optimizer")
-
-
-def create_optimized_training_optimizer(
-    *,
-    model: nn.Module | str | Factory,
-    train_loader: Iterable[Any] | str | Factory,
-    val_loader: Iterable[Any] | str | Factory | None = None,
-    loss_fn: LossFn | str | None = None,
-    optimizer: OptimizerArgument | str | None = None,
-    scheduler: SchedulerArgument | str | None = None,
-    callbacks: Sequence[Callback] = (),
-    metrics: Mapping[str, Metric | MetricFn] | None = None,
-    training_step: StepFn | str | None = None,
-    validation_step: StepFn | str | None = None,
-    config: TrainingConfig | None = None,
-    **settings: Unpack[FlatSettings],
-) -> OptimizedTrainingOptimizer:
-    """Validate every argument, build the parts and return the orchestrator, ready to train.
-
-    ``settings`` are flat keywords, each one leaf of the config tree (``max_epochs`` is
-    ``run.max_epochs``, ``amp_dtype`` is ``precision.dtype``, ``keep_last_n`` is
-    ``checkpoint.keep_last_n``; the table is ``core.flat.FLAT_KEYWORDS``), or whole sections
-    (``multi_gpu_config=``, ``gradient_accumulation_config=``, ``error_handler_config=``,
-    ``mixed_precision_config=``, ``checkpoint_config=``). ``config=`` is the base tree.
-
-    ``optimizer`` is a torch optimizer over ``model.parameters()`` or a factory taking the
-    parameters (default: AdamW with ``learning_rate`` and ``weight_decay``, fused where
-    supported); ``scheduler`` a scheduler of that optimizer or a factory taking it, stepped
-    once per applied optimizer step. ``loss_fn`` defaults to ``CrossEntropyLoss()``; dict
-    batches use the model's own loss. ``resume="auto"`` continues from the newest valid
-    checkpoint of the experiment. ``metrics`` maps names to :class:`~core.metrics.Metric`
-    objects or ``(outputs, targets) -> tensor`` callables, computed at every validation.
-    ``training_step(model, batch)`` returns the loss (or a dict with ``"loss"`` and values to
-    log) in place of ``loss_fn``; ``validation_step`` evaluates (default: the same).
-
-    A bad argument raises :class:`~core.errors.ConfigError` here, naming it: wrong types
-    (``True`` is not a number, ``'no'`` not a flag), a ``log_dir`` that cannot be created or
-    written, a factory that raises, an optimizer over parameters that are not the model's,
-    a ``ReduceLROnPlateau`` whose ``mode`` is not the monitored value's, a one-shot iterator as a
-    loader when ``max_epochs > 1``, and a setting given twice. Loaders without ``len()`` (a
-    DataLoader over an ``IterableDataset``) are streamed.
-
-    Building blocks (joining a process group, placing the model): inside an event loop,
-    prefer ``async with OptimizedTrainingOptimizer(config, ...) as run:``, which builds in a
-    worker thread.
-    """
-    check_parts(settings)
-    job = OptimizedTrainingOptimizer(
-        config_from_flat(settings, config),
-        model=model,
-        train_loader=train_loader,
-        val_loader=val_loader,
-        loss_fn=loss_fn,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        callbacks=callbacks,
-        metrics=metrics,
-        training_step=training_step,
-        validation_step=validation_step,
-    )
-    job.build()
-    return job
+__all__ = (
+    "OptimizedTrainingOptimizer",
+    "create_optimized_training_optimizer",
+)

@@ -37,7 +37,7 @@ def _training_plot_only_where_asked(
     background: ``core.wait_for_reports`` waits for it)."""
     if request.node.get_closest_marker("plots") is None:
         import core.reports
-        import core.trainer.cycle
+        import core.trainer.epochs.cycle
         from core.reports.apart import ReportJob
 
         # For the whole test, not around each run's reports: two runs closing at once
@@ -53,7 +53,7 @@ def _training_plot_only_where_asked(
             core.reports.write_reports(run_dir)
             return ReportJob.done(run_dir)
 
-        monkeypatch.setattr(core.trainer.cycle, "start_reports", summary_only)
+        monkeypatch.setattr(core.trainer.epochs.cycle, "start_reports", summary_only)
 
 
 @pytest.fixture(scope="session")

@@ -13,23 +13,37 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "core"
-FACES = {
-    "core",
-    "core.__main__",
+IMPORT_PATHS = {
     "core.optimized_training_optimizer",
     "core.mixed_precision_training",
     "core.gradient_accumulation",
     "core.multi_gpu_training",
-    "core.cli",
     "core.gpu_utilization_mixed_precision_system",
 }
-FACE_PACKAGES = ("core.cli", "core.integrated", "core.eager")
-"""The seed faces: modules, and packages whose every module is a face (seed 000's integrated
-system, the synchronous per-batch faces, the command line)."""
-COMPONENTS = ("loop", "precision", "distributed", "checkpointing", "telemetry", "monitoring",
-              "hardware", "memory", "transforms", "data", "metrics", "console", "reports",
-              "trackers", "losses", "moe")  # fmt: skip
-MAX_LINES = 300
+"""The import paths the founding documents name: each re-exports its module of ``core.facades``."""
+FACES = {"core", "core.__main__", *IMPORT_PATHS}
+FACE_PACKAGES = ("core.facades", "core.cli")
+"""The top of the package: the facades under the founding documents' names, the command line."""
+COMPONENTS = (
+    "loop",
+    "precision",
+    "distributed",
+    "checkpointing",
+    "telemetry",
+    "monitoring",
+    "hardware",
+    "memory",
+    "transforms",
+    "data",
+    "metrics",
+    "console",
+    "reports",
+    "trackers",
+    "losses",
+    "moe",
+)
+TRAINER_LAYERS = ("state", "assembly", "epochs", "running", "process", "job")
+"""``core.trainer``'s subpackages, bottom up: each imports only those before it."""
 
 
 def module_name(path: Path) -> str:
@@ -74,8 +88,8 @@ def arrows(source: str, target: str) -> list[str]:
 
 
 def test_the_graph_is_read_from_every_module() -> None:
-    assert len(MODULES) > 60 and "core.trainer.orchestrator" in GRAPH
-    assert "core.loop.epoch" in GRAPH["core.trainer.build"]  # the parser sees arrows
+    assert len(MODULES) > 60 and "core.trainer.job.orchestrator" in GRAPH
+    assert "core.loop.epoch" in GRAPH["core.trainer.assembly.build"]  # the parser sees arrows
 
 
 def test_the_synchronous_loop_never_imports_anyio() -> None:
@@ -170,20 +184,34 @@ def test_the_import_graph_has_no_circle() -> None:
 
 def test_environment_variables_are_read_in_one_place() -> None:
     readers = sorted(
-        name for name, path in MODULES.items() if "os.environ" in path.read_text()
-        or "os.getenv" in path.read_text()
-    )  # fmt: skip
+        name
+        for name, path in MODULES.items()
+        if "os.environ" in path.read_text() or "os.getenv" in path.read_text()
+    )
     # core.rng only writes CUBLAS_WORKSPACE_CONFIG (for cuBLAS) when asked to be deterministic.
     assert readers == ["core.distributed.environment", "core.distributed.launch", "core.rng"]
 
 
-def test_no_module_is_longer_than_the_house_limit() -> None:
-    long = {
-        name: n
-        for name, path in MODULES.items()
-        if (n := len(path.read_text().splitlines())) > MAX_LINES
-    }
-    assert long == {}
+def test_the_trainer_subpackages_import_only_those_below_them() -> None:
+    layer = {f"core.trainer.{name}": rank for rank, name in enumerate(TRAINER_LAYERS)}
+    upward = sorted(
+        f"{name} -> {imported}"
+        for name, targets in GRAPH.items()
+        for imported in targets
+        if (source := ".".join(name.split(".")[:3])) in layer
+        and (target := ".".join(imported.split(".")[:3])) in layer
+        and layer[target] > layer[source]
+    )
+    assert upward == []
+    assert {m for m in MODULES if m.count(".") == 2 and m.startswith("core.trainer.")} == set(layer)
+
+
+def test_the_top_of_core_holds_only_shared_modules_and_the_documented_import_paths() -> None:
+    top = {name for name in MODULES if name.count(".") == 1 and MODULES[name].name != "__init__.py"}
+    shared = {"core.callbacks", "core.checks", "core.config", "core.errors", "core.factory"}
+    assert top - IMPORT_PATHS - shared == {"core.__main__", "core.rng", "core.run_config"}
+    for path in IMPORT_PATHS:  # a re-export, nothing more
+        assert GRAPH[path] == {path.replace("core.", "core.facades.", 1)}
 
 
 POST_BACKWARD = {"clip_grad_norm_", "clip_grads_with_norm_", "unscale_", "stepper_for"}

@@ -226,7 +226,7 @@ def test_sigterm_with_a_loader_that_never_yields_checkpoints_at_once_then_resume
 def test_a_second_signal_cuts_a_stuck_step_short(tmp_path: Path) -> None:
     # A step that never ends (a forward that hangs) with a 60 s stop grace: the second
     # SIGTERM gives it at most HURRY_S more.
-    from core.trainer.step_thread import HURRY_S
+    from core.trainer.running.step_thread import HURRY_S
 
     process = start(tmp_path, "--hang-rank", "0", "--hang-at-call", "6", "--stop-grace-s", "60")
     wait_for((tmp_path / "hanging.rank0").exists, process)

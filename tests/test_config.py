@@ -24,7 +24,7 @@ from core import (
     TrainingConfig,
     create_optimized_training_optimizer,
 )
-from core.flat import (
+from core.facades.flat import (
     FLAT_KEYWORDS,
     SECTION_KEYWORDS,
     SEED_ALIASES,

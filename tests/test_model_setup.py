@@ -1,4 +1,4 @@
-"""The model before it is wrapped, in real runs (core.trainer.model_setup): the batch-size
+"""The model before it is wrapped, in real runs (core.trainer.assembly.model_setup): the batch-size
 search chooses the micro-batch and keeps the result, activation checkpointing and
 channels_last are applied and recorded, and the flat keywords reach the tree."""
 
@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from core import ConfigError, TrainingConfig, create_optimized_training_optimizer
-from core.trainer.model_setup import optimizer_factory_like
+from core.trainer.assembly.model_setup import optimizer_factory_like
 from tests.helpers import make_classification
 
 

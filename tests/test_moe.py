@@ -20,7 +20,7 @@ from core import (
     create_mixed_precision_trainer,
     create_optimized_training_optimizer,
 )
-from core.distributed.trainer import Distribution, Machine
+from core.distributed.distribution import Distribution, Machine
 from core.moe import MoELayer, auxiliary_loss, load_balancing_loss, route
 from core.moe.placement import DeviceDescription, ExpertCost, plan_placement
 from core.reports.read import read_events

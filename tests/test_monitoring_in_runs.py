@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-import core.trainer.build
+import core.trainer.assembly.build
 from core import MultiGPUConfig, create_optimized_training_optimizer
 from core.monitoring.gpu_monitor import GPUMonitor
 from tests.helpers import loaders, make_classification, make_model
@@ -65,7 +65,7 @@ def test_an_nvml_error_mid_run_degrades_and_training_finishes(
     def monitor(*args: Any, **kwargs: Any) -> GPUMonitor:
         return GPUMonitor(*args, **(kwargs | {"device_indices": [0], "nvml": fake}))
 
-    monkeypatch.setattr(core.trainer.build, "GPUMonitor", monitor)
+    monkeypatch.setattr(core.trainer.assembly.build, "GPUMonitor", monitor)
     log = run(log_dir, n=4096)
     sources = [r["source"] for r in log if r["event"] == "gpu_sample"]
     assert sources[:2] == ["nvml", "nvml"] and sources[-1] == "psutil"

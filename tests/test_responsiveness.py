@@ -31,7 +31,7 @@ from core import (
 )
 from core.checkpointing.config import CheckpointConfig
 from core.trackers import CSVLogger
-from core.trainer.results import TrainingResults
+from core.trainer.state.results import TrainingResults
 from examples.email_sequence import EmailSequenceDataset, EmailSequenceModel
 from tests.stalls import watch_loop
 

@@ -27,7 +27,7 @@ import torch
 from core.cli.factories import import_object
 from core.cli.renames import RENAMES
 from core.config import TrainingConfig
-from core.flat import FLAT_KEYWORDS
+from core.facades.flat import FLAT_KEYWORDS
 
 __all__ = ("Leaf", "leaf_for", "leaves", "plain")
 

@@ -43,11 +43,11 @@ from core.config import TrainingConfig
 from core.data import auto_num_workers
 from core.distributed.environment import DistributedEnvironment
 from core.errors import ConfigError, CoreError, SignalReceived
-from core.optimized_training_optimizer import OptimizedTrainingOptimizer
+from core.facades.optimized_training_optimizer import OptimizedTrainingOptimizer
 from core.reports.read import numbers, read_events
 from core.reports.sections import memory_section
 from core.rng import seed_everything
-from core.trainer.results import TrainingResults
+from core.trainer.state.results import TrainingResults
 
 __all__ = ("FitOutcome", "run_fit")
 

@@ -4,7 +4,7 @@ At the end of every ``train()`` each rank publishes its outcome and waits, up to
 for every other rank's. A store is point to point: unlike a collective it cannot be matched
 against a collective a stuck peer is still inside, and a peer that never publishes (stuck
 in a step) only costs the timeout. What the ranks then do with the outcomes (raise the same
-error everywhere) is decided in ``core.trainer.agreement``; waiting for each other here is
+error everywhere) is decided in ``core.trainer.running.agreement``; waiting for each other here is
 also what keeps a rank that fails first from exiting, and torchrun from tearing the others
 down, while they are still closing their run.
 """

@@ -128,7 +128,7 @@ def _group(
     if config.init_method == "env://" and env is None and None in machine.master:
         raise ConfigError(
             "init_method='env://' needs MASTER_ADDR and MASTER_PORT in the environment. Fix: "
-            "set them (see core.multi_gpu_training.setup_distributed_environment) or pass "
+            "set them (see core.facades.multi_gpu_training.setup_distributed_environment) or pass "
             "init_method='tcp://HOST:PORT'."
         )
     local_rank = config.local_rank if config.local_rank >= 0 else (env.local_rank if env else rank)

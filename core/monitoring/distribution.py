@@ -1,6 +1,6 @@
-"""``MonitoredDistribution``: :class:`~core.distributed.trainer.Distribution` with a GPU
+"""``MonitoredDistribution``: :class:`~core.distributed.distribution.Distribution` with a GPU
 monitor of its own devices, seed 004's ``MultiGPUTrainer`` less ``train()`` (which the
-face, ``core.multi_gpu_training``, adds; the async shell builds runs on this class).
+face, ``core.facades.multi_gpu_training``, adds; the async shell builds runs on this class).
 
 Example::
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.distributed.trainer import Distribution
+from core.distributed.distribution import Distribution
 from core.monitoring.gpu_monitor import GPUMonitor
 from core.monitoring.performance import GPUPerformanceMonitor
 
@@ -22,7 +22,7 @@ __all__ = ("MonitoredDistribution",)
 
 
 class MonitoredDistribution(Distribution):
-    """A :class:`~core.distributed.trainer.Distribution` whose ``gpu_monitor`` samples this
+    """A :class:`~core.distributed.distribution.Distribution` whose ``gpu_monitor`` samples this
     rank's devices (NVML, or psutil without GPUs) on request; inside a run it is the run's
     own monitor (its samples are the run's ``gpu_sample`` records).
 

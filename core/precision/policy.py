@@ -80,7 +80,7 @@ class MixedPrecisionTrainer:
     AMP starts on when ``config.enable_amp`` and ``config.enabled`` are both set; with
     ``enabled=False`` the AMP precision is resolved but steps run fp32 until
     :meth:`enable_amp`. The seed's per-batch methods (``train_step``...) live on the face
-    class of ``core.mixed_precision_training``, which extends this one.
+    class of ``core.facades.mixed_precision_training``, which extends this one.
     """
 
     def __init__(self, config: MixedPrecisionConfig, device: torch.device) -> None:

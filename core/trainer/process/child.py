@@ -34,7 +34,7 @@ from core.trainer.process.crossing import Crossing
 from core.trainer.process.handback import HandBack
 from core.trainer.process.pipe import Sender
 from core.trainer.process.shared import Packed
-from core.trainer.results import TrainingResults
+from core.trainer.state.results import TrainingResults
 
 __all__ = (
     "FINAL_WEIGHTS",

@@ -39,8 +39,8 @@ from core.trainer.process.shared import Packed, pack, structure_of
 
 __all__ = (
     "CALLED",
-    "MAIN_NOT_GUARDED",
     "Crossing",
+    "MAIN_NOT_GUARDED",
     "crossing_for",
     "exit_if_importing_main",
     "is_factory_name",

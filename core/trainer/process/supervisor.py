@@ -11,7 +11,7 @@ published to the job's event hub, so ``events()`` and callbacks work as in threa
 How each ending reaches the caller of ``train()``:
 
 - completed: the final weights are verified and loaded into the service's model, in place
-  (a worker thread), and the child's :class:`~core.trainer.results.TrainingResults` returned;
+  (a worker thread), and the child's :class:`~core.trainer.state.results.TrainingResults` returned;
 - failed (bad input, non-finite loss, a signal the child received): the child's error, raised;
 - cancelled (``task.cancel()``, a timeout, Ctrl-C under ``asyncio.run``): the child is told
   to cancel, its stop checkpoint is written at a step boundary, then the cancellation
@@ -46,8 +46,6 @@ from core.checkpointing.weights import load_weights
 from core.config import TrainingConfig
 from core.errors import TrainingProcessDied
 from core.telemetry.events import EventHub
-from core.trainer.async_tools import to_the_end
-from core.trainer.observers import Observers
 from core.trainer.process import child
 from core.trainer.process.child_state import ChildState
 from core.trainer.process.crossing import Crossing
@@ -57,7 +55,9 @@ from core.trainer.process.postmortem import last_good_checkpoint, why_it_ended
 from core.trainer.process.ranks import entry_point
 from core.trainer.process.shared import Packed
 from core.trainer.process.watch import ExitStatus, WatchedProcess, subreaper
-from core.trainer.results import TrainingResults
+from core.trainer.running.async_tools import to_the_end
+from core.trainer.running.observers import Observers
+from core.trainer.state.results import TrainingResults
 
 __all__ = ("TrainingProcess", "start_method", "warm_up")
 

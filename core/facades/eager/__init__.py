@@ -1,0 +1,16 @@
+"""The synchronous per-batch faces of seeds 000 and 002 on the step loop's own parts: one
+optimizer step per call (``EagerSteps``), seed 000's four calls (``ManualSteps``), epochs
+of them (``EagerEpochs``), and AMP's measured memory saving (``measure_amp_savings``).
+
+Each call reads its values back to the host before it returns: a synchronous face costs
+one device sync per call, by design (the run's step loop reads back one step late)."""
+
+from __future__ import annotations
+
+from core.facades.eager.emit import emit_to
+from core.facades.eager.epochs import EagerEpochs
+from core.facades.eager.manual import ManualSteps
+from core.facades.eager.steps import EagerSteps
+from core.memory.amp_savings import measure_amp_savings
+
+__all__ = ("EagerEpochs", "EagerSteps", "ManualSteps", "emit_to", "measure_amp_savings")

@@ -1,0 +1,26 @@
+"""Seed 000's integrated GPU system, as components over the existing parts: ``GPUConfig``
+and its place in the config tree, the seed's ``GPUManager`` and ``GPUPerformanceMonitor``,
+``setup_training`` (device settings and the batch-size search), and seed 004's monitored
+distribution. The face, ``core.facades.gpu_utilization_mixed_precision_system``, adds training."""
+
+from __future__ import annotations
+
+from core.facades.integrated.config import GPUConfig, training_config
+from core.facades.integrated.manager import GPUManager, default_device
+from core.facades.integrated.setup import setup_training
+from core.facades.integrated.sync import running_event_loop
+from core.monitoring.distribution import MonitoredDistribution
+from core.monitoring.performance import GPUPerformanceMonitor, seed_metrics, seed_summary
+
+__all__ = (
+    "GPUConfig",
+    "GPUManager",
+    "GPUPerformanceMonitor",
+    "MonitoredDistribution",
+    "default_device",
+    "running_event_loop",
+    "seed_metrics",
+    "seed_summary",
+    "setup_training",
+    "training_config",
+)

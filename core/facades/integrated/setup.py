@@ -1,0 +1,66 @@
+"""Seed 000's ``setup_training``: the model made ready for its device and the largest batch
+size whose training step fits there, in the precision the run will use.
+
+Example::
+
+    report = setup_training(GPUManager(gpu_config), model, (32, 784), config)
+    report["optimal_batch_size"], report["precision"], report["model_optimization"]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import nn
+
+from core.config import TrainingConfig
+from core.facades.integrated.manager import GPUManager
+from core.memory.finder import find_batch_size
+from core.precision.policy import resolve_precision
+
+__all__ = ("setup_training",)
+
+
+def setup_training(
+    manager: GPUManager,
+    model: nn.Module,
+    input_shape: Sequence[int],
+    config: TrainingConfig,
+) -> dict[str, Any]:
+    """Optimize ``model`` for ``manager``'s device (:meth:`GPUManager.optimize_model_for_gpu`,
+    in place) and search its batch size (:func:`~core.memory.find_batch_size`, starting at
+    ``input_shape[0]``, under ``config.memory``: ``target_memory_gb``, ``max_batch_size``,
+    ``margin``): each trial a training step on random inputs of ``input_shape`` (loss: the
+    mean of the outputs; optimizer: AdamW) in the precision ``config.precision`` resolves to.
+
+    Returns ``optimal_batch_size``, ``device``, ``precision`` (``"fp32"``, ``"bf16"`` or
+    ``"fp16"``), ``gpu_info``, ``memory_usage`` (GiB, after the search),
+    ``model_optimization`` (what was applied to the model) and ``batch_size_search`` (its
+    trials). Weights and RNG are as before the search.
+
+    Example::
+
+        setup_training(manager, model, (32, 784), TrainingConfig())["optimal_batch_size"]
+    """
+    model = manager.optimize_model_for_gpu(model)
+    precision = resolve_precision(config.precision, manager.device)
+    memory = config.memory
+    search = find_batch_size(
+        model,
+        input_shape,
+        memory.target_memory_gb,
+        memory.max_batch_size,
+        memory.margin,
+        autocast=precision.autocast,
+        device=manager.device,
+    )
+    return {
+        "optimal_batch_size": search.batch_size,
+        "device": str(manager.device),
+        "precision": precision.name,
+        "gpu_info": manager.get_gpu_info(),
+        "memory_usage": manager.get_memory_usage(),
+        "model_optimization": manager.last_optimization,
+        "batch_size_search": search.to_dict(),
+    }

@@ -1,0 +1,268 @@
+"""The composition root: a config tree and the runtime objects in, the run's parts out.
+
+One function, one fixed order, each part told what it needs in its constructor::
+
+    strategy (process group) -> device settings -> precision -> model transforms
+      (activation checkpointing -> channels_last -> [batch-size search] -> compile)
+      -> model wrap -> optimizer and scheduler (on the wrapped parameters) -> loaders
+      -> step loop (step hooks: the profiler, the run's after-step work) -> run state
+      -> checkpointer -> monitor
+
+It runs off the event loop (``async with`` enter runs it in a worker thread): joining a
+process group and placing a model block. On failure, what was set up is torn down.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch._dynamo  # (see below)
+from torch import nn
+
+from core.checkpointing.checkpointer import Checkpointer
+from core.checkpointing.disabled import NoCheckpoints
+from core.config import TrainingConfig
+from core.console.model_summary import summarize_model
+from core.data.prefetch import prefetch_to_device
+from core.distributed.base import Strategy
+from core.distributed.lockstep import batches_in
+from core.factory import Factory
+from core.hardware.settings import GPUManager
+from core.loop.accumulation import GradientAccumulation
+from core.loop.epoch import Scheduler, StepLoop
+from core.loop.limit import limit_batches
+from core.loop.objective import LossFn, Objective
+from core.loop.recovery import ErrorHandler
+from core.loop.step_function import StepFn, objective_for
+from core.memory.amp_savings import measure_amp_savings
+from core.metrics import MetricSet
+from core.moe import MoEProbe
+from core.monitoring.distribution import MonitoredDistribution
+from core.monitoring.gpu_monitor import GPUMonitor
+from core.precision.compatibility import check_amp_compatibility
+from core.precision.policy import MixedPrecisionTrainer
+from core.rng import capture_rng, restore_rng
+from core.telemetry.describe import fingerprint
+from core.telemetry.init_hash import weights_hash
+from core.telemetry.profiler import StepProfiler
+from core.trainer.assembly.model_setup import (
+    PreparedModel,
+    compile_rule_for,
+    prepare_model,
+)
+from core.trainer.assembly.optimization import (
+    OptimizerArgument,
+    SchedulerArgument,
+    optimizer_for,
+    plateau_of,
+    scheduler_for,
+    trial_optimizer,
+)
+from core.trainer.state.early_stopping import EarlyStopping, watched
+from core.trainer.state.run_state import RunState
+
+__all__ = ("Parts", "Runtime", "build")
+
+# torch imports its compiler stack on the first fused optimizer: ~0.5 s that holds the GIL,
+# so an application's event loop stalls even when the build runs in a worker thread.
+# Imported with core (above), it is paid at the application's start, not in a running loop.
+
+Emit = Callable[..., None]
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The objects a run is given, outside the config tree (checked at creation)."""
+
+    model: nn.Module
+    train_loader: Iterable[Any]
+    val_loader: Iterable[Any] | None = None
+    loss_fn: LossFn | None = None
+    optimizer: OptimizerArgument | None = None
+    scheduler: SchedulerArgument | None = None
+    metrics: Mapping[str, Any] | None = None
+    training_step: StepFn | None = None
+    validation_step: StepFn | None = None
+    model_factory: Factory | None = None
+    """How the model was made, when it was named (recorded in every checkpoint)."""
+
+
+@dataclass(frozen=True)
+class Parts:
+    """Everything a run is made of, built once by :func:`build`."""
+
+    trainer: MonitoredDistribution
+    strategy: Strategy
+    device_settings: dict[str, Any]
+    precision: MixedPrecisionTrainer
+    prepared: PreparedModel
+    accumulation: GradientAccumulation
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Scheduler | None
+    plateau: Scheduler | None
+    """The scheduler again where it steps with the monitored value
+    (``core.trainer.epochs.judging``)."""
+    objective: Objective
+    errors: ErrorHandler
+    train_loader: Iterable[Any]
+    val_loader: Iterable[Any] | None
+    early_stopping: EarlyStopping
+    loop: StepLoop
+    state: RunState
+    checkpointer: Checkpointer
+    monitor: GPUMonitor | None
+    metrics: MetricSet | None
+    model_summary: dict[str, Any]
+    init_hash: str
+    profiler: StepProfiler | None
+
+
+def build(
+    config: TrainingConfig,
+    runtime: Runtime,
+    *,
+    emit: Emit,
+    report_error: Emit,
+) -> Parts:
+    """Build the parts of a run; ``emit``/``report_error`` write records to the current
+    run's log."""
+    trainer = MonitoredDistribution(
+        config.distributed,
+        use_distributed_sampler=config.data.use_distributed_sampler,
+        seed=config.run.seed or 0,
+    )
+    trainer.setup()
+    try:
+        return _build(config, runtime, trainer, emit, report_error)
+    except BaseException:
+        trainer.cleanup()
+        raise
+
+
+def _build(
+    config: TrainingConfig,
+    runtime: Runtime,
+    trainer: MonitoredDistribution,
+    emit: Emit,
+    report_error: Emit,
+) -> Parts:
+    strategy = trainer.strategy
+    device_settings = GPUManager(config.hardware, strategy.device).apply()
+    precision = MixedPrecisionTrainer(config.precision, strategy.device)
+    if config.precision.check_compatibility:  # an amp_compatibility record in each run
+        precision.compatibility = check_amp_compatibility(
+            runtime.model, device=strategy.device, dtype=precision.amp_precision.dtype,
+            loss_scaling=config.precision.enable_grad_scaler,
+        )  # fmt: skip
+    objective = objective_for(runtime.loss_fn, runtime.training_step, runtime.validation_step)
+    model_summary, init_hash = summarize_model(runtime.model), weights_hash(runtime.model)
+    prepared = prepare_model(
+        runtime.model, config, strategy=strategy, precision=precision, objective=objective,
+        train_loader=runtime.train_loader, optimizer_factory=trial_optimizer(runtime.optimizer),
+        emit=emit, report_error=report_error,
+    )  # fmt: skip
+    model = trainer.initialize_training(runtime.model, precision.amp_precision.dtype)
+    optimizer = optimizer_for(runtime.optimizer, model, config)
+    scheduler = scheduler_for(runtime.scheduler, optimizer)
+    watching, mode = watched(config, runtime.val_loader is not None)
+    plateau = plateau_of(scheduler, watching, mode)  # stepped after each check, not per step
+    accumulation = GradientAccumulation(
+        replace(config.accumulation, micro_batch_size=prepared.micro_batch_size)
+    )
+    errors = ErrorHandler(config.errors)
+    if config.precision.track_memory_usage:
+        precision.note_memory_savings(*_amp_memory(runtime, strategy, model, objective, precision,
+                                                   prepared))  # fmt: skip
+    train_loader = _prefetched(  # the limit inside the prefetcher: it never reads past it
+        limit_batches(
+            trainer.prepare_loader(runtime.train_loader, train=True),
+            config.run.limit_train_batches, "limit_train_batches",
+        ), config, strategy.device,
+    )  # fmt: skip
+    val_loader = (
+        None if runtime.val_loader is None
+        else trainer.prepare_loader(runtime.val_loader, train=False)
+    )  # fmt: skip
+    monitor = (
+        GPUMonitor(config.monitor, device_indices=strategy.device_indices() or None, emit=emit)
+        if config.monitoring_enabled
+        else None
+    )
+    steps = config.logging.profile_steps
+    profiler = (  # rank 0 traces: the ranks share the run directory
+        StepProfiler(*steps, emit=emit) if steps is not None and strategy.is_global_zero else None
+    )
+    compile_rule, prepared = compile_rule_for(
+        config, prepared, strategy.unwrap(model), batches_in(train_loader), emit, report_error
+    )
+    hooks = [hook for hook in (profiler, compile_rule) if hook is not None]
+    loop = StepLoop(
+        model=model, optimizer=optimizer, scheduler=None if plateau else scheduler,
+        precision=precision,
+        accumulation=accumulation, strategy=strategy, objective=objective, errors=errors,
+        max_grad_norm=config.optim.max_grad_norm, emit=emit,
+        step_hooks=hooks, device_fields=monitor,
+        prepare_batch=prepared.prepare_batch, max_steps=config.run.max_steps,
+        terms=MoEProbe.of(strategy.unwrap(model)),
+    )  # fmt: skip
+    early_stopping = EarlyStopping(config.early_stopping, mode=mode, monitor=watching)
+    state = RunState(
+        loop=loop, mixed_precision=precision, accumulation=accumulation, scheduler=scheduler,
+        early_stopping=early_stopping, errors=errors,
+        fingerprint=fingerprint(
+            model=strategy.unwrap(model), optimizer=optimizer, scheduler=scheduler,
+            precision=precision.configured_precision,
+            accumulation_steps=config.accumulation.accumulation_steps,
+            world_size=strategy.world_size, train_loader=train_loader, seed=config.run.seed,
+        ),
+        max_epochs=config.run.max_epochs, max_steps=config.run.max_steps,
+    )  # fmt: skip
+    # A fast_dev_run leaves nothing to resume: its checkpointer writes and reads none.
+    checkpointer = (NoCheckpoints if config.run.fast_dev_run else Checkpointer)(
+        config.checkpoint, config.checkpoint_directory, strategy=strategy, model=model,
+        optimizer=optimizer, state=state, emit=emit, report_error=report_error,
+        model_factory=runtime.model_factory,
+    )  # fmt: skip
+    return Parts(
+        trainer=trainer, strategy=strategy, device_settings=device_settings,
+        precision=precision, prepared=prepared, accumulation=accumulation, model=model,
+        optimizer=optimizer, scheduler=scheduler, plateau=plateau, objective=objective,
+        errors=errors,
+        train_loader=train_loader,
+        val_loader=val_loader, early_stopping=early_stopping, loop=loop, state=state,
+        checkpointer=checkpointer, monitor=monitor,
+        metrics=None if runtime.metrics is None else MetricSet(runtime.metrics),
+        model_summary=model_summary, init_hash=init_hash, profiler=profiler,
+    )  # fmt: skip
+
+
+def _amp_memory(
+    runtime: Runtime, strategy: Strategy, model: nn.Module, objective: Objective,
+    precision: MixedPrecisionTrainer, prepared: PreparedModel,
+) -> tuple[int | None, str]:  # fmt: skip
+    """AMP's peak-memory saving on the train loader's first batch (``track_memory_usage``)."""
+    if strategy.world_size > 1:
+        return None, "not measured: under several ranks a backward runs their collectives"
+    if batches_in(runtime.train_loader) is None:
+        return None, "not measured: the train loader is a stream (a batch drawn would be lost)"
+    state = capture_rng()  # a shuffling loader draws its order: the run must not notice
+    try:
+        first = next(iter(runtime.train_loader))
+    finally:
+        restore_rng(state)
+    return measure_amp_savings(
+        strategy.unwrap(model), first, objective=objective, precision=precision.amp_precision,
+        device=strategy.device, prepare_batch=prepared.prepare_batch,
+    )  # fmt: skip
+
+
+def _prefetched(loader: Iterable[Any], config: TrainingConfig, device: torch.device) -> Any:
+    """The train loader copied ahead on a side CUDA stream where ``device_prefetch`` says;
+    streams stay as given (the ranks' lockstep must see them as streams)."""
+    if batches_in(loader) is None:
+        return loader
+    return prefetch_to_device(loader, device, config.data.loader)

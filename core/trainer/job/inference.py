@@ -1,0 +1,72 @@
+"""``evaluate()`` and ``predict()`` of a built job: its model, device, precision and ranks.
+
+Both run off the event loop (in a worker thread) on the parts a run trains, between runs.
+Under DDP/FSDP2 every rank must call them (the loader is sharded as the validation loader
+is, and the evaluation's sums are all-reduced): each rank predicts its own shard.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from core.loop.evaluation import evaluate
+from core.loop.prediction import predict
+from core.trainer.assembly.arguments import check_loader
+
+if TYPE_CHECKING:
+    from core.trainer.assembly.build import Parts
+
+__all__ = ("evaluate_with", "predict_with")
+
+
+def evaluate_with(parts: Parts, loader: Iterable[Any] | None) -> dict[str, float | None]:
+    """Loss, accuracy, ``metrics=`` values and the sample count over ``loader`` (default:
+    the run's ``val_loader``), averaged over every rank's samples.
+
+    ``samples`` is the number of samples evaluated, summed over every rank (a float, as the
+    other values): the dataset's length for a full pass over a sized dataset, since samples
+    that only pad a rank's shard are run but not counted."""
+    if loader is None:
+        loader = parts.val_loader
+        if loader is None:
+            raise ValueError(
+                "evaluate() needs a loader: this job has no val_loader. Fix: "
+                "await run.evaluate(loader) with a DataLoader of (inputs, targets) batches."
+            )
+    else:
+        check_loader(loader, "loader", max_epochs=1)
+        loader = parts.trainer.prepare_loader(loader, train=False)
+    stats = evaluate(
+        parts.model,
+        loader,
+        epoch=parts.state.epochs_completed,
+        stop=threading.Event(),
+        precision=parts.precision.precision,
+        strategy=parts.strategy,
+        objective=parts.objective.evaluation(),
+        errors=parts.errors,
+        prepare_batch=parts.prepared.prepare_batch,
+        metrics=parts.metrics,
+    )
+    parts.model.train()
+    return {
+        "loss": stats.loss,
+        "accuracy": stats.accuracy,
+        **stats.metrics,
+        "samples": float(stats.samples),
+    }
+
+
+def predict_with(parts: Parts, loader: Iterable[Any]) -> list[Any]:
+    """The model's outputs for every batch of this rank's shard of ``loader``, on the CPU."""
+    check_loader(loader, "loader", max_epochs=1)
+    sharded = parts.trainer.prepare_loader(loader, train=False)
+    return predict(
+        parts.model,
+        sharded,
+        precision=parts.precision.precision,
+        strategy=parts.strategy,
+        prepare_batch=parts.prepared.prepare_batch,
+    )

@@ -1,0 +1,299 @@
+"""``OptimizedTrainingOptimizer``: the async shell of a run, an async resource.
+
+::
+
+    async with OptimizedTrainingOptimizer(config, model=model, train_loader=loader) as run:
+        results = await run.train()
+
+Entering builds the parts (process group included) in a worker thread; leaving releases
+them (``aclose()``). ``train()`` runs epochs on the run's step thread
+(``core.trainer.running.step_thread``); the event loop only schedules. Cancelling ``train()`` in any
+way (an anyio cancel scope, ``task.cancel()``, ``asyncio.wait_for``, ``asyncio.timeout``,
+Ctrl-C under ``asyncio.run``) sets a stop flag: the thread finishes its optimizer step, a
+checkpoint is written (shielded; ``core.trainer.running.stopping``), the run is closed (``run_end``
+with ``status="cancelled"``) and the cancellation propagates. With
+``run.handle_signals=True``, SIGTERM/SIGINT do the same and ``train()`` raises
+:class:`~core.errors.SignalReceived`. Callbacks (``core.callbacks``) observe the records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import anyio
+from torch import nn
+
+from core.callbacks import Callback
+from core.config import TrainingConfig
+from core.factory import Factory, factory_of
+from core.loop.objective import LossFn
+from core.loop.step_function import StepFn
+from core.metrics import Metric, MetricFn
+from core.telemetry.events import EventHub, EventStream
+from core.telemetry.run_log import CurrentLog
+from core.trainer.assembly.arguments import check_runtime
+from core.trainer.assembly.build import Parts, Runtime, build
+from core.trainer.assembly.optimization import OptimizerArgument, SchedulerArgument
+from core.trainer.epochs.cycle import RunCycle
+from core.trainer.job.benchmark import benchmark_performance, optimal_batch_size
+from core.trainer.job.inference import evaluate_with, predict_with
+from core.trainer.job.inspection import describe
+from core.trainer.job.views import JobViews
+from core.trainer.process.child_state import ChildState
+from core.trainer.process.crossing import Crossing, crossing_for, resolve
+from core.trainer.process.ranks import ranks_crossing
+from core.trainer.process.supervisor import TrainingProcess, warm_up
+from core.trainer.running.observers import Observers, with_default_callbacks
+from core.trainer.running.run import Run
+from core.trainer.state.results import TrainingResults
+
+__all__ = ("OptimizedTrainingOptimizer",)
+
+
+class OptimizedTrainingOptimizer(JobViews):
+    """One training job: its config tree, its runtime objects and, once built, its parts.
+
+    ``optimizer`` is a torch optimizer over ``model``'s parameters or a factory taking the
+    parameters (default: AdamW from ``config.optim``, fused where supported); ``scheduler``
+    a scheduler of that optimizer or a factory taking it. ``metrics`` maps names to
+    :class:`~core.metrics.Metric` objects or ``(outputs, targets) -> tensor`` callables,
+    computed at every validation (``val_<name>`` for ``monitor``). ``callbacks`` observe
+    the records; a :class:`~core.console.ProgressBar` is added on rank 0 unless
+    ``config.logging.progress`` is False or one is given. Bad arguments raise
+    :class:`~core.errors.ConfigError` here, before anything is built.
+
+    ``training_step(model, batch)`` computes the loss in place of ``loss_fn`` (and may return
+    values to log with it: ``core.loop.step_function``); ``validation_step`` evaluates
+    (default: ``training_step``).
+
+    ``model``, the loaders, ``loss_fn``, the step functions, ``optimizer`` and ``scheduler``
+    may also be named as ``"package.module:function"`` factories (see
+    ``core.trainer.process.crossing``). With
+    ``config.run.isolation="process"`` the job trains in a supervised child process
+    (``core.trainer.process``): what it is given must pickle, or be such a factory.
+    """
+
+    def __init__(
+        self,
+        config: TrainingConfig | None = None,
+        *,
+        model: nn.Module | str | Factory,
+        train_loader: Iterable[Any] | str | Factory,
+        val_loader: Iterable[Any] | str | Factory | None = None,
+        loss_fn: LossFn | str | None = None,
+        optimizer: OptimizerArgument | str | None = None,
+        scheduler: SchedulerArgument | str | None = None,
+        callbacks: Sequence[Callback] = (),
+        metrics: Mapping[str, Metric | MetricFn] | None = None,
+        training_step: StepFn | str | None = None,
+        validation_step: StepFn | str | None = None,
+    ) -> None:
+        config = TrainingConfig() if config is None else config
+        if isinstance(config, TrainingConfig):  # a fast_dev_run's one epoch, decided once here
+            config = config.for_run()
+        self._config = config
+        given = {
+            "model": model,
+            "train_loader": train_loader,
+            "val_loader": val_loader,
+            "loss_fn": loss_fn,
+            "optimizer": optimizer,
+            "scheduler": scheduler,
+            "metrics": metrics,
+            "training_step": training_step,
+            "validation_step": validation_step,
+        }
+        self._runtime = Runtime(
+            **{name: resolve(name, value) for name, value in given.items()},
+            model_factory=factory_of(model),
+        )
+        check_runtime(self._runtime, config, callbacks)
+        self._crossing = ranks_crossing(config, given) or crossing_for(config, given)
+        self._isolated = self._crossing is not None
+        self.isolation: dict[str, Any] = {"mode": config.run.isolation}
+        """Where this job trains and how its objects got there (``run_start``'s
+        ``resolved.isolation``; a training process adds what crossed, and how)."""
+        self._child = ChildState()
+        self._callbacks = with_default_callbacks(callbacks, config)
+        self._hub = EventHub()
+        self._log = CurrentLog()
+        self._parts: Parts | None = None
+        self._cycle: RunCycle | None = None
+        self._process: TrainingProcess | None = None
+        self._running = False
+        self._run_dir: Path | None = None
+
+    # -- the resource ---------------------------------------------------------------------
+    async def __aenter__(self) -> OptimizedTrainingOptimizer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Build the parts in a worker thread (idempotent; ``train()`` calls it). Under
+        ``isolation="process"`` the training process builds them: this starts the fork server
+        it is started from (``core.trainer.process.supervisor``)."""
+        if self._isolated:  # the fork server imports torch and core meanwhile
+            await anyio.to_thread.run_sync(warm_up)
+        elif self._parts is None:
+            await anyio.to_thread.run_sync(self.build)
+
+    def build(self) -> None:
+        """Build the parts now, in this thread (the synchronous factory calls this)."""
+        if not self._isolated:
+            self._build_here()
+
+    def _build_here(self) -> None:
+        if self._parts is None:
+            self._parts = build(
+                self._config, self._runtime, emit=self._log.emit, report_error=self._log.error
+            )
+            self._cycle = RunCycle(self._config, self._parts, self._hub, self._log)
+            self._parts.loop.schedule.add(self._cycle)  # validation and checkpoints, when due
+            if self._parts.monitor is not None:  # the trainer's gpu_monitor reads the run's
+                self._parts.trainer.attach_monitor(self._parts.monitor)
+
+    async def aclose(self) -> None:
+        """Release the process group this job created (in a worker thread)."""
+        await anyio.to_thread.run_sync(self.close)
+
+    def close(self) -> None:
+        """Release the process group this job created (call once, after the last train())."""
+        if self._parts is not None:
+            self._parts.trainer.cleanup()
+            if self._parts.monitor is not None:
+                self._parts.monitor.close()
+
+    def events(self, capacity: int | None = None) -> EventStream:
+        """An async iterator over this run's records (those ``events.jsonl`` receives).
+
+        Subscribe before or during ``train()``; the stream ends after ``run_end``. A consumer
+        more than ``capacity`` records behind loses the oldest ones (``stream.dropped``);
+        training never waits for it.
+        """
+        return self._hub.subscribe(capacity or self._config.logging.event_buffer_size)
+
+    def describe(self) -> dict[str, Any]:
+        """What the config resolved to (each part's description, as in ``run_start``) and the
+        plan: steps per epoch, effective batch, micro-batches as they stand now."""
+        return describe(self._config, self._built) | {"isolation": dict(self.isolation)}
+
+    def request_stop(self, reason: str = "requested by a callback") -> bool:
+        """Stop the run in progress at its next step boundary (a callback's way to steer,
+        from any hook, or any code on the event loop's thread): the stop checkpoint is
+        written, ``train()`` returns, ``run_end`` has ``status="stopped"`` and
+        ``stop_reason="requested: <reason>"``. Under ``isolation="process"`` and
+        ``devices=N`` the request crosses to the training process. False when no run is in
+        progress (nothing happens)."""
+        if not self._running:
+            return False
+        if self._process is not None:
+            return self._process.request_stop(reason)
+        if self._cycle is None:
+            return False
+        self._cycle.request_stop(reason)
+        return True
+
+    # -- using the trained model ----------------------------------------------------------
+    async def evaluate(self, loader: Iterable[Any] | None = None) -> dict[str, float | None]:
+        """Loss, accuracy and ``metrics=`` over ``loader`` (default: the ``val_loader``) on the
+        run's device and precision; under several ranks, call it on every rank.
+
+        ``{"loss": 0.31, "accuracy": 0.9, "f1": 0.88, "samples": 128.0}``: ``samples`` is how
+        many samples were evaluated, over every rank (``len(dataset)`` for a whole loader;
+        padding a rank's shard adds none); ``accuracy`` is None where it does not apply."""
+        parts = await self._idle("evaluate")
+        return await anyio.to_thread.run_sync(evaluate_with, parts, loader)
+
+    async def predict(self, loader: Iterable[Any]) -> list[Any]:
+        """The model's outputs, one entry per batch of ``loader`` (this rank's shard under
+        several ranks), moved to the CPU: ``torch.cat(await run.predict(loader))``."""
+        parts = await self._idle("predict")
+        return await anyio.to_thread.run_sync(predict_with, parts, loader)
+
+    def benchmark_performance(self, num_iterations: int = 100) -> dict[str, Any]:
+        """Average forward, backward and optimizer-step seconds over ``num_iterations`` steps
+        on the run's batches, and ``samples_per_second``; training is unaffected (see
+        :func:`core.trainer.job.benchmark.benchmark_performance`). Synchronous: in async code,
+        ``await anyio.to_thread.run_sync(run.benchmark_performance, 20)``."""
+        parts = self._ready("benchmark_performance")
+        return benchmark_performance(parts, self._config, num_iterations)
+
+    def get_optimal_batch_size(self, target_memory_usage: float = 0.8) -> int:
+        """The largest batch size within ``target_memory_usage`` of the device's memory (CPU:
+        of the available RAM); see :func:`core.trainer.job.benchmark.optimal_batch_size`."""
+        parts = self._ready("get_optimal_batch_size")
+        return optimal_batch_size(parts, self._config, target_memory_usage)
+
+    def _ready(self, what: str) -> Parts:
+        if self._running:
+            raise RuntimeError(f"{what}() cannot run while train() runs on this job")
+        self._build_here()
+        return self._built
+
+    async def _idle(self, what: str) -> Parts:
+        if self._running:
+            raise RuntimeError(f"{what}() cannot run while train() runs on this job")
+        await anyio.to_thread.run_sync(self._build_here)
+        return self._built
+
+    # -- the run --------------------------------------------------------------------------
+    async def train(self) -> TrainingResults:
+        """Run epochs until ``max_epochs``, early stopping, an error, a signal or cancellation."""
+        if self._running:
+            raise RuntimeError("train() is already running on this optimizer")
+        self._running = True
+        try:
+            if self._crossing is not None:
+                return await self._train_in_a_process(self._crossing)
+            await self.start()
+            parts, cycle = self._built, self._cycle
+            assert cycle is not None
+            run = Run(self._config, parts, cycle, self._hub, self._observers())
+            results = await run.execute(self.describe(), on_open=self._opened)
+            self._run_dir = results.run_dir  # None: a smoke run's directory, removed
+            return results
+        finally:
+            self._running = False
+
+    async def _train_in_a_process(self, crossing: Crossing) -> TrainingResults:
+        self._child = ChildState()
+        self._process = child = TrainingProcess(
+            type(self),
+            self._config,
+            crossing,
+            model=self._runtime.model,
+            hub=self._hub,
+            observers=self._observers(),
+            state=self._child,
+            on_open=self._opened,
+        )
+        try:
+            results = await child.execute()
+        finally:
+            self._process = None
+        self._run_dir = results.run_dir  # None: a smoke run's directory, removed
+        return results
+
+    def _observers(self) -> Observers:
+        return Observers(
+            self._callbacks,
+            self,
+            report=self._log.error,
+            warn=self._log.warning,
+            capacity=self._config.logging.event_buffer_size,
+            grace_s=self._config.logging.callback_grace_s,
+        )
+
+    def _opened(self, run_dir: Path) -> None:
+        self._run_dir = run_dir

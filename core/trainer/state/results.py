@@ -1,0 +1,128 @@
+"""What ``await run.train()`` returns, the running tally it is built from, and how a run is
+ending while it closes."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ("RunEnding", "RunProgress", "TrainingResults")
+
+
+@dataclass(frozen=True)
+class TrainingResults:
+    """The outcome of one training run.
+
+    ``train_loss`` / ``val_loss`` / ``val_accuracy`` are those of the last completed epoch
+    (under DDP/FSDP2 averaged over all ranks); ``val_accuracy`` is None unless targets are
+    class indices; ``best_val_loss`` is None without a ``val_loader``. ``samples_per_s``
+    counts this rank's training samples over training time (validation excluded).
+    ``interrupted`` is True when another rank stopped the job (this rank was not cancelled).
+    ``stop_reason`` says why the run ended before ``max_epochs``/``max_steps`` when a rule
+    or a callback stopped it (``"early_stopping: val_loss did not improve ..."``,
+    ``"requested: <the callback's reason>"``), else None.
+    ``val_metrics`` are the last validation's ``metrics=`` values. With ``save_best``,
+    ``best_value`` is the best ``monitor`` value and ``best_checkpoint`` its checkpoint
+    (load it with :func:`core.load_weights`); ``last_checkpoint`` is the newest one.
+    ``run_dir`` is where the run's files are; None for a ``fast_dev_run``, whose files were
+    removed with it (``RunConfig.keep_fast_dev_run_files`` keeps them).
+    """
+
+    epochs_completed: int
+    global_step: int
+    best_val_loss: float | None
+    train_loss: float | None
+    val_loss: float | None
+    val_accuracy: float | None
+    stopped_early: bool
+    samples_per_s: float
+    run_dir: Path | None
+    interrupted: bool = False
+    val_metrics: dict[str, float | None] = field(default_factory=dict)
+    monitor: str | None = None
+    best_value: float | None = None
+    best_checkpoint: str | None = None
+    last_checkpoint: str | None = None
+    stop_reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["run_dir"] = None if self.run_dir is None else str(self.run_dir)
+        return data
+
+
+@dataclass
+class RunProgress:
+    """Tally kept by the orchestrator while epochs complete."""
+
+    train_loss: float | None = None
+    val_loss: float | None = None
+    val_accuracy: float | None = None
+    best_val_loss: float | None = None
+    stopped_early: bool = False
+    interrupted: bool = False
+    samples: int = 0
+    train_time_s: float = 0.0
+    val_metrics: dict[str, float | None] = field(default_factory=dict)
+    best_value: float | None = None
+    best_checkpoint: str | None = None
+    top_k: list[list[float | str]] = field(default_factory=list)
+    """The kept best checkpoints, ``[value, path]``, the best first (``save_top_k``)."""
+    stop_reason: str | None = None
+    """Why the run stopped before its end (early stopping's rule, a callback's request)."""
+
+    def add_epoch(self, samples: int, time_s: float) -> None:
+        self.samples += samples
+        self.train_time_s += time_s
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.train_time_s if self.train_time_s else 0.0
+
+    def add_validation(
+        self, loss: float, accuracy: float | None, metrics: dict[str, float | None] | None = None
+    ) -> None:
+        self.val_loss, self.val_accuracy = loss, accuracy
+        self.val_metrics = dict(metrics or {})
+        if math.isfinite(loss):  # a NaN or inf validation loss is never the best
+            best = self.best_val_loss
+            self.best_val_loss = loss if best is None else min(best, loss)
+
+    def results(
+        self,
+        *,
+        epochs_completed: int,
+        global_step: int,
+        run_dir: Path | None,
+        monitor: str | None = None,
+        last_checkpoint: str | None = None,
+    ) -> TrainingResults:
+        return TrainingResults(
+            epochs_completed=epochs_completed,
+            global_step=global_step,
+            best_val_loss=self.best_val_loss,
+            train_loss=self.train_loss,
+            val_loss=self.val_loss,
+            val_accuracy=self.val_accuracy,
+            stopped_early=self.stopped_early,
+            samples_per_s=self.samples_per_s,
+            run_dir=run_dir,
+            interrupted=self.interrupted,
+            val_metrics=dict(self.val_metrics),
+            monitor=monitor,
+            best_value=self.best_value,
+            best_checkpoint=self.best_checkpoint,
+            last_checkpoint=last_checkpoint,
+            stop_reason=self.stop_reason,
+        )
+
+
+@dataclass
+class RunEnding:
+    """How a run is ending: its ``run_end`` status, the error, the stop signals received."""
+
+    status: str = "failed"
+    error: Exception | None = None
+    signals: list[int] = field(default_factory=list)
