@@ -7,6 +7,7 @@ Every ``import core...`` in every module counts, including those inside function
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,6 +43,15 @@ COMPONENTS = (
     "losses",
     "moe",
 )
+FOUNDING_VOCABULARY = re.compile(
+    r"\b(?:MixedPrecisionTrainer|MultiGPUTrainer|OptimizedTrainingOptimizer|GradientAccumulation"
+    r"|GPUManager|IntegratedGPUTrainingSystem|GPUPerformanceMonitor|MixedPrecisionOptimizer"
+    r"|multi_gpu_trainer|create_optimized_training_optimizer|create_multi_gpu_trainer"
+    r"|create_mixed_precision_trainer|create_mixed_precision_optimizer)\b"
+    r"|\b[Ss]eeds? (?:\d{3}|API|faces?|documents?|names?|alias(?:es)?)\b|\b[Tt]he seeds?(?:'s?)? "
+)
+"""The founding documents' own classes and the words that point at the documents: the
+facades' vocabulary, which the modules beneath them do not use."""
 TRAINER_LAYERS = ("state", "assembly", "epochs", "running", "process", "job")
 """``core.trainer``'s subpackages, bottom up: each imports only those before it."""
 
@@ -135,6 +145,17 @@ def test_faces_sit_on_top_no_module_outside_them_imports_one() -> None:
 def package_of(module: str) -> str:
     """The layer a module belongs to: ``core.loop.step`` -> ``core.loop``."""
     return ".".join(module.split(".")[:2])
+
+
+def test_no_module_beneath_the_facades_speaks_their_vocabulary() -> None:
+    speakers = sorted(
+        f"{name}:{number}: {match.group(0)}"
+        for name, path in MODULES.items()
+        if not is_face(name)
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if (match := FOUNDING_VOCABULARY.search(line))
+    )
+    assert speakers == []
 
 
 def test_no_two_layers_point_both_ways() -> None:
