@@ -10,7 +10,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 HAS_NVIDIA_SMI := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
 
-.PHONY: demo test lint typecheck docs pytest bench clean-logs
+.PHONY: demo test lint typecheck docs pytest sizes bench clean-logs
 
 $(STAMP): pyproject.toml requirements-cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -40,7 +40,11 @@ docs: $(STAMP)
 pytest: $(STAMP)
 	$(PY) -m pytest -q
 
-test: lint typecheck docs pytest
+test: lint typecheck docs pytest sizes
+
+# Modules past 300 lines, longest first: a signal for review (does one do two jobs?), not a rule.
+sizes: $(STAMP)
+	$(PY) -m tests.module_sizes
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py

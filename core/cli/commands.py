@@ -47,9 +47,10 @@ def report_parser() -> Parser:
         "run from its events.jsonl; print the files written.",
     )
     parser.add_argument(
-        "run_dir", metavar="RUN_DIR",
+        "run_dir",
+        metavar="RUN_DIR",
         help="logs/<experiment>/<run id>, or logs/<experiment> for its newest run",
-    )  # fmt: skip
+    )
     return parser
 
 
@@ -106,8 +107,14 @@ def _device(name: str | None) -> torch.device:
     return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def _search(parser: Parser, model: Any, shape_text: str, target: float | None,
-            device: torch.device, max_batch_size: int = 4096) -> dict[str, Any]:  # fmt: skip
+def _search(
+    parser: Parser,
+    model: Any,
+    shape_text: str,
+    target: float | None,
+    device: torch.device,
+    max_batch_size: int = 4096,
+) -> dict[str, Any]:
     try:
         shape = check_input_shape([int(p) for p in shape_text.split(",") if p.strip()])
     except (ValueError, ConfigError):
@@ -200,8 +207,13 @@ def find_batch_size_parser() -> Parser:
         metavar="G",
         help="default: the device's free memory less 10%%",
     )
-    parser.add_argument("--max-batch-size", type=int, default=4096, metavar="N",
-                        help="the largest size tried (default %(default)d)")  # fmt: skip
+    parser.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=4096,
+        metavar="N",
+        help="the largest size tried (default %(default)d)",
+    )
     return parser
 
 

@@ -17,21 +17,61 @@ from core.telemetry.stop_records import (
 )
 
 __all__ = (
-    "AmpCompatibility", "CallbackLagging", "Checkpoint", "Common", "Compile", "CompileDecision",
-    "DataStall", "EpochEnd", "Error", "ForcedExit", "FreshStart", "GpuSample", "Level",
-    "LogDegraded", "MonitorDegraded",
-    "MonitorFieldUnsupported", "NonfiniteSkipped", "OomRecovered", "PrecisionFallback",
-    "Profile", "RECORDS", "Resumed", "RunEnd", "RunStart", "SignalReceived",
-    "StepThreadAbandoned", "StepThreadParked", "TrainStep", "UnevenInputs", "Validation",
+    "AmpCompatibility",
+    "CallbackLagging",
+    "Checkpoint",
+    "Common",
+    "Compile",
+    "CompileDecision",
+    "DataStall",
+    "EpochEnd",
+    "Error",
+    "ForcedExit",
+    "FreshStart",
+    "GpuSample",
+    "Level",
+    "LogDegraded",
+    "MonitorDegraded",
+    "MonitorFieldUnsupported",
+    "NonfiniteSkipped",
+    "OomRecovered",
+    "PrecisionFallback",
+    "Profile",
+    "RECORDS",
+    "Resumed",
+    "RunEnd",
+    "RunStart",
+    "SignalReceived",
+    "StepThreadAbandoned",
+    "StepThreadParked",
+    "TrainStep",
+    "UnevenInputs",
+    "Validation",
     "ValidationStart",
-)  # fmt: skip
+)
 
-_Reason = Literal["step", "epoch", "best", "top_k", "signal", "cancel", "stopped_by_peer", "error",
-                  "early_stop", "requested"]  # fmt: skip
+_Reason = Literal[
+    "step",
+    "epoch",
+    "best",
+    "top_k",
+    "signal",
+    "cancel",
+    "stopped_by_peer",
+    "error",
+    "early_stop",
+    "requested",
+]
 _Verdict = Literal["input_bound", "underutilised", "compute_bound"]
 _Status = Literal["completed", "stopped", "cancelled", "failed", "abandoned"]
-_ErrorKind = Literal["checkpoint_invalid", "checkpoint_failed", "nonfinite_validation_loss",
-                    "callback_failed", "compile_failed", "best_checkpoint_missing"]  # fmt: skip
+_ErrorKind = Literal[
+    "checkpoint_invalid",
+    "checkpoint_failed",
+    "nonfinite_validation_loss",
+    "callback_failed",
+    "compile_failed",
+    "best_checkpoint_missing",
+]
 
 
 class RunStart(Common):
@@ -279,18 +319,33 @@ class Profile(Common):
 
 
 RECORDS: dict[str, type] = {
-    "run_start": RunStart, "fresh_start": FreshStart, "resumed": Resumed,
+    "run_start": RunStart,
+    "fresh_start": FreshStart,
+    "resumed": Resumed,
     "amp_compatibility": AmpCompatibility,
-    "compile": Compile, "compile_decision": CompileDecision, "train_step": TrainStep,
-    "nonfinite_skipped": NonfiniteSkipped, "oom_recovered": OomRecovered,
-    "precision_fallback": PrecisionFallback, "uneven_inputs": UnevenInputs,
-    "data_stall": DataStall, "validation_start": ValidationStart, "validation": Validation,
-    "epoch_end": EpochEnd, "profile": Profile,
-    "checkpoint": Checkpoint, "gpu_sample": GpuSample, "monitor_degraded": MonitorDegraded,
-    "monitor_field_unsupported": MonitorFieldUnsupported, "error": Error,
-    "callback_lagging": CallbackLagging, "log_degraded": LogDegraded,
-    "signal_received": SignalReceived, "step_thread_parked": StepThreadParked,
+    "compile": Compile,
+    "compile_decision": CompileDecision,
+    "train_step": TrainStep,
+    "nonfinite_skipped": NonfiniteSkipped,
+    "oom_recovered": OomRecovered,
+    "precision_fallback": PrecisionFallback,
+    "uneven_inputs": UnevenInputs,
+    "data_stall": DataStall,
+    "validation_start": ValidationStart,
+    "validation": Validation,
+    "epoch_end": EpochEnd,
+    "profile": Profile,
+    "checkpoint": Checkpoint,
+    "gpu_sample": GpuSample,
+    "monitor_degraded": MonitorDegraded,
+    "monitor_field_unsupported": MonitorFieldUnsupported,
+    "error": Error,
+    "callback_lagging": CallbackLagging,
+    "log_degraded": LogDegraded,
+    "signal_received": SignalReceived,
+    "step_thread_parked": StepThreadParked,
     "step_thread_abandoned": StepThreadAbandoned,
-    "forced_exit": ForcedExit, "run_end": RunEnd,
-}  # fmt: skip
+    "forced_exit": ForcedExit,
+    "run_end": RunEnd,
+}
 """Every record a run writes, by ``event`` name, in the order a run meets them."""
