@@ -20,8 +20,7 @@ Example::
             self.losses.append(record["train_loss"])
 
     curve = LossCurve()
-    async with OptimizedTrainingOptimizer(config, model=m, train_loader=dl,
-                                          callbacks=[curve]) as run:
+    async with TrainingJob(config, model=m, train_loader=dl, callbacks=[curve]) as run:
         await run.train()
 
 A callback may also steer: ``run.request_stop(reason)`` from any hook stops the run at its

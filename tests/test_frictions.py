@@ -26,7 +26,7 @@ from core import (
 )
 from core.cli import run_fit
 from core.precision import cpu_bf16
-from core.precision.policy import MixedPrecisionTrainer, fallback_precision
+from core.precision.policy import PrecisionPolicy, fallback_precision
 from core.telemetry import kineto
 from core.telemetry.config import LoggingConfig
 from tests.helpers import loaders, make_classification, make_model, pythonpath
@@ -62,7 +62,7 @@ def test_auto_is_fp32_on_a_cpu_without_bf16_and_fp16_falls_back_to_fp32(
 ) -> None:
     monkeypatch.setattr(cpu_bf16, "_capabilities", lambda: NO_BF16)
     with structlog.testing.capture_logs() as logs:
-        auto = MixedPrecisionTrainer(MixedPrecisionConfig(dtype="auto"), CPU)
+        auto = PrecisionPolicy(MixedPrecisionConfig(dtype="auto"), CPU)
     assert auto.precision.name == "fp32" and auto.describe()["note"] is None
     assert emulated(logs) == []
     assert fallback_precision(MixedPrecisionConfig(dtype="fp16"), CPU).name == "fp32"
@@ -73,8 +73,8 @@ def test_auto_is_fp32_on_a_cpu_without_bf16_and_fp16_falls_back_to_fp32(
 def test_explicit_bf16_where_it_is_native_says_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cpu_bf16, "_capabilities", lambda: BF16)
     with structlog.testing.capture_logs() as logs:
-        trainer = MixedPrecisionTrainer(MixedPrecisionConfig(dtype="bf16"), CPU)
-    assert trainer.precision.name == "bf16" and trainer.describe()["note"] is None
+        policy = PrecisionPolicy(MixedPrecisionConfig(dtype="bf16"), CPU)
+    assert policy.precision.name == "bf16" and policy.describe()["note"] is None
     assert emulated(logs) == []
 
 

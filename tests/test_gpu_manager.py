@@ -1,4 +1,4 @@
-"""GPUManager: what apply() sets and reports, memory reports, config validation."""
+"""DeviceManager: what apply() sets and reports, memory reports, config validation."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from core.errors import ConfigError
-from core.hardware.settings import GPUManager, GPUManagerConfig
+from core.hardware.settings import DeviceManager, GPUManagerConfig
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -28,7 +28,7 @@ def restore_backends() -> Iterator[None]:
 
 def test_on_cpu_apply_touches_nothing(restore_backends: None) -> None:
     benchmark = torch.backends.cudnn.benchmark
-    manager = GPUManager(GPUManagerConfig(cudnn_benchmark=not benchmark), torch.device("cpu"))
+    manager = DeviceManager(GPUManagerConfig(cudnn_benchmark=not benchmark), torch.device("cpu"))
     report = manager.apply()
     assert report == {
         "cuda": False,
@@ -44,7 +44,7 @@ def test_on_cpu_apply_touches_nothing(restore_backends: None) -> None:
 
 
 def test_on_cpu_memory_reports_are_safe() -> None:
-    manager = GPUManager(device="cpu")
+    manager = DeviceManager(device="cpu")
     assert manager.get_memory_usage() == {
         "allocated_gb": 0.0,
         "reserved_gb": 0.0,
@@ -70,7 +70,7 @@ def test_tf32_only_on_ampere_and_newer(
     )
     torch.set_float32_matmul_precision("highest")
     config = GPUManagerConfig(cudnn_benchmark=True, memory_fraction=0.5)
-    report = GPUManager(config, torch.device("cuda", 1)).apply()
+    report = DeviceManager(config, torch.device("cuda", 1)).apply()
     assert report["tf32_matmul"] is report["tf32_cudnn"] is tf32
     assert report["compute_capability"] == f"{capability[0]}.{capability[1]}"
     assert report["cudnn_benchmark"] is True and torch.backends.cudnn.benchmark is True
@@ -102,7 +102,7 @@ def test_a_full_memory_fraction_is_allowed() -> None:
 @pytest.mark.gpu
 @needs_cuda
 def test_apply_on_a_real_gpu(restore_backends: None) -> None:
-    manager = GPUManager(GPUManagerConfig(tf32=True), torch.device("cuda", 0))
+    manager = DeviceManager(GPUManagerConfig(tf32=True), torch.device("cuda", 0))
     report = manager.apply()
     ampere = torch.cuda.get_device_capability(0)[0] >= 8
     assert report["cuda"] is True and report["tf32_matmul"] is ampere

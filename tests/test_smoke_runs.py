@@ -424,7 +424,7 @@ def test_weights_handed_back_by_checkpoint_cross_a_temporary_folder_the_service_
     through when they do not fit the given model: a temporary folder, removed once loaded."""
     trained = make_model(seed=3)
     strategy = SimpleNamespace(rank=0, model_state_dict=lambda model: model.state_dict())
-    done = SimpleNamespace(model=trained, multi_gpu_trainer=SimpleNamespace(strategy=strategy))
+    done = SimpleNamespace(model=trained, distribution=SimpleNamespace(strategy=strategy))
     packed = SimpleNamespace(block=None, model={})  # nothing fits: the checkpoint way
     results = SimpleNamespace(run_dir=None, global_step=1, epochs_completed=1)
     final = child.hand_back(packed, done, results)  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from core.distributed import Strategy
 from core.hardware.device import device_of
-from core.loop.accumulation import GradientAccumulation, GradientAccumulationConfig
+from core.loop.accumulation import Accumulation, GradientAccumulationConfig
 from core.loop.epoch import StepLoop
 from core.loop.objective import DefaultObjective
 from core.loop.readback import Readback
@@ -24,7 +24,7 @@ from core.loop.recovery import ErrorHandler
 from core.loop.schedule import StepSchedule, next_multiple
 from core.loop.step import BatchStep, WindowStep
 from core.precision.config import MixedPrecisionConfig
-from core.precision.policy import MixedPrecisionTrainer
+from core.precision.policy import PrecisionPolicy
 from tests.helpers import make_classification, make_model
 
 CPU = torch.device("cpu")
@@ -86,8 +86,8 @@ def make_loop(
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loop = StepLoop(
         model=model, optimizer=optimizer, scheduler=LoggingScheduler(optimizer, log),
-        precision=MixedPrecisionTrainer(MixedPrecisionConfig(dtype="fp32"), CPU),
-        accumulation=GradientAccumulation(GradientAccumulationConfig(accumulation_steps)),
+        precision=PrecisionPolicy(MixedPrecisionConfig(dtype="fp32"), CPU),
+        accumulation=Accumulation(GradientAccumulationConfig(accumulation_steps)),
         strategy=strategy or Strategy(CPU), objective=LoggingObjective(log, bad),
         errors=ErrorHandler(), max_grad_norm=1.0, emit=emit, **wiring,
     )  # fmt: skip
@@ -149,7 +149,7 @@ def test_without_device_fields_the_record_fields_are_null() -> None:
 
 
 def recorder(emit: Callable[..., None]) -> StepRecorder:
-    precision = MixedPrecisionTrainer(MixedPrecisionConfig(dtype="fp32"), CPU)
+    precision = PrecisionPolicy(MixedPrecisionConfig(dtype="fp32"), CPU)
     return StepRecorder(
         scheduler=None, precision=precision, errors=ErrorHandler(), device=device_of(CPU),
         emit=emit,

@@ -130,8 +130,15 @@ class Checkpointer:
         free space and the last good checkpoint."""
         if self.last_saved_step == step and self.last_path is not None and not self.stale:
             if best:  # the checkpoint of this step is also the new best: say so
-                self.emit("checkpoint", path=self.last_path, step=step, epoch=epoch,
-                          reason=reason, best=True, save_time_s=0.0)  # fmt: skip
+                self.emit(
+                    "checkpoint",
+                    path=self.last_path,
+                    step=step,
+                    epoch=epoch,
+                    reason=reason,
+                    best=True,
+                    save_time_s=0.0,
+                )
             return Path(self.last_path)
         started = time.perf_counter()
         strategy = self.strategy

@@ -4,8 +4,7 @@ epoch. Both show the start banner, warnings and errors, and the end summary. Ran
 
 Example::
 
-    async with OptimizedTrainingOptimizer(config, model=m, train_loader=dl,
-                                          callbacks=[ProgressBar()]) as run:
+    async with TrainingJob(config, model=m, train_loader=dl, callbacks=[ProgressBar()]) as run:
         await run.train()
 """
 

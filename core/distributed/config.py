@@ -1,4 +1,4 @@
-"""``MultiGPUConfig``: where and how a job is distributed (seed 004's field names)."""
+"""``MultiGPUConfig``: where and how a job is distributed."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ class MultiGPUConfig:
     torchrun's environment; ``backend=None`` means NCCL with CUDA, gloo without.
     ``stop_vote_interval``: ranks agree on stopping (cancellation, signals) every that many
     step boundaries.
-    ``enable_gpu_monitoring=False`` (seed 004's switch) turns the run's monitor off, as
-    ``monitor.enabled=False`` does.
+    ``enable_gpu_monitoring=False`` turns the run's monitor off, as ``monitor.enabled=False``
+    does.
     ``training_mode="expert_parallel"`` (a model with ``core.moe.MoELayer`` blocks): under
     torchrun experts are sharded over the ranks and tokens exchanged by all-to-all
     (``expert_token_exchange``: "auto", "all_to_all" or "all_gather"); in one process the

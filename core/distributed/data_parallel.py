@@ -1,7 +1,7 @@
 """``nn.DataParallel``: one process drives several GPUs of one machine.
 
-Kept for the seed API and quick experiments; ``torchrun`` with DDP is faster and is what
-auto mode suggests when it sees several GPUs.
+Kept for programs that train several GPUs from one process and for quick experiments;
+``torchrun`` with DDP is faster and is what auto mode suggests when it sees several GPUs.
 """
 
 from __future__ import annotations

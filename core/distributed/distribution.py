@@ -1,5 +1,6 @@
-"""``Distribution``: where a job runs (one device, DataParallel, DDP or FSDP2) on
-torch.distributed, behind seed 004's ``MultiGPUTrainer`` (``core.facades.multi_gpu_training``).
+"""``Distribution``: where a run trains (one device, DataParallel, DDP or FSDP2) on
+torch.distributed: the strategy chosen for this machine, the model wrapped for it, the loaders
+sharded over the ranks, and the training throughput counted.
 
 ``MultiGPUConfig(training_mode="auto")`` resolves once, when it is built:
 
@@ -40,7 +41,8 @@ class _Throughput:
 
 
 class Distribution:
-    """Resolves the mode, owns the strategy and its process group, counts throughput."""
+    """A run's distribution: resolves the mode, owns the strategy and its process group,
+    wraps the model, shards the loaders and counts the training throughput."""
 
     def __init__(
         self,
@@ -126,7 +128,8 @@ class Distribution:
         }
 
     def record_epoch(self, samples: int, seconds: float) -> None:
-        """Called by the orchestrator after each epoch (this rank's numbers)."""
+        """Count one epoch's training samples and seconds (this rank's; the run calls it
+        after each epoch)."""
         t = self._throughput
         t.epochs += 1
         t.samples += samples
@@ -134,7 +137,8 @@ class Distribution:
         t.per_epoch.append(samples / seconds if seconds else 0.0)
 
     def merge_throughput(self, other: Distribution) -> None:
-        """Add the epochs ``other`` counted (a run built on this trainer's config) to these."""
+        """Add the epochs ``other`` counted (a run built on this distribution's config) to
+        these."""
         t, o = self._throughput, other._throughput
         t.epochs += o.epochs
         t.samples += o.samples
@@ -152,7 +156,7 @@ class Distribution:
 
         Example::
 
-            trainer.get_performance_summary()["throughput"]   # samples/s
+            distribution.get_performance_summary()["throughput"]   # samples/s
         """
         t = self._throughput
         rate = t.samples / t.seconds if t.seconds else 0.0
@@ -173,7 +177,8 @@ class Distribution:
         }
 
     def cleanup(self) -> None:
-        """Tear down what setup created (a process group this trainer did not create stays)."""
+        """Tear down what setup created (a process group this distribution did not create
+        stays)."""
         if self._ready:
             self.strategy.teardown()
             self._ready = False

@@ -111,8 +111,10 @@ class ExpertParallelStrategy(DDPStrategy):
                 f"{size}, or --nproc_per_node dividing {experts}."
             )
         shard = ExpertShard(self.rank, size, experts // size, exchange)
-        first_time = layer.shard is None  # a model wrapped again (seed 004's train()) is
-        layer.experts.keep_only(shard.owned())  # already sharded: hooks are not added twice
+        # A model wrapped a second time (initialize_training, then a run of the same model)
+        # is already sharded: its gradient hooks are not added twice.
+        first_time = layer.shard is None
+        layer.experts.keep_only(shard.owned())
         layer.shard = shard
         for parameter in layer.experts.parameters():
             if first_time:

@@ -1,4 +1,4 @@
-"""Expert parallelism in one process (seed 003): experts placed on this machine's GPUs.
+"""Expert parallelism in one process: experts placed on this machine's GPUs.
 
 Without torchrun, ``training_mode="expert_parallel"`` plans where every expert of every MoE
 layer should live by the cost model of :mod:`core.moe.placement` (parameters x expected

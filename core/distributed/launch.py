@@ -1,5 +1,5 @@
-"""Launch helpers of the seed API: a free port, an in-process group, torchrun, and the ranks
-of ``devices=N`` (torch's elastic launcher, as ``torchrun --standalone`` runs it).
+"""Launch helpers: a free port, an in-process group, torchrun, and the ranks of ``devices=N``
+(torch's elastic launcher, as ``torchrun --standalone`` runs it).
 
 ``launch_distributed_training`` runs ``torchrun`` (``python -m torch.distributed.run``) as a
 subprocess in its own session, so a timeout can stop torchrun and every worker it started.

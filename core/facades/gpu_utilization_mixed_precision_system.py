@@ -32,15 +32,15 @@ from core.errors import config_error
 from core.facades.flat import config_from_flat
 from core.facades.integrated.config import GPUConfig, training_config
 from core.facades.integrated.manager import GPUManager
+from core.facades.integrated.monitor import GPUPerformanceMonitor
 from core.facades.integrated.setup import setup_training
 from core.facades.integrated.sync import running_event_loop
 from core.facades.mixed_precision_training import MixedPrecisionConfig, MixedPrecisionTrainer
+from core.facades.optimized_training_optimizer import OptimizedTrainingOptimizer
 from core.loop.objective import LossFn
 from core.memory import GPUMemoryOptimizer
 from core.metrics import Metric, MetricFn
-from core.monitoring.performance import GPUPerformanceMonitor
 from core.trainer.assembly.optimization import OptimizerArgument, SchedulerArgument
-from core.trainer.job.orchestrator import OptimizedTrainingOptimizer
 from core.trainer.state.results import TrainingResults
 from core.transforms.activation_checkpointing import find_blocks
 
@@ -262,9 +262,9 @@ class IntegratedGPUTrainingSystem:
             "val_losses": [record["val_loss"] for record in epochs],
             "epoch_times_s": [record["epoch_time_s"] for record in epochs],
             "samples_per_s_per_epoch": [record["samples_per_s"] for record in epochs],
-            "device": str(job.multi_gpu_trainer.device),
+            "device": str(job.distribution.device),
             "precision": job.mixed_precision.precision.name,
-            "training_mode": job.multi_gpu_trainer.training_mode,
+            "training_mode": job.distribution.training_mode,
             "gpu_summary": gpu_summary,
         }
 
@@ -283,4 +283,4 @@ class IntegratedGPUTrainingSystem:
 async def _train(job: OptimizedTrainingOptimizer) -> tuple[TrainingResults, dict[str, Any]]:
     async with job:
         results = await job.train()
-        return results, job.multi_gpu_trainer.gpu_monitor.get_gpu_summary()
+        return results, job.distribution.gpu_monitor.get_gpu_summary()

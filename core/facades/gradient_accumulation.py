@@ -1,6 +1,6 @@
 """Seed face of gradient accumulation: the names seed 001 imports from here.
 
-The implementation lives in ``core.loop.accumulation``::
+The implementation is the step loop's :class:`~core.loop.accumulation.Accumulation`::
 
     from core.gradient_accumulation import GradientAccumulation, GradientAccumulationConfig
 
@@ -9,6 +9,12 @@ The implementation lives in ``core.loop.accumulation``::
 
 from __future__ import annotations
 
-from core.loop.accumulation import GradientAccumulation, GradientAccumulationConfig
+from core.loop.accumulation import Accumulation, GradientAccumulationConfig
 
 __all__ = ("GradientAccumulation", "GradientAccumulationConfig")
+
+
+class GradientAccumulation(Accumulation):
+    """Seed 001's name for the step loop's :class:`~core.loop.accumulation.Accumulation`:
+    batches grouped into windows of ``accumulation_steps``, each split into micro-batches
+    weighted by their share of the window. It adds nothing to it."""

@@ -1,8 +1,9 @@
 """Seed face of mixed precision (seeds 000 and 002): the names their users import from here.
 
-The precision policy lives in ``core.precision``; the synchronous per-batch calls in
-``core.facades.eager``, built from the step loop's own parts. Each per-batch call reads its values
-back before it returns (one device sync per call, by design: the seed's loop prints them)::
+The precision policy is :class:`~core.precision.policy.PrecisionPolicy`, which the face class
+extends; the synchronous per-batch calls are in ``core.facades.eager``, built from the step
+loop's own parts. Each per-batch call reads its values back before it returns (one device sync
+per call, by design: the seed's loop prints them)::
 
     from core.mixed_precision_training import create_mixed_precision_trainer
 
@@ -48,8 +49,9 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
     return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
 
-class MixedPrecisionTrainer(policy.MixedPrecisionTrainer):
-    """The precision policy with seed 002's per-batch steps and seed 000's four calls.
+class MixedPrecisionTrainer(policy.PrecisionPolicy):
+    """:class:`~core.precision.policy.PrecisionPolicy` with seed 002's per-batch steps and
+    seed 000's four calls.
 
     ``MixedPrecisionTrainer(config)``, ``MixedPrecisionTrainer(config, device)`` and
     ``MixedPrecisionTrainer(config=config, model=model, optimizer=optimizer, logger=logger)``
@@ -94,9 +96,11 @@ class MixedPrecisionTrainer(policy.MixedPrecisionTrainer):
             self.note_memory_savings(None, "not measured yet: measured at the first train_step")
         if model is not None and self.config.check_compatibility:
             self.compatibility = check_amp_compatibility(
-                model, device=self.device, dtype=self.amp_precision.dtype,
+                model,
+                device=self.device,
+                dtype=self.amp_precision.dtype,
                 loss_scaling=self.config.enable_grad_scaler,
-            )  # fmt: skip
+            )
             self._emit("amp_compatibility", **self.compatibility)
 
     def _bind(self, model: nn.Module | None, device: torch.device | str | None) -> None:
@@ -104,17 +108,21 @@ class MixedPrecisionTrainer(policy.MixedPrecisionTrainer):
         target = _model_device(model) if model is not None else torch.device(device or "cpu")
         if device is not None and not _same_device(torch.device(device), target):
             raise config_error(
-                "device", str(device), f"the model's device ({target})",
+                "device",
+                str(device),
+                f"the model's device ({target})",
                 "move the model first: model.to(device), then create the optimizer.",
-            )  # fmt: skip
+            )
         if _same_device(target, self.device):
             return
         if self._device_given or self._total_steps or self._steps or self._calls:
             raise config_error(
-                "device", str(target), f"{self.device} (this trainer's device)",
+                "device",
+                str(target),
+                f"{self.device} (this trainer's device)",
                 "move the model to the trainer's device, or create the trainer with "
                 "device=... matching the model.",
-            )  # fmt: skip
+            )
         wanted = self._amp_wanted  # an enable/disable made before the first call stays
         super().__init__(self.config, target)  # nothing has run yet: resolve there instead
         self._amp_wanted = wanted
@@ -125,16 +133,23 @@ class MixedPrecisionTrainer(policy.MixedPrecisionTrainer):
             if self.model is None or self.optimizer is None:
                 missing = "model" if self.model is None else "optimizer"
                 raise config_error(
-                    missing, None, f"an {'nn.Module' if missing == 'model' else 'optimizer'}",
+                    missing,
+                    None,
+                    f"an {'nn.Module' if missing == 'model' else 'optimizer'}",
                     f"pass MixedPrecisionTrainer(config, {missing}={missing}) (or use "
                     "create_mixed_precision_trainer(model, optimizer)) before train_step().",
-                )  # fmt: skip
+                )
             self._bind(self.model, device)
             self._steps = EagerSteps(
-                model=self.model, optimizer=self.optimizer, amp=self, emit=self._emit,
-                loss_fn=self.loss_fn, scheduler=self.scheduler, max_grad_norm=self.max_grad_norm,
+                model=self.model,
+                optimizer=self.optimizer,
+                policy=self,
+                emit=self._emit,
+                loss_fn=self.loss_fn,
+                scheduler=self.scheduler,
+                max_grad_norm=self.max_grad_norm,
                 track_memory=self.config.track_memory_usage,
-            )  # fmt: skip
+            )
         elif device is not None:
             self._bind(self.model, device)
         return self._steps
@@ -145,9 +160,10 @@ class MixedPrecisionTrainer(policy.MixedPrecisionTrainer):
                 self._bind(model, None)
             if self.config.track_memory_usage:
                 self.note_memory_savings(
-                    None, "not measured: the four-call form never sees a whole batch; "
+                    None,
+                    "not measured: the four-call form never sees a whole batch; "
                     "train_step and runs measure it",
-                )  # fmt: skip
+                )
             self._calls = ManualSteps(self, emit=self._emit, max_grad_norm=self.max_grad_norm)
         return self._calls
 
@@ -213,9 +229,14 @@ def create_mixed_precision_trainer(
         enable_amp=enable_amp, dtype=dtype, enable_grad_scaler=enable_grad_scaler, **config_fields
     )
     return MixedPrecisionTrainer(
-        config, device, model=model, optimizer=optimizer, logger=logger, loss_fn=loss_fn,
+        config,
+        device,
+        model=model,
+        optimizer=optimizer,
+        logger=logger,
+        loss_fn=loss_fn,
         max_grad_norm=max_grad_norm,
-    )  # fmt: skip
+    )
 
 
 class MixedPrecisionOptimizer:
@@ -241,9 +262,15 @@ class MixedPrecisionOptimizer:
         logger: Any | None = None,
     ) -> None:
         self.trainer = MixedPrecisionTrainer(
-            config, device, model=model, optimizer=optimizer, logger=logger, loss_fn=loss_fn,
-            scheduler=scheduler, max_grad_norm=max_grad_norm,
-        )  # fmt: skip
+            config,
+            device,
+            model=model,
+            optimizer=optimizer,
+            logger=logger,
+            loss_fn=loss_fn,
+            scheduler=scheduler,
+            max_grad_norm=max_grad_norm,
+        )
         self.config = self.trainer.config
         self._epochs: EagerEpochs | None = None
 
@@ -251,9 +278,10 @@ class MixedPrecisionOptimizer:
     def epochs(self) -> EagerEpochs:
         if self._epochs is None:
             self._epochs = EagerEpochs(
-                self.trainer._engine(None), clear_cache=self.config.clear_cache,
+                self.trainer._engine(None),
+                clear_cache=self.config.clear_cache,
                 log_amp_stats=self.config.log_amp_stats,
-            )  # fmt: skip
+            )
         return self._epochs
 
     def train_epoch(self, loader: Iterable[Any]) -> dict[str, Any]:

@@ -35,10 +35,11 @@ from core.distributed.launch import (
 from core.distributed.selection import Machine
 from core.errors import ConfigError
 from core.facades.flat import config_from_flat
+from core.facades.integrated.monitor import GPUPerformanceMonitor
+from core.facades.optimized_training_optimizer import OptimizedTrainingOptimizer
 from core.loop.objective import LossFn
 from core.metrics import Metric, MetricFn
 from core.monitoring.distribution import MonitoredDistribution
-from core.trainer.job.orchestrator import OptimizedTrainingOptimizer
 from core.trainer.state.results import TrainingResults
 
 __all__ = (
@@ -55,9 +56,10 @@ __all__ = (
 
 
 class MultiGPUTrainer(MonitoredDistribution):
-    """Seed 004's trainer: where a job runs (:class:`~core.distributed.distribution.Distribution`),
-    its devices' monitor (``gpu_monitor``, ``record_gpu_metrics()``) and :meth:`train`, which
-    runs the orchestrator on the model and loader this trainer prepared.
+    """Seed 004's trainer: a run's distribution with its devices' monitor
+    (:class:`~core.monitoring.distribution.MonitoredDistribution`: ``gpu_monitor``,
+    ``record_gpu_metrics()``) and :meth:`train`, which runs the orchestrator on the model and
+    loader this trainer prepared.
 
     Example::
 
@@ -68,6 +70,7 @@ class MultiGPUTrainer(MonitoredDistribution):
         trainer.get_performance_summary()["throughput"]
     """
 
+    monitor_class = GPUPerformanceMonitor
     _model: nn.Module | None = None  # the user's module, as given to initialize_training
     _loader: Iterable[Any] | None = None  # the loader setup_dataloader built
 
@@ -145,7 +148,7 @@ class MultiGPUTrainer(MonitoredDistribution):
         )
         async with job:
             results = await job.train()
-            self.merge_throughput(job.multi_gpu_trainer)
+            self.merge_throughput(job.distribution)
         return results
 
 

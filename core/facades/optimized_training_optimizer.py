@@ -28,11 +28,31 @@ from core.factory import Factory
 from core.loop.objective import LossFn
 from core.loop.step_function import StepFn
 from core.metrics import Metric, MetricFn
+from core.monitoring.distribution import MonitoredDistribution
 from core.trainer.assembly.arguments import check_parts
 from core.trainer.assembly.optimization import OptimizerArgument, SchedulerArgument
-from core.trainer.job.orchestrator import OptimizedTrainingOptimizer
+from core.trainer.job.orchestrator import TrainingJob
 
 __all__ = ("OptimizedTrainingOptimizer", "create_optimized_training_optimizer")
+
+
+class OptimizedTrainingOptimizer(TrainingJob):
+    """The training job under the name seeds 002 and 004 give it: a
+    :class:`~core.trainer.job.orchestrator.TrainingJob` (the same constructor, async resource,
+    methods and views), built from the config tree::
+
+        async with OptimizedTrainingOptimizer(config, model=model, train_loader=loader) as run:
+            results = await run.train()
+
+    :func:`create_optimized_training_optimizer` builds one from flat keywords. Under
+    ``run.isolation="process"`` the training process builds this class too.
+    """
+
+    @property
+    def multi_gpu_trainer(self) -> MonitoredDistribution:
+        """Seed 004's name for :attr:`distribution`: where the job runs (its ``strategy``,
+        ``get_performance_summary()``) and its ``gpu_monitor``."""
+        return self.distribution
 
 
 def create_optimized_training_optimizer(

@@ -1,11 +1,12 @@
-"""``GPUManager``: the one place that applies process-wide device settings (seed 000's name).
+"""``DeviceManager``: the one place that applies process-wide device settings, and reports
+on the device and its memory.
 
 TF32, cuDNN autotuning and the allocator's memory cap are global switches; applied in one
 place, the run records exactly what was set (``apply()``'s report goes into ``run_start``).
 
 Example::
 
-    manager = GPUManager(GPUManagerConfig(cudnn_benchmark=True), torch.device("cuda", 0))
+    manager = DeviceManager(GPUManagerConfig(cudnn_benchmark=True), torch.device("cuda", 0))
     applied = manager.apply()   # {"cuda": True, "tf32_matmul": True, ...}
 """
 
@@ -21,7 +22,7 @@ from core.checks import check_bool_fields, is_number
 from core.errors import config_error
 from core.hardware.device import device_of
 
-__all__ = ("GPUManager", "GPUManagerConfig")
+__all__ = ("DeviceManager", "GPUManagerConfig")
 
 _GIB = 1024**3
 _AMPERE = 8  # TF32 tensor cores arrived with compute capability 8.0
@@ -57,8 +58,9 @@ def _set_tf32(enabled: bool) -> None:
     torch.backends.cudnn.allow_tf32 = enabled
 
 
-class GPUManager:
-    """Applies :class:`GPUManagerConfig` to ``device`` and reports on its memory."""
+class DeviceManager:
+    """Applies :class:`GPUManagerConfig` to ``device`` and reports on the device and its
+    memory."""
 
     def __init__(
         self, config: GPUManagerConfig | None = None, device: torch.device | str | None = None
@@ -112,7 +114,8 @@ class GPUManager:
         return report
 
     def get_gpu_info(self) -> dict[str, Any]:
-        """``device_name``, ``total_memory`` (bytes), ``capability`` and versions (seed keys)."""
+        """The device's ``device_name``, ``total_memory`` (bytes) and ``capability``, the device
+        count and the CUDA and cuDNN versions (None where there is no CUDA)."""
         info: dict[str, Any] = {
             "cuda": self.cuda,
             "device": str(self.device),

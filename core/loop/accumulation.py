@@ -34,8 +34,8 @@ from core.data.batches import count_samples, count_tokens, split_batch
 from core.errors import config_error
 
 __all__ = (
+    "Accumulation",
     "BatchCheck",
-    "GradientAccumulation",
     "GradientAccumulationConfig",
     "MicroBatch",
     "SampleWeights",
@@ -151,8 +151,9 @@ class TokenWeights:
         return [t / total for t in tokens]
 
 
-class GradientAccumulation:
-    """Groups batches into windows and splits them into weighted micro-batches."""
+class Accumulation:
+    """A run's gradient accumulation: groups batches into windows and splits them into
+    weighted micro-batches."""
 
     def __init__(self, config: GradientAccumulationConfig | None = None) -> None:
         self.config = config or GradientAccumulationConfig()

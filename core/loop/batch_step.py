@@ -33,7 +33,7 @@ class BatchStep:
     def __init__(self, windows: WindowStep) -> None:
         self.windows = windows
         self.model = windows.model
-        self.amp = windows.amp
+        self.policy = windows.policy
         self.objective = windows.objective
         self.logs = windows.objective.logs  # a step function's values, packed with the loss
         self.check_loss = windows.errors.check_loss
@@ -41,7 +41,8 @@ class BatchStep:
         self.update = windows.update
         self.recorder = windows.recorder
         self.accumulation = windows.accumulation
-        # Only a policy that retries is told anything: the RNG state before each step.
+        # Only a retry that runs the batch again (LocalRetry) is told anything: the RNG
+        # state before each step.
         retry = windows.retry
         self.retry = retry if isinstance(retry, LocalRetry) else None
         self.rng_state = device_of(windows.device).rng_state
@@ -65,7 +66,7 @@ class BatchStep:
         if self.accumulation.micro_batch_size is not None:  # split since an OOM
             self.windows(window, step=step, epoch=epoch, started=started, data_time_s=data_time_s)
             return
-        precision = self.amp.begin_step()  # FP32 | Autocast | ScaledFP16
+        precision = self.policy.begin_step()  # FP32 | Autocast | ScaledFP16
         if precision is not self._precision:
             self._bind(precision)
         retry = self.retry

@@ -26,7 +26,7 @@ from torch import nn
 from core.distributed import Strategy
 from core.errors import EmptyLoaderError
 from core.hardware.device import device_of
-from core.loop.accumulation import GradientAccumulation
+from core.loop.accumulation import Accumulation
 from core.loop.data_wait import DataWait
 from core.loop.objective import Objective
 from core.loop.recorder import DeviceFields, EpochStats, Scheduler, StepRecorder
@@ -34,7 +34,7 @@ from core.loop.recovery import ErrorHandler
 from core.loop.schedule import StepHook, StepSchedule
 from core.loop.step import WindowStep, optimizer_step_for
 from core.loop.terms import ModelTerms
-from core.precision.policy import MixedPrecisionTrainer
+from core.precision.policy import PrecisionPolicy
 from core.rng import capture_rng, restore_rng
 
 __all__ = ("EpochStats", "ResumePoint", "Scheduler", "StepLoop")
@@ -70,8 +70,8 @@ class StepLoop:
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         scheduler: Scheduler | None,
-        precision: MixedPrecisionTrainer,
-        accumulation: GradientAccumulation,
+        precision: PrecisionPolicy,
+        accumulation: Accumulation,
         strategy: Strategy,
         objective: Objective,
         errors: ErrorHandler,
@@ -101,7 +101,7 @@ class StepLoop:
             WindowStep(
                 model=model,
                 optimizer=optimizer,
-                amp=precision,
+                policy=precision,
                 accumulation=accumulation,
                 strategy=strategy,
                 objective=objective,

@@ -2,7 +2,7 @@
 
 :class:`GradientUpdate` is the one place in ``core`` that turns accumulated gradients into
 an update, and every path that trains takes it: the step loop's kernels
-(``core.loop.step``), the seed's per-batch ``optimizer_step`` (``core.facades.eager.manual``),
+(``core.loop.step``), the per-batch ``optimizer_step`` call (``core.facades.eager.manual``),
 ``benchmark_performance`` (``core.trainer.job.benchmark``) and the learning-rate finder
 (``core.tuning.lr_finder``). In order:
 

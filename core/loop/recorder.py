@@ -27,7 +27,7 @@ from typing import Any, Final, Literal, NamedTuple, Protocol
 from core.hardware.device import Device
 from core.loop.readback import Readback, StepScalars
 from core.loop.recovery import ErrorHandler
-from core.precision.policy import MixedPrecisionTrainer
+from core.precision.policy import PrecisionPolicy
 
 __all__ = (
     "DeviceFields",
@@ -104,7 +104,7 @@ class StepRecorder:
         self,
         *,
         scheduler: Scheduler | None,
-        precision: MixedPrecisionTrainer,
+        precision: PrecisionPolicy,
         errors: ErrorHandler,
         device: Device,
         emit: Emit,

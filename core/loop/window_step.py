@@ -16,7 +16,7 @@ from torch import nn
 from core.data.batches import to_device
 from core.distributed import Strategy
 from core.hardware.device import device_of
-from core.loop.accumulation import GradientAccumulation, Window
+from core.loop.accumulation import Accumulation, Window
 from core.loop.gradients import GradientUpdate
 from core.loop.objective import Objective
 from core.loop.readback import Readback
@@ -26,7 +26,7 @@ from core.loop.retry import retry_policy
 from core.loop.step_function import LoggedValues, joined
 from core.loop.terms import ModelTerms
 from core.precision.plugins import Precision
-from core.precision.policy import MixedPrecisionTrainer
+from core.precision.policy import PrecisionPolicy
 
 __all__ = ("WindowStep",)
 
@@ -41,8 +41,8 @@ class WindowStep:
         *,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
-        amp: MixedPrecisionTrainer,
-        accumulation: GradientAccumulation,
+        policy: PrecisionPolicy,
+        accumulation: Accumulation,
         strategy: Strategy,
         objective: Objective,
         errors: ErrorHandler,
@@ -55,7 +55,7 @@ class WindowStep:
         self.model = model
         self.terms = terms
         self.optimizer = optimizer
-        self.amp = amp
+        self.policy = policy
         self.accumulation = accumulation
         self.strategy = strategy
         self.objective = objective
@@ -78,7 +78,7 @@ class WindowStep:
         self, window: Window, *, step: int, epoch: int, started: float, data_time_s: float
     ) -> None:
         """Optimizer step number ``step`` over ``window``; ``started`` is its perf_counter()."""
-        precision = self.amp.begin_step()  # FP32 | Autocast | ScaledFP16
+        precision = self.policy.begin_step()  # FP32 | Autocast | ScaledFP16
         self.retry.begin()  # RNG noted where an OOM may make us run the window again
         self.train(
             window, precision, step=step, epoch=epoch, started=started, data_time_s=data_time_s

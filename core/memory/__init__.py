@@ -1,5 +1,6 @@
 """Memory: measuring a training step's peak, finding the largest batch size that fits a
-target, profiling where the memory goes, and the seed's ``GPUMemoryOptimizer`` face."""
+target, profiling where the memory goes, and ``GPUMemoryOptimizer``, one object over those
+tools."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Making a model's training step use less memory, and the seed's ``GPUMemoryOptimizer``
-face over the memory tools (model transforms, batch-size search, memory profile).
+"""Making a model's training step use less memory, and ``GPUMemoryOptimizer``, one object
+over the memory tools (model transforms, batch-size search, memory profile).
 
 Example::
 
@@ -143,7 +143,7 @@ def optimize_model_memory(
 
 
 class GPUMemoryOptimizer:
-    """The seed's memory face: transforms, batch-size search and profile for one device
+    """The memory tools in one object: transforms, batch-size search and profile for one device
     (default: the model's), under a :class:`MemoryConfig`. The last reports are kept in
     ``last_optimization`` and ``last_search``.
 

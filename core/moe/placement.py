@@ -1,4 +1,4 @@
-"""Where each expert lives on a machine with several GPUs, by a cost model (seed 003).
+"""Where each expert lives on a machine with several GPUs, by a cost model.
 
 An expert's *cost* is its parameter count times the share of tokens it expects
 (``top_k / num_experts`` of its layer's tokens under balanced routing): the work it adds to
@@ -9,7 +9,7 @@ Experts are placed largest cost first (longest-processing-time order) on the dev
 memory (parameters, gradients and two Adam moments: 16 bytes per fp32 parameter); ties go to
 the device with fewer experts, then the lower index. So more complex experts land on more
 powerful GPUs. A new expert (:meth:`PlacementPlan.place_new`) goes to the least-loaded
-device (lowest ``load / capability``; ties: fewest experts, as seed 003 says). The gate
+device (lowest ``load / capability``; ties: fewest experts). The gate
 (router) and everything dense stay on the primary device.
 """
 

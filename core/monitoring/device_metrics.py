@@ -107,7 +107,7 @@ def next_tick(start: float, tick: int, interval: float, now: float) -> tuple[int
 
 
 class SamplingThread(threading.Thread):
-    """The seed API's background sampling for synchronous callers (``start_monitoring``), on
+    """Background sampling for synchronous callers (``start_monitoring``), on
     the same fixed grid as the coroutine; calls ``close`` when stopped."""
 
     def __init__(

@@ -233,9 +233,11 @@ class GPUMonitor:
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         task_group, self._task_group = self._task_group, None
         if task_group is not None:
             task_group.cancel_scope.cancel()

@@ -3,7 +3,7 @@
 Example::
 
     MixedPrecisionConfig(dtype="fp16", scaler=LossScalerConfig(init_scale=2.0**12, hysteresis=2))
-    MixedPrecisionConfig(dtype="float16", loss_scaling=True, initial_scale=2**16)  # seed names
+    MixedPrecisionConfig(dtype="float16", loss_scaling=True, initial_scale=2**16)  # other names
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ _SCALER_ALIASES = (
 
 @dataclass(frozen=True, kw_only=True)
 class MixedPrecisionConfig:
-    """How a run uses reduced precision; every field of seeds 000 and 002 has a meaning.
+    """How a run uses reduced precision; the table below says what each field does.
 
     ``dtype="auto"`` picks bf16 on CUDA devices that support it, fp16 with loss scaling on
     older CUDA devices, and fp32 on CPU. bf16 and fp16 work on CPU when asked for (bf16 on a
@@ -141,37 +141,40 @@ class MixedPrecisionConfig:
     ``enabled``               the runtime AMP switch's start state: False resolves the AMP
                               precision but runs fp32 until ``enable_amp()`` turns it on
     ``enable_grad_scaler``    fp16's dynamic loss scaling (fp16 without it is rarely wise);
-                              seed alias ``loss_scaling``
-    ``scaler``                the loss scaler (:class:`LossScalerConfig`); the seeds'
+                              another name: ``loss_scaling``
+    ``scaler``                the loss scaler (:class:`LossScalerConfig`); its fields
                               ``init_scale`` (or ``initial_scale``), ``growth_factor``,
                               ``backoff_factor``, ``growth_interval``, ``hysteresis``,
-                              ``min_scale``, ``max_scale`` are folded into it (given with a
-                              non-default ``scaler=`` they raise: set them in one place).
+                              ``min_scale``, ``max_scale``, given here, are folded into it
+                              (given with a non-default ``scaler=`` they raise: set them in
+                              one place).
                               ``hysteresis`` counts the overflows that trigger a back-off
-                              (DeepSpeed's meaning): seed 000's 2000 absorbs 1999 overflows
+                              (DeepSpeed's meaning): ``hysteresis=2000`` absorbs 1999
+                              overflows
     ``cache_enabled``         autocast's weight-cast cache (each weight cast once per forward)
     ``memory_efficient``      turns that cache off, whatever ``cache_enabled`` says (its
                               default True cannot be told from an explicit True): weights are
                               recast at every use, sparing the cast copies' memory
-    ``autocast_enabled``      seed alias: False is ``enable_amp=False`` (fp32)
+    ``autocast_enabled``      another name for ``enable_amp``: False is fp32
     ``clear_cache``           empty the CUDA caching allocator after each training epoch
                               (and after the per-batch face's epochs and validations); no-op
                               on CPU; costs one device sync and later re-allocations, hence
-                              off by default (the seed's True would slow every run)
-    ``enable_monitoring``     kept for the seed: the AMP statistics are always kept (counters
+                              off by default (on, it would slow every run)
+    ``enable_monitoring``     accepted, no effect: the AMP statistics are always kept (counters
                               fed by the lagged readback, free), so False changes nothing
     ``log_amp_stats``         adds ``get_amp_stats()`` to each ``epoch_end`` record (``amp``)
     ``track_memory_usage``    measures ``avg_memory_savings``: the peak of one forward+backward
                               in fp32 minus under AMP (``core.memory.meter``), once, at the
                               build of a run or the per-batch face's first step; off by
                               default: it costs two extra passes
-    ``validate_amp``          kept for the seed: a config is always validated when created
+    ``validate_amp``          accepted, no effect: a config is always validated when created
     ``check_compatibility``   runs ``check_amp_compatibility`` on the model when a run (or the
                               per-batch face) is built: an ``amp_compatibility`` record
     ========================  ==================================================================
 
-    The seed aliases are constructor arguments only: ``__post_init__`` folds them into
-    their fields, so ``to_dict()`` holds each setting once and round-trips. Example::
+    The other names (``loss_scaling``, ``autocast_enabled``, ``initial_scale``) and the
+    scaler's fields given here are constructor arguments only: ``__post_init__`` folds them
+    into their fields, so ``to_dict()`` holds each setting once and round-trips. Example::
 
         MixedPrecisionConfig(dtype=torch.bfloat16, track_memory_usage=True, clear_cache=True)
     """
@@ -223,7 +226,8 @@ class MixedPrecisionConfig:
         return self.cache_enabled and not self.memory_efficient
 
     def _fold_switch(self, alias: str, value: bool | None, target: str) -> None:
-        """Set ``target`` from its seed alias; an explicit, different ``target`` clashes."""
+        """Set ``target`` from ``alias``, its other name; an explicit, different ``target``
+        clashes."""
         if value is None:
             return
         check_bool(alias, value)
@@ -233,19 +237,19 @@ class MixedPrecisionConfig:
                 alias,
                 value,
                 f"a setting given once, but {target}={current!r} sets it too",
-                f"{alias} is the seed's name for {target}: pass one of them.",
+                f"{alias} is another name for {target}: pass one of them.",
             )
         object.__setattr__(self, target, value)
 
     def _fold_scaler(self, initial_scale: float | None, given: dict[str, Any]) -> None:
-        """Build ``scaler`` from the seeds' scaler fields (given ones only)."""
+        """Build ``scaler`` from the scaler fields given to the constructor, if any."""
         if initial_scale is not None:
             if given["init_scale"] is not None:
                 raise config_error(
                     "initial_scale",
                     initial_scale,
                     f"a setting given once, but init_scale={given['init_scale']!r} sets it too",
-                    "initial_scale (seed 000) and init_scale (seed 002) are one setting: pass one.",
+                    "initial_scale and init_scale are one setting: pass one.",
                 )
             given["init_scale"] = initial_scale
         given = {k: v for k, v in given.items() if v is not None}

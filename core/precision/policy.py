@@ -1,14 +1,14 @@
 """Mixed precision: the choice of precision object, and AMP statistics.
 
-``MixedPrecisionTrainer`` resolves the config once into a precision object (see
+``PrecisionPolicy`` resolves the config once into a precision object (see
 ``core.precision.plugins``), hands the active one to the step loop at each optimizer step, and keeps
-the statistics of the seed API (``get_amp_stats``). ``enable_amp()``, ``disable_amp()`` and
+the AMP statistics ``get_amp_stats()`` returns. ``enable_amp()``, ``disable_amp()`` and
 ``toggle_amp()`` may be called from any thread; they take effect at the next optimizer step.
 
 Example::
 
-    trainer = MixedPrecisionTrainer(MixedPrecisionConfig(dtype="bf16"), torch.device("cpu"))
-    precision = trainer.begin_step()
+    policy = PrecisionPolicy(MixedPrecisionConfig(dtype="bf16"), torch.device("cpu"))
+    precision = policy.begin_step()
     with precision.autocast():
         loss = model(x).float().mean()
     precision.backward(loss)
@@ -31,7 +31,7 @@ from core.precision.loss_scaler import DynamicLossScaler
 from core.precision.plugins import FP32, Autocast, Precision, ScaledFP16
 
 __all__ = (
-    "MixedPrecisionTrainer",
+    "PrecisionPolicy",
     "fallback_precision",
     "loss_scaler",
     "resolve_precision",
@@ -74,13 +74,14 @@ def resolve_precision(config: MixedPrecisionConfig, device: torch.device) -> Pre
     return Autocast(dtype, device.type, config.weight_cache)
 
 
-class MixedPrecisionTrainer:
-    """Owns the precision policy of a run and its AMP statistics.
+class PrecisionPolicy:
+    """The precision policy of a run: the precision of each optimizer step, the AMP switch,
+    the fp16 fallback and the AMP statistics.
 
     AMP starts on when ``config.enable_amp`` and ``config.enabled`` are both set; with
     ``enabled=False`` the AMP precision is resolved but steps run fp32 until
-    :meth:`enable_amp`. The seed's per-batch methods (``train_step``...) live on the face
-    class of ``core.facades.mixed_precision_training``, which extends this one.
+    :meth:`enable_amp`. The per-batch calls (``train_step``...) are not here: the class of
+    ``core.facades.mixed_precision_training`` extends this one with them.
     """
 
     def __init__(self, config: MixedPrecisionConfig, device: torch.device) -> None:
@@ -193,11 +194,13 @@ class MixedPrecisionTrainer:
         self._fallbacks: list[str] = []
 
     def get_amp_stats(self) -> dict[str, Any]:
-        """AMP statistics as in the seed API (ratios are 0.0 before the first step).
+        """The AMP statistics: steps, AMP steps, scaler updates, overflows, skipped and
+        non-finite steps, fallbacks, the current loss scale, their ratios (0.0 before the first
+        step) and the mean step time.
 
         ``avg_memory_savings`` is in GB of 2**30 bytes (as ``target_memory_gb``), measured
         once with ``track_memory_usage``; ``None`` otherwise, ``memory_savings_note`` says
-        why. Example: ``trainer.get_amp_stats()["overflow_ratio"]``.
+        why. Example: ``policy.get_amp_stats()["overflow_ratio"]``.
         """
         total = self._total_steps
         scale = self._amp.loss_scale

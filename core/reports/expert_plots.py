@@ -1,4 +1,4 @@
-"""The two expert figures of a mixture-of-experts run (seed 003): ``expert_activations.png``
+"""The two expert figures of a mixture-of-experts run: ``expert_activations.png``
 (each expert's share of its layer's assignments over the steps, the balance loss and the
 dropped fraction) and ``expert_device_distribution.png`` (experts per device or rank).
 

@@ -52,8 +52,16 @@ def _rolling_median(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[floa
 
 
 def _no_data(ax: Axes, why: str) -> None:
-    ax.text(0.5, 0.5, f"no data: {why}", transform=ax.transAxes, ha="center", va="center",
-            fontsize=10, color="0.4")  # fmt: skip
+    ax.text(
+        0.5,
+        0.5,
+        f"no data: {why}",
+        transform=ax.transAxes,
+        ha="center",
+        va="center",
+        fontsize=10,
+        color="0.4",
+    )
     ax.tick_params(labelleft=False, labelbottom=False, labelright=False)
 
 
@@ -81,8 +89,14 @@ def loss_panel(ax: Axes, records: Records) -> None:
     ends = series(records, "epoch_end", "train_loss")
     vals = series(records, "validation", "val_loss")
     if steps:
-        ax.plot(steps, losses, linewidth=0.8, alpha=0.45, color="tab:blue",
-                label="train loss (per step)")  # fmt: skip
+        ax.plot(
+            steps,
+            losses,
+            linewidth=0.8,
+            alpha=0.45,
+            color="tab:blue",
+            label="train loss (per step)",
+        )
     if ends[0]:
         ax.plot(*ends, marker="o", markersize=4, color="tab:blue", label="train loss (epoch mean)")
     if vals[0]:
@@ -145,12 +159,23 @@ def loss_scale_panel(ax: Axes, records: Records) -> None:
     steps = of(records, "train_step")
     xs, scales = series(steps, "train_step", "loss_scale")
     if xs:
-        ax.plot(*_thin(xs, scales), drawstyle="steps-post", color="tab:purple", linewidth=1.2,
-                label="loss scale")  # fmt: skip
+        ax.plot(
+            *_thin(xs, scales),
+            drawstyle="steps-post",
+            color="tab:purple",
+            linewidth=1.2,
+            label="loss scale",
+        )
         over = [(x, y) for x, y, s in zip(xs, scales, _overflowed(steps), strict=False) if s]
         if over:
-            ax.plot([x for x, _ in over], [y for _, y in over], "x", color="red", markersize=7,
-                    label=f"overflow ({len(over)} steps)")  # fmt: skip
+            ax.plot(
+                [x for x, _ in over],
+                [y for _, y in over],
+                "x",
+                color="red",
+                markersize=7,
+                label=f"overflow ({len(over)} steps)",
+            )
         ax.set_yscale("log", base=2)
     else:
         precision = text((first(records, "run_start") or {}).get("precision"))
@@ -174,17 +199,26 @@ def step_time_panel(ax: Axes, records: Records) -> None:
     >>> step_time_panel(Figure().subplots(), records)
     """
     drawn = False
-    for field, label, colour in (("step_time_s", "step time", "tab:blue"),
-                                 ("data_time_s", "data wait", "tab:orange")):  # fmt: skip
+    for field, label, colour in (
+        ("step_time_s", "step time", "tab:blue"),
+        ("data_time_s", "data wait", "tab:orange"),
+    ):
         xs, ys = series(records, "train_step", field)
         kept = [(x, y) for x, y in zip(xs, ys, strict=True) if y > 0]  # log axis
         if not kept:
             continue
         xs, ys = [x for x, _ in kept], [y for _, y in kept]
-        ax.plot(*_thin(xs, ys), ".", markersize=2.5, alpha=0.35, color=colour,
-                label=f"{label} (each step)")  # fmt: skip
-        ax.plot(*_rolling_median(xs, ys), color=colour, linewidth=1.6,
-                label=f"{label} (rolling median)")  # fmt: skip
+        ax.plot(
+            *_thin(xs, ys),
+            ".",
+            markersize=2.5,
+            alpha=0.35,
+            color=colour,
+            label=f"{label} (each step)",
+        )
+        ax.plot(
+            *_rolling_median(xs, ys), color=colour, linewidth=1.6, label=f"{label} (rolling median)"
+        )
         drawn = True
     if drawn:
         ax.set_yscale("log")
@@ -204,8 +238,14 @@ def device_panel(ax: Axes, records: Records) -> None:
     memory = _monitor_lines(ax, memory_ax, of(records, "gpu_sample"))
     times, allocated = _allocated(records)
     if times:
-        memory_ax.plot(times, allocated, ":", linewidth=1.2, color="tab:red",
-                       label="torch allocated GiB (train_step)")  # fmt: skip
+        memory_ax.plot(
+            times,
+            allocated,
+            ":",
+            linewidth=1.2,
+            color="tab:red",
+            label="torch allocated GiB (train_step)",
+        )
         memory += allocated
     handles, labels = ax.get_legend_handles_labels()
     more_handles, more_labels = memory_ax.get_legend_handles_labels()
@@ -222,8 +262,14 @@ def device_panel(ax: Axes, records: Records) -> None:
     if memory:
         memory_ax.set_ylim(0.0, max(memory) * 1.35 or 1.0)
     if handles + more_handles:
-        ax.legend(handles + more_handles, labels + more_labels, fontsize=8, loc="upper center",
-                  ncol=3, framealpha=0.8)  # fmt: skip
+        ax.legend(
+            handles + more_handles,
+            labels + more_labels,
+            fontsize=8,
+            loc="upper center",
+            ncol=3,
+            framealpha=0.8,
+        )
 
 
 def _floats(values: object) -> list[float]:
@@ -245,16 +291,29 @@ def _monitor_lines(ax: Axes, memory_ax: Axes, samples: Records) -> list[float]:
         xs, util = _thin(*series(mine, "gpu_sample", "util_pct", x="t_s"))
         label = "host CPU % (100 per core)" if host else f"GPU {device} util %"
         if xs:
-            ax.plot([x - origin for x in xs], util, linewidth=1.2, marker=marker, label=label,
-                    color=_UTIL_COLOURS[i % len(_UTIL_COLOURS)])  # fmt: skip
+            ax.plot(
+                [x - origin for x in xs],
+                util,
+                linewidth=1.2,
+                marker=marker,
+                label=label,
+                color=_UTIL_COLOURS[i % len(_UTIL_COLOURS)],
+            )
         xs, used = _thin(*series(mine, "gpu_sample", "mem_used_bytes", x="t_s"))
         label = "process RSS GiB" if host else f"GPU {device} memory GiB"
         if xs:
             gib = [u / _GIB for u in used]
             drawn += gib
             colour = _MEMORY_COLOURS[i % len(_MEMORY_COLOURS)]
-            memory_ax.plot([x - origin for x in xs], gib, "--", linewidth=1.2, marker=marker,
-                           label=label, color=colour)  # fmt: skip
+            memory_ax.plot(
+                [x - origin for x in xs],
+                gib,
+                "--",
+                linewidth=1.2,
+                marker=marker,
+                label=label,
+                color=colour,
+            )
     return drawn
 
 

@@ -7,8 +7,8 @@ Example::
 
     from core.trackers import CSVLogger, TensorBoardLogger
 
-    run = create_optimized_training_optimizer(
-        model=model, train_loader=train, val_loader=val,
+    run = TrainingJob(
+        config, model=model, train_loader=train, val_loader=val,
         callbacks=[CSVLogger(), TensorBoardLogger("runs")],
     )
 """

@@ -6,7 +6,7 @@ order, never on the event loop):
 
 * ``_open(run, run_start)``: once, with the ``run_start`` record (``{}`` if it was lost);
 * ``_log_params(params)``: once, the config tree as dotted keys (``run.max_epochs``), the
-  run's plan (``plan.effective_batch_size``) and the seed it used (``seed``);
+  run's plan (``plan.effective_batch_size``) and its random seed (``seed``);
 * ``_log_text(name, text)``: the model summary (``model_summary``, Markdown);
 * ``_log_scalars(rows)``: batches of :class:`~core.trackers.convert.Scalar` rows, x = the
   optimizer step: ``train/*`` per step, ``val/*`` per validation, ``epoch/*`` per epoch;
@@ -273,7 +273,7 @@ class Tracker(Callback, ABC):
 
 
 def _params(start: Record) -> dict[str, ParamValue]:
-    """The hyper-parameters of ``run_start``: the config tree, the plan, the seed used."""
+    """The hyper-parameters of ``run_start``: the config tree, the plan, the random seed."""
     params: dict[str, ParamValue] = {}
     for key, prefix in (("config", ""), ("plan", "plan.")):
         tree = start.get(key)

@@ -8,7 +8,7 @@ with another ``directory`` the report files are copied there at the end.
 
 Example::
 
-    run = create_optimized_training_optimizer(model=m, train_loader=dl, callbacks=[CSVLogger()])
+    run = TrainingJob(config, model=m, train_loader=dl, callbacks=[CSVLogger()])
 """
 
 from __future__ import annotations

@@ -78,9 +78,7 @@ def find_learning_rate(
     Example::
 
         result = find_learning_rate(model, train_loader, num_steps=100)
-        run = create_optimized_training_optimizer(
-            model=model, train_loader=train_loader, learning_rate=result.suggestion
-        )
+        optim = OptimConfig(learning_rate=result.suggestion)  # the run's optimizer section
     """
     config = LRFinderConfig(
         min_lr=min_lr,

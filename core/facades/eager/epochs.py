@@ -63,7 +63,7 @@ class EagerEpochs:
             "samples_per_s": stats.samples / elapsed if elapsed else None,
         }
         if self.log_amp_stats:
-            result["amp"] = steps.amp.get_amp_stats()
+            result["amp"] = steps.policy.get_amp_stats()
         self._after()
         self.history.append(result)
         self.epoch += 1
@@ -108,5 +108,5 @@ class EagerEpochs:
         return {
             "epochs": list(self.history),
             "validations": list(self.validations),
-            "amp": self.steps.amp.get_amp_stats(),
+            "amp": self.steps.policy.get_amp_stats(),
         }

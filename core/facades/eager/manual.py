@@ -1,7 +1,7 @@
 """Seed 000's four calls: ``forward_pass``, ``compute_loss``, ``backward_pass``,
 ``optimizer_step``, made of the step loop's own pieces.
 
-The first call of a step opens it (``MixedPrecisionTrainer.begin_step``: the AMP switch is
+The first call of a step opens it (``PrecisionPolicy.begin_step``: the AMP switch is
 applied and the step counted); the forward and the loss run under that precision's
 autocast, the backward is the precision's (scaled for fp16). ``optimizer_step`` is the step
 loop's own post-backward sequence (:class:`~core.loop.gradients.GradientUpdate`: unscale
@@ -29,7 +29,7 @@ from core.loop.readback import Readback, StepScalars
 from core.loop.recorder import StepOutcome, StepRecorder
 from core.loop.recovery import ErrorHandler
 from core.precision.plugins import Precision
-from core.precision.policy import MixedPrecisionTrainer
+from core.precision.policy import PrecisionPolicy
 
 __all__ = ("ManualSteps",)
 
@@ -39,7 +39,7 @@ class ManualSteps:
 
     Example::
 
-        calls = ManualSteps(MixedPrecisionTrainer(MixedPrecisionConfig(dtype="bf16"), cpu),
+        calls = ManualSteps(PrecisionPolicy(MixedPrecisionConfig(dtype="bf16"), cpu),
                             emit=emit_to(None))
         predictions = calls.forward_pass(model, inputs)
         loss = calls.compute_loss(nn.CrossEntropyLoss(), predictions, targets)
@@ -49,20 +49,20 @@ class ManualSteps:
 
     def __init__(
         self,
-        amp: MixedPrecisionTrainer,
+        policy: PrecisionPolicy,
         *,
         emit: Emit,
         max_grad_norm: float | None = None,
         errors: ErrorHandler | None = None,
     ) -> None:
-        self.amp = amp
-        self.device = amp.device
+        self.policy = policy
+        self.device = policy.device
         self.strategy = Strategy(self.device)
         self.errors = errors or ErrorHandler()
         self.max_grad_norm = max_grad_norm
         self.recorder = StepRecorder(
             scheduler=None,
-            precision=amp,
+            precision=policy,
             errors=self.errors,
             device=device_of(self.device),
             emit=emit,
@@ -77,7 +77,7 @@ class ManualSteps:
     def _precision(self) -> Precision:
         """The open step's precision (the first call of a step opens it)."""
         if self._open is None:
-            self._open = self.amp.begin_step()
+            self._open = self.policy.begin_step()
             self._started = perf_counter()
         return self._open
 

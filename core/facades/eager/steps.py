@@ -1,7 +1,7 @@
 """Seed 002's ``train_step``/``validate_step``: one optimizer step per call, on the run's parts.
 
 :class:`EagerSteps` owns the step kernel a run of one batch per step builds
-(``core.loop.step``: the precision policy, ``GradientAccumulation()``, the base
+(``core.loop.step``: the precision policy, an ``Accumulation()``, the base
 ``Strategy``, an ``Objective``, the ``ErrorHandler``, a ``StepRecorder``) and hands it a
 one-batch window per call. The run settles step N during step N+1; this face settles each
 step before it returns, so its metrics are this step's: one device sync per call, by design.
@@ -19,7 +19,7 @@ from core.data.batches import count_samples, to_device
 from core.distributed.base import Strategy
 from core.facades.eager.emit import Emit
 from core.hardware.device import device_of
-from core.loop.accumulation import GradientAccumulation, Window
+from core.loop.accumulation import Accumulation, Window
 from core.loop.objective import DefaultObjective, LossFn, Objective
 from core.loop.readback import StepScalars
 from core.loop.recorder import EpochStats, Scheduler, StepRecorder
@@ -28,7 +28,7 @@ from core.loop.step import WindowStep, optimizer_step_for
 from core.memory.amp_savings import measure_amp_savings
 from core.moe.probe import MoEProbe
 from core.precision.plugins import FP32, Precision
-from core.precision.policy import MixedPrecisionTrainer
+from core.precision.policy import PrecisionPolicy
 
 __all__ = ("CountingObjective", "EagerSteps")
 
@@ -76,12 +76,12 @@ class EagerSteps:
     """One optimizer step per :meth:`train_step` call, read back before it returns.
 
     With ``track_memory`` the first call first measures AMP's peak-memory saving on its
-    batch (``core.memory.amp_savings``) and hands it to ``amp.note_memory_savings``.
+    batch (``core.memory.amp_savings``) and hands it to ``policy.note_memory_savings``.
 
     Example::
 
         steps = EagerSteps(model=model, optimizer=optimizer,
-                           amp=MixedPrecisionTrainer(MixedPrecisionConfig(dtype="bf16"), cpu))
+                           policy=PrecisionPolicy(MixedPrecisionConfig(dtype="bf16"), cpu))
         metrics = steps.train_step((inputs, targets), nn.CrossEntropyLoss())
         metrics["loss"], metrics["accuracy"], metrics["overflow"]
     """
@@ -91,7 +91,7 @@ class EagerSteps:
         *,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
-        amp: MixedPrecisionTrainer,
+        policy: PrecisionPolicy,
         emit: Emit,
         loss_fn: LossFn | None = None,
         scheduler: Scheduler | None = None,
@@ -101,14 +101,14 @@ class EagerSteps:
     ) -> None:
         self.model = model
         self.optimizer = optimizer
-        self.amp = amp
-        self.device = amp.device
+        self.policy = policy
+        self.device = policy.device
         self.strategy = Strategy(self.device)
         self.objective = CountingObjective(loss_fn)
         self.errors = errors or ErrorHandler()
         self.recorder = StepRecorder(
             scheduler=scheduler,
-            precision=amp,
+            precision=policy,
             errors=self.errors,
             device=device_of(self.device),
             emit=emit,
@@ -117,8 +117,8 @@ class EagerSteps:
             WindowStep(
                 model=model,
                 optimizer=optimizer,
-                amp=amp,
-                accumulation=GradientAccumulation(),
+                policy=policy,
+                accumulation=Accumulation(),
                 strategy=self.strategy,
                 objective=self.objective,
                 errors=self.errors,
@@ -146,7 +146,7 @@ class EagerSteps:
 
     def current_precision(self) -> Precision:
         """The precision the next step runs in (the AMP switch applied)."""
-        return self.amp.amp_precision if self.amp.amp_enabled else FP32()
+        return self.policy.amp_precision if self.policy.amp_enabled else FP32()
 
     def _use(self, loss_fn: LossFn | None) -> None:
         if loss_fn is not None and loss_fn is not self.objective.given:
@@ -166,12 +166,12 @@ class EagerSteps:
         samples = count_samples(batch)
         if self.track_memory:
             self.track_memory = False
-            self.amp.note_memory_savings(
+            self.policy.note_memory_savings(
                 *measure_amp_savings(
                     self.model,
                     batch,
                     objective=self.objective.base,
-                    precision=self.amp.amp_precision,
+                    precision=self.policy.amp_precision,
                     device=self.device,
                 )
             )
@@ -179,7 +179,7 @@ class EagerSteps:
         lr = float(self.optimizer.param_groups[0]["lr"])
         started = perf_counter()
         self.step(window, step=self.steps_done + 1, epoch=epoch, started=started, data_time_s=0.0)
-        precision = self.amp.precision.name
+        precision = self.policy.precision.name
         scalars = self.recorder.settle()  # this step, read back now: the face is synchronous
         assert isinstance(scalars, StepScalars)  # the step above deferred one
         counts = self.objective.take_counts()

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from core.facades.integrated.config import GPUConfig, training_config
 from core.facades.integrated.manager import GPUManager, default_device
+from core.facades.integrated.monitor import GPUPerformanceMonitor
 from core.facades.integrated.setup import setup_training
 from core.facades.integrated.sync import running_event_loop
 from core.monitoring.distribution import MonitoredDistribution
-from core.monitoring.performance import GPUPerformanceMonitor, seed_metrics, seed_summary
+from core.monitoring.flat_metrics import flat_metrics, totals_summary
 
 __all__ = (
     "GPUConfig",
@@ -18,9 +19,9 @@ __all__ = (
     "GPUPerformanceMonitor",
     "MonitoredDistribution",
     "default_device",
+    "flat_metrics",
     "running_event_loop",
-    "seed_metrics",
-    "seed_summary",
     "setup_training",
+    "totals_summary",
     "training_config",
 )

@@ -1,4 +1,4 @@
-"""Seed 000's ``GPUManager``: the device settings of :class:`core.hardware.settings.GPUManager`
+"""Seed 000's ``GPUManager``: the device settings of :class:`core.hardware.settings.DeviceManager`
 from a :class:`GPUConfig`, a host report where there is no GPU, and the model placed and
 made lighter for its device (``optimize_model_for_gpu``).
 
@@ -20,8 +20,7 @@ from typing_extensions import override
 
 from core.errors import config_error
 from core.facades.integrated.config import GPUConfig
-from core.hardware.settings import GPUManager as DeviceSettings
-from core.hardware.settings import GPUManagerConfig
+from core.hardware.settings import DeviceManager, GPUManagerConfig
 from core.transforms.activation_checkpointing import apply_activation_checkpointing, find_blocks
 from core.transforms.channels_last import apply_channels_last, wants_channels_last
 
@@ -62,7 +61,7 @@ def _host_memory() -> tuple[int, int]:
     return int(psutil.virtual_memory().total), int(psutil.Process().memory_info().rss)
 
 
-class GPUManager(DeviceSettings):
+class GPUManager(DeviceManager):
     """Device settings and reports for one device, from a seed :class:`GPUConfig` (or a
     :class:`~core.hardware.settings.GPUManagerConfig`); ``device`` defaults to
     :func:`default_device`. Without CUDA the reports describe the host (see each method).

@@ -1,4 +1,4 @@
-"""Checks of the runtime objects ``create_optimized_training_optimizer`` is given.
+"""Checks of the runtime objects a training job is given.
 
 Settings are validated by their config dataclasses; the model, loaders, loss, factories and
 the optimizer and scheduler they build are checked here, each failure a
@@ -108,10 +108,12 @@ def check_step_functions(runtime: Any) -> None:
         check_callable(name, getattr(runtime, name), "(model, batch) and returns the loss")
     if runtime.training_step is not None and runtime.loss_fn is not None:
         raise config_error(
-            "loss_fn", runtime.loss_fn, "None when training_step is given",
+            "loss_fn",
+            runtime.loss_fn,
+            "None when training_step is given",
             "training_step(model, batch) returns the loss itself: compute it there, e.g. "
             "return loss_fn(model(inputs), targets), and drop loss_fn=.",
-        )  # fmt: skip
+        )
 
 
 def check_parts(settings: Mapping[str, Any]) -> None:
@@ -123,14 +125,27 @@ def check_parts(settings: Mapping[str, Any]) -> None:
     steps = gradient_accumulation_config if isinstance(gradient_accumulation_config, int) else 4
     mode = multi_gpu_config if isinstance(multi_gpu_config, str) else "cpu"
     for field, value, kind, fix in (
-        ("gradient_accumulation_config", gradient_accumulation_config,
-         GradientAccumulationConfig, f"GradientAccumulationConfig(accumulation_steps={steps!r})"),
-        ("multi_gpu_config", multi_gpu_config, MultiGPUConfig,
-         f"MultiGPUConfig(training_mode={mode!r})"),
-        ("error_handler_config", error_handler_config, ErrorHandlerConfig,
-         "ErrorHandlerConfig(**the_dict)" if isinstance(error_handler_config, Mapping)
-         else "ErrorHandlerConfig(max_consecutive_nonfinite=10)"),
-    ):  # fmt: skip
+        (
+            "gradient_accumulation_config",
+            gradient_accumulation_config,
+            GradientAccumulationConfig,
+            f"GradientAccumulationConfig(accumulation_steps={steps!r})",
+        ),
+        (
+            "multi_gpu_config",
+            multi_gpu_config,
+            MultiGPUConfig,
+            f"MultiGPUConfig(training_mode={mode!r})",
+        ),
+        (
+            "error_handler_config",
+            error_handler_config,
+            ErrorHandlerConfig,
+            "ErrorHandlerConfig(**the_dict)"
+            if isinstance(error_handler_config, Mapping)
+            else "ErrorHandlerConfig(max_consecutive_nonfinite=10)",
+        ),
+    ):
         if value is not None and not isinstance(value, kind):
             raise config_error(
                 field, value, f"None or an instance of {kind.__name__}", f"pass {fix}."
@@ -199,11 +214,13 @@ def check_optimizer(optimizer: object, model: nn.Module, *, given: bool = False)
         )
         if given:
             raise config_error(
-                "optimizer", optimizer, "an optimizer over the model's parameters, or a factory",
+                "optimizer",
+                optimizer,
+                "an optimizer over the model's parameters, or a factory",
                 f"{problem}; build it on this model's parameters, or (FSDP2 replaces them with "
                 "sharded ones) pass a factory: optimizer=lambda params: "
                 "torch.optim.AdamW(params, lr=1e-3).",
-            )  # fmt: skip
+            )
         raise config_error(
             "optimizer",
             optimizer,
@@ -219,10 +236,12 @@ def check_scheduler(scheduler: object, optimizer: torch.optim.Optimizer) -> None
     bound = getattr(scheduler, "optimizer", optimizer)
     if bound is not optimizer:
         raise config_error(
-            "scheduler", scheduler, "a scheduler of the run's optimizer",
+            "scheduler",
+            scheduler,
+            "a scheduler of the run's optimizer",
             "it drives another optimizer; build it on the optimizer you pass, or pass a "
             "factory: scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 100).",
-        )  # fmt: skip
+        )
     if not callable(getattr(scheduler, "step", None)):
         raise config_error("scheduler", scheduler, "a callable returning an LR scheduler")
 
@@ -246,10 +265,12 @@ def check_monitor(
     for field, name in wanted:
         if name not in names and not (validates and step_logs and name.startswith("val_")):
             raise config_error(
-                field, name, f"one of {', '.join(map(repr, names))}{why}",
+                field,
+                name,
+                f"one of {', '.join(map(repr, names))}{why}",
                 "name a metric given in metrics= as 'val_<name>', pass a val_loader, or "
                 "monitor='train_loss'.",
-            )  # fmt: skip
+            )
 
 
 def check_runtime(runtime: Any, config: Any, callbacks: object) -> None:
@@ -261,10 +282,12 @@ def check_runtime(runtime: Any, config: Any, callbacks: object) -> None:
 
     if not isinstance(config, TrainingConfig):
         raise config_error(
-            "config", config, "None or a TrainingConfig",
-            "build one: TrainingConfig(run=RunConfig(max_epochs=3)), or use "
-            "create_optimized_training_optimizer(...) with flat keywords.",
-        )  # fmt: skip
+            "config",
+            config,
+            "None or a TrainingConfig",
+            "build one: TrainingConfig(run=RunConfig(max_epochs=3)), or give flat keywords "
+            "(max_epochs=3) to the factory function exported beside this class.",
+        )
     check_model(runtime.model)
     check_loss_fn(runtime.loss_fn)
     check_step_functions(runtime)
@@ -285,9 +308,11 @@ def check_runtime(runtime: Any, config: Any, callbacks: object) -> None:
     for callback in callbacks:
         if not isinstance(callback, Callback):
             raise config_error(
-                "callbacks", callback, "instances of core.callbacks.Callback",
+                "callbacks",
+                callback,
+                "instances of core.callbacks.Callback",
                 "subclass Callback and override the hooks you need.",
-            )  # fmt: skip
+            )
     if runtime.metrics is not None:
         check_metrics(runtime.metrics)
     step_logs = runtime.training_step is not None or runtime.validation_step is not None

@@ -30,8 +30,8 @@ from core.data.prefetch import prefetch_to_device
 from core.distributed.base import Strategy
 from core.distributed.lockstep import batches_in
 from core.factory import Factory
-from core.hardware.settings import GPUManager
-from core.loop.accumulation import GradientAccumulation
+from core.hardware.settings import DeviceManager
+from core.loop.accumulation import Accumulation
 from core.loop.epoch import Scheduler, StepLoop
 from core.loop.limit import limit_batches
 from core.loop.objective import LossFn, Objective
@@ -43,7 +43,7 @@ from core.moe import MoEProbe
 from core.monitoring.distribution import MonitoredDistribution
 from core.monitoring.gpu_monitor import GPUMonitor
 from core.precision.compatibility import check_amp_compatibility
-from core.precision.policy import MixedPrecisionTrainer
+from core.precision.policy import PrecisionPolicy
 from core.rng import capture_rng, restore_rng
 from core.telemetry.describe import fingerprint
 from core.telemetry.init_hash import weights_hash
@@ -94,12 +94,12 @@ class Runtime:
 class Parts:
     """Everything a run is made of, built once by :func:`build`."""
 
-    trainer: MonitoredDistribution
+    distribution: MonitoredDistribution
     strategy: Strategy
     device_settings: dict[str, Any]
-    precision: MixedPrecisionTrainer
+    precision: PrecisionPolicy
     prepared: PreparedModel
-    accumulation: GradientAccumulation
+    accumulation: Accumulation
     model: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: Scheduler | None
@@ -130,63 +130,76 @@ def build(
 ) -> Parts:
     """Build the parts of a run; ``emit``/``report_error`` write records to the current
     run's log."""
-    trainer = MonitoredDistribution(
+    distribution = MonitoredDistribution(
         config.distributed,
         use_distributed_sampler=config.data.use_distributed_sampler,
         seed=config.run.seed or 0,
     )
-    trainer.setup()
+    distribution.setup()
     try:
-        return _build(config, runtime, trainer, emit, report_error)
+        return _build(config, runtime, distribution, emit, report_error)
     except BaseException:
-        trainer.cleanup()
+        distribution.cleanup()
         raise
 
 
 def _build(
     config: TrainingConfig,
     runtime: Runtime,
-    trainer: MonitoredDistribution,
+    distribution: MonitoredDistribution,
     emit: Emit,
     report_error: Emit,
 ) -> Parts:
-    strategy = trainer.strategy
-    device_settings = GPUManager(config.hardware, strategy.device).apply()
-    precision = MixedPrecisionTrainer(config.precision, strategy.device)
+    strategy = distribution.strategy
+    device_settings = DeviceManager(config.hardware, strategy.device).apply()
+    precision = PrecisionPolicy(config.precision, strategy.device)
     if config.precision.check_compatibility:  # an amp_compatibility record in each run
         precision.compatibility = check_amp_compatibility(
-            runtime.model, device=strategy.device, dtype=precision.amp_precision.dtype,
+            runtime.model,
+            device=strategy.device,
+            dtype=precision.amp_precision.dtype,
             loss_scaling=config.precision.enable_grad_scaler,
-        )  # fmt: skip
+        )
     objective = objective_for(runtime.loss_fn, runtime.training_step, runtime.validation_step)
     model_summary, init_hash = summarize_model(runtime.model), weights_hash(runtime.model)
     prepared = prepare_model(
-        runtime.model, config, strategy=strategy, precision=precision, objective=objective,
-        train_loader=runtime.train_loader, optimizer_factory=trial_optimizer(runtime.optimizer),
-        emit=emit, report_error=report_error,
-    )  # fmt: skip
-    model = trainer.initialize_training(runtime.model, precision.amp_precision.dtype)
+        runtime.model,
+        config,
+        strategy=strategy,
+        precision=precision,
+        objective=objective,
+        train_loader=runtime.train_loader,
+        optimizer_factory=trial_optimizer(runtime.optimizer),
+        emit=emit,
+        report_error=report_error,
+    )
+    model = distribution.initialize_training(runtime.model, precision.amp_precision.dtype)
     optimizer = optimizer_for(runtime.optimizer, model, config)
     scheduler = scheduler_for(runtime.scheduler, optimizer)
     watching, mode = watched(config, runtime.val_loader is not None)
     plateau = plateau_of(scheduler, watching, mode)  # stepped after each check, not per step
-    accumulation = GradientAccumulation(
+    accumulation = Accumulation(
         replace(config.accumulation, micro_batch_size=prepared.micro_batch_size)
     )
     errors = ErrorHandler(config.errors)
     if config.precision.track_memory_usage:
-        precision.note_memory_savings(*_amp_memory(runtime, strategy, model, objective, precision,
-                                                   prepared))  # fmt: skip
+        precision.note_memory_savings(
+            *_amp_memory(runtime, strategy, model, objective, precision, prepared)
+        )
     train_loader = _prefetched(  # the limit inside the prefetcher: it never reads past it
         limit_batches(
-            trainer.prepare_loader(runtime.train_loader, train=True),
-            config.run.limit_train_batches, "limit_train_batches",
-        ), config, strategy.device,
-    )  # fmt: skip
+            distribution.prepare_loader(runtime.train_loader, train=True),
+            config.run.limit_train_batches,
+            "limit_train_batches",
+        ),
+        config,
+        strategy.device,
+    )
     val_loader = (
-        None if runtime.val_loader is None
-        else trainer.prepare_loader(runtime.val_loader, train=False)
-    )  # fmt: skip
+        None
+        if runtime.val_loader is None
+        else distribution.prepare_loader(runtime.val_loader, train=False)
+    )
     monitor = (
         GPUMonitor(config.monitor, device_indices=strategy.device_indices() or None, emit=emit)
         if config.monitoring_enabled
@@ -201,49 +214,90 @@ def _build(
     )
     hooks = [hook for hook in (profiler, compile_rule) if hook is not None]
     loop = StepLoop(
-        model=model, optimizer=optimizer, scheduler=None if plateau else scheduler,
+        model=model,
+        optimizer=optimizer,
+        scheduler=None if plateau else scheduler,
         precision=precision,
-        accumulation=accumulation, strategy=strategy, objective=objective, errors=errors,
-        max_grad_norm=config.optim.max_grad_norm, emit=emit,
-        step_hooks=hooks, device_fields=monitor,
-        prepare_batch=prepared.prepare_batch, max_steps=config.run.max_steps,
+        accumulation=accumulation,
+        strategy=strategy,
+        objective=objective,
+        errors=errors,
+        max_grad_norm=config.optim.max_grad_norm,
+        emit=emit,
+        step_hooks=hooks,
+        device_fields=monitor,
+        prepare_batch=prepared.prepare_batch,
+        max_steps=config.run.max_steps,
         terms=MoEProbe.of(strategy.unwrap(model)),
-    )  # fmt: skip
+    )
     early_stopping = EarlyStopping(config.early_stopping, mode=mode, monitor=watching)
     state = RunState(
-        loop=loop, mixed_precision=precision, accumulation=accumulation, scheduler=scheduler,
-        early_stopping=early_stopping, errors=errors,
+        loop=loop,
+        mixed_precision=precision,
+        accumulation=accumulation,
+        scheduler=scheduler,
+        early_stopping=early_stopping,
+        errors=errors,
         fingerprint=fingerprint(
-            model=strategy.unwrap(model), optimizer=optimizer, scheduler=scheduler,
+            model=strategy.unwrap(model),
+            optimizer=optimizer,
+            scheduler=scheduler,
             precision=precision.configured_precision,
             accumulation_steps=config.accumulation.accumulation_steps,
-            world_size=strategy.world_size, train_loader=train_loader, seed=config.run.seed,
+            world_size=strategy.world_size,
+            train_loader=train_loader,
+            seed=config.run.seed,
         ),
-        max_epochs=config.run.max_epochs, max_steps=config.run.max_steps,
-    )  # fmt: skip
+        max_epochs=config.run.max_epochs,
+        max_steps=config.run.max_steps,
+    )
     # A fast_dev_run leaves nothing to resume: its checkpointer writes and reads none.
     checkpointer = (NoCheckpoints if config.run.fast_dev_run else Checkpointer)(
-        config.checkpoint, config.checkpoint_directory, strategy=strategy, model=model,
-        optimizer=optimizer, state=state, emit=emit, report_error=report_error,
+        config.checkpoint,
+        config.checkpoint_directory,
+        strategy=strategy,
+        model=model,
+        optimizer=optimizer,
+        state=state,
+        emit=emit,
+        report_error=report_error,
         model_factory=runtime.model_factory,
-    )  # fmt: skip
+    )
     return Parts(
-        trainer=trainer, strategy=strategy, device_settings=device_settings,
-        precision=precision, prepared=prepared, accumulation=accumulation, model=model,
-        optimizer=optimizer, scheduler=scheduler, plateau=plateau, objective=objective,
+        distribution=distribution,
+        strategy=strategy,
+        device_settings=device_settings,
+        precision=precision,
+        prepared=prepared,
+        accumulation=accumulation,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        plateau=plateau,
+        objective=objective,
         errors=errors,
         train_loader=train_loader,
-        val_loader=val_loader, early_stopping=early_stopping, loop=loop, state=state,
-        checkpointer=checkpointer, monitor=monitor,
+        val_loader=val_loader,
+        early_stopping=early_stopping,
+        loop=loop,
+        state=state,
+        checkpointer=checkpointer,
+        monitor=monitor,
         metrics=None if runtime.metrics is None else MetricSet(runtime.metrics),
-        model_summary=model_summary, init_hash=init_hash, profiler=profiler,
-    )  # fmt: skip
+        model_summary=model_summary,
+        init_hash=init_hash,
+        profiler=profiler,
+    )
 
 
 def _amp_memory(
-    runtime: Runtime, strategy: Strategy, model: nn.Module, objective: Objective,
-    precision: MixedPrecisionTrainer, prepared: PreparedModel,
-) -> tuple[int | None, str]:  # fmt: skip
+    runtime: Runtime,
+    strategy: Strategy,
+    model: nn.Module,
+    objective: Objective,
+    precision: PrecisionPolicy,
+    prepared: PreparedModel,
+) -> tuple[int | None, str]:
     """AMP's peak-memory saving on the train loader's first batch (``track_memory_usage``)."""
     if strategy.world_size > 1:
         return None, "not measured: under several ranks a backward runs their collectives"
@@ -255,9 +309,13 @@ def _amp_memory(
     finally:
         restore_rng(state)
     return measure_amp_savings(
-        strategy.unwrap(model), first, objective=objective, precision=precision.amp_precision,
-        device=strategy.device, prepare_batch=prepared.prepare_batch,
-    )  # fmt: skip
+        strategy.unwrap(model),
+        first,
+        objective=objective,
+        precision=precision.amp_precision,
+        device=strategy.device,
+        prepare_batch=prepared.prepare_batch,
+    )
 
 
 def _prefetched(loader: Iterable[Any], config: TrainingConfig, device: torch.device) -> Any:

@@ -27,7 +27,7 @@ from core.loop.objective import Objective
 from core.memory.batches import batch_maker_from
 from core.memory.finder import BatchSizeSearch, find_batch_size
 from core.memory.trial import OptimizerFactory
-from core.precision.policy import MixedPrecisionTrainer
+from core.precision.policy import PrecisionPolicy
 from core.rng import capture_rng, restore_rng
 from core.transforms.apply import TransformReport, apply_model_transforms
 from core.transforms.channels_last import channels_last_batch
@@ -63,7 +63,7 @@ def prepare_model(
     config: TrainingConfig,
     *,
     strategy: Strategy,
-    precision: MixedPrecisionTrainer,
+    precision: PrecisionPolicy,
     objective: Objective,
     train_loader: Iterable[Any],
     optimizer_factory: OptimizerFactory | None,
@@ -108,7 +108,7 @@ def _search(
     model: nn.Module,
     config: TrainingConfig,
     device: torch.device,
-    precision: MixedPrecisionTrainer,
+    precision: PrecisionPolicy,
     objective: Objective,
     train_loader: Iterable[Any],
     optimizer_factory: OptimizerFactory | None,

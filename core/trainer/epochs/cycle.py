@@ -245,7 +245,7 @@ class RunCycle:
             validation.keep_if_best(validation.values(latest, train_loss))  # saved now
         elif self.config.checkpoint.monitor == "train_loss":
             validation.keep_if_best(validation.values(None, train_loss))
-        parts.trainer.record_epoch(stats.samples, stats.time_s)
+        parts.distribution.record_epoch(stats.samples, stats.time_s)
         self._epoch_record(log, epoch, stats, started)
         if parts.checkpointer.due_after_epoch(parts.state.epochs_completed):
             self.save("epoch")

@@ -37,7 +37,7 @@ def evaluate_with(parts: Parts, loader: Iterable[Any] | None) -> dict[str, float
             )
     else:
         check_loader(loader, "loader", max_epochs=1)
-        loader = parts.trainer.prepare_loader(loader, train=False)
+        loader = parts.distribution.prepare_loader(loader, train=False)
     stats = evaluate(
         parts.model,
         loader,
@@ -62,7 +62,7 @@ def evaluate_with(parts: Parts, loader: Iterable[Any] | None) -> dict[str, float
 def predict_with(parts: Parts, loader: Iterable[Any]) -> list[Any]:
     """The model's outputs for every batch of this rank's shard of ``loader``, on the CPU."""
     check_loader(loader, "loader", max_epochs=1)
-    sharded = parts.trainer.prepare_loader(loader, train=False)
+    sharded = parts.distribution.prepare_loader(loader, train=False)
     return predict(
         parts.model,
         sharded,

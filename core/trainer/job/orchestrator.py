@@ -1,8 +1,8 @@
-"""``OptimizedTrainingOptimizer``: the async shell of a run, an async resource.
+"""``TrainingJob``: the async shell of a run, an async resource.
 
 ::
 
-    async with OptimizedTrainingOptimizer(config, model=model, train_loader=loader) as run:
+    async with TrainingJob(config, model=model, train_loader=loader) as run:
         results = await run.train()
 
 Entering builds the parts (process group included) in a worker thread; leaving releases
@@ -25,6 +25,7 @@ from typing import Any
 
 import anyio
 from torch import nn
+from typing_extensions import Self
 
 from core.callbacks import Callback
 from core.config import TrainingConfig
@@ -50,10 +51,10 @@ from core.trainer.running.observers import Observers, with_default_callbacks
 from core.trainer.running.run import Run
 from core.trainer.state.results import TrainingResults
 
-__all__ = ("OptimizedTrainingOptimizer",)
+__all__ = ("TrainingJob",)
 
 
-class OptimizedTrainingOptimizer(JobViews):
+class TrainingJob(JobViews):
     """One training job: its config tree, its runtime objects and, once built, its parts.
 
     ``optimizer`` is a torch optimizer over ``model``'s parameters or a factory taking the
@@ -94,7 +95,6 @@ class OptimizedTrainingOptimizer(JobViews):
         config = TrainingConfig() if config is None else config
         if isinstance(config, TrainingConfig):  # a fast_dev_run's one epoch, decided once here
             config = config.for_run()
-        self._config = config
         given = {
             "model": model,
             "train_loader": train_loader,
@@ -106,28 +106,25 @@ class OptimizedTrainingOptimizer(JobViews):
             "training_step": training_step,
             "validation_step": validation_step,
         }
-        self._runtime = Runtime(
+        runtime = Runtime(
             **{name: resolve(name, value) for name, value in given.items()},
             model_factory=factory_of(model),
         )
-        check_runtime(self._runtime, config, callbacks)
+        check_runtime(runtime, config, callbacks)
         self._crossing = ranks_crossing(config, given) or crossing_for(config, given)
-        self._isolated = self._crossing is not None
+        super().__init__(config, runtime, isolated=self._crossing is not None)
         self.isolation: dict[str, Any] = {"mode": config.run.isolation}
         """Where this job trains and how its objects got there (``run_start``'s
         ``resolved.isolation``; a training process adds what crossed, and how)."""
-        self._child = ChildState()
         self._callbacks = with_default_callbacks(callbacks, config)
         self._hub = EventHub()
         self._log = CurrentLog()
-        self._parts: Parts | None = None
         self._cycle: RunCycle | None = None
         self._process: TrainingProcess | None = None
         self._running = False
-        self._run_dir: Path | None = None
 
     # -- the resource ---------------------------------------------------------------------
-    async def __aenter__(self) -> OptimizedTrainingOptimizer:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 
@@ -160,8 +157,8 @@ class OptimizedTrainingOptimizer(JobViews):
             )
             self._cycle = RunCycle(self._config, self._parts, self._hub, self._log)
             self._parts.loop.schedule.add(self._cycle)  # validation and checkpoints, when due
-            if self._parts.monitor is not None:  # the trainer's gpu_monitor reads the run's
-                self._parts.trainer.attach_monitor(self._parts.monitor)
+            if self._parts.monitor is not None:  # the distribution's gpu_monitor reads the run's
+                self._parts.distribution.attach_monitor(self._parts.monitor)
 
     async def aclose(self) -> None:
         """Release the process group this job created (in a worker thread)."""
@@ -170,7 +167,7 @@ class OptimizedTrainingOptimizer(JobViews):
     def close(self) -> None:
         """Release the process group this job created (call once, after the last train())."""
         if self._parts is not None:
-            self._parts.trainer.cleanup()
+            self._parts.distribution.cleanup()
             if self._parts.monitor is not None:
                 self._parts.monitor.close()
 
@@ -251,7 +248,7 @@ class OptimizedTrainingOptimizer(JobViews):
     async def train(self) -> TrainingResults:
         """Run epochs until ``max_epochs``, early stopping, an error, a signal or cancellation."""
         if self._running:
-            raise RuntimeError("train() is already running on this optimizer")
+            raise RuntimeError("train() is already running on this job")
         self._running = True
         try:
             if self._crossing is not None:

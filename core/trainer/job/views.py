@@ -1,4 +1,5 @@
-"""The read-only views of a job: where it runs, how far it got, its parts once built.
+"""A job's state and the read-only views of it: where it runs, how far it got, its parts
+once built.
 
 Under ``run.isolation="process"`` the parts live in the training process: the progress
 (``global_step``, ``epochs_completed``, ``last_checkpoint``) is read from its records, the
@@ -20,7 +21,7 @@ from core.checkpointing.store import CheckpointStore
 from core.config import TrainingConfig
 from core.loop.epoch import Scheduler
 from core.monitoring.distribution import MonitoredDistribution
-from core.precision.policy import MixedPrecisionTrainer
+from core.precision.policy import PrecisionPolicy
 from core.trainer.assembly.build import Parts, Runtime
 from core.trainer.job.inspection import checkpoints_of
 from core.trainer.process.child_state import ChildState
@@ -29,15 +30,20 @@ __all__ = ("JobViews",)
 
 
 class JobViews:
-    """The properties of :class:`~core.trainer.job.orchestrator.OptimizedTrainingOptimizer`."""
+    """A job's state and its read-only properties: the base of
+    :class:`~core.trainer.job.orchestrator.TrainingJob`, which builds the parts, trains and
+    records where the run went (``_parts``, ``_run_dir``, ``_child``)."""
 
-    _config: TrainingConfig
-    _runtime: Runtime
-    _parts: Parts | None
-    _run_dir: Path | None
-    _child: ChildState
-    _isolated: bool
-    """The job trains in a child process (``run.isolation="process"``)."""
+    def __init__(self, config: TrainingConfig, runtime: Runtime, *, isolated: bool) -> None:
+        self._config = config
+        self._runtime = runtime
+        self._isolated = isolated
+        """The job trains in a child process (``run.isolation="process"``)."""
+        self._parts: Parts | None = None
+        """The parts, once built in this process."""
+        self._run_dir: Path | None = None
+        self._child = ChildState()
+        """The training process's progress, read from its records (isolated jobs)."""
 
     @property
     def config(self) -> TrainingConfig:
@@ -119,14 +125,15 @@ class JobViews:
         return self._built.scheduler
 
     @property
-    def mixed_precision(self) -> MixedPrecisionTrainer:
-        """The precision policy (seed 002's ``MixedPrecisionTrainer``: AMP switches, stats)."""
+    def mixed_precision(self) -> PrecisionPolicy:
+        """The precision policy: AMP switches (``enable_amp()``...) and ``get_amp_stats()``."""
         return self._built.precision
 
     @property
-    def multi_gpu_trainer(self) -> MonitoredDistribution:
-        """Where the job runs, and its ``gpu_monitor`` (seed 004's ``MultiGPUTrainer``)."""
-        return self._built.trainer
+    def distribution(self) -> MonitoredDistribution:
+        """Where the job runs (its ``strategy``, ``get_performance_summary()``) and its
+        ``gpu_monitor``."""
+        return self._built.distribution
 
     @property
     def _built(self) -> Parts:
@@ -138,7 +145,7 @@ class JobViews:
             )
         if self._parts is None:
             raise RuntimeError(
-                "this run is not built yet: use `async with OptimizedTrainingOptimizer(...) as "
-                "run:`, `await run.start()`, or call train()"
+                "this run is not built yet: enter it (`async with run:`), `await run.start()`, "
+                "or call train()"
             )
         return self._parts

@@ -96,8 +96,8 @@ def hand_back(packed: Packed, job: Any, results: TrainingResults) -> str | None:
     """The trained weights on their way back to the service: into the shared memory they
     crossed in (None), or, where they do not fit the given model, as a verified checkpoint
     (its path). Under FSDP2 every rank calls it (the full state is a collective)."""
-    state = job.multi_gpu_trainer.strategy.model_state_dict(job.model)
-    if job.multi_gpu_trainer.strategy.rank != 0 or HandBack(packed).write(state):
+    state = job.distribution.strategy.model_state_dict(job.model)
+    if job.distribution.strategy.rank != 0 or HandBack(packed).write(state):
         return None
     # A smoke run keeps no run directory: its weights cross through a temporary folder.
     run_dir = results.run_dir or Path(tempfile.mkdtemp(prefix=_SCRATCH))
@@ -179,9 +179,10 @@ def main(
     out: Connection,
     threads: int,
 ) -> None:
-    """The training process's entry point (``job_class`` is the orchestrator's class, passed
-    by reference so this module does not import the shell that imports it; ``threads`` its
-    share of the service's ``torch.get_num_threads()``)."""
+    """The training process's entry point. ``job_class`` is the job's own class
+    (:class:`~core.trainer.job.orchestrator.TrainingJob` or a subclass: the job trains here as
+    what it is), passed by reference so this module does not import the job that imports it;
+    ``threads`` is its share of the service's ``torch.get_num_threads()``."""
     os.setpgrp()
     os.nice(NICENESS)
     torch.set_num_threads(threads)

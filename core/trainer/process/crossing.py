@@ -17,9 +17,9 @@ the argument and the fix.
 
 Example::
 
-    run = create_optimized_training_optimizer(
+    run = TrainingJob(
+        TrainingConfig(run=RunConfig(isolation="process")),
         model="myservice.models:build_scorer", train_loader="myservice.data:train_loader",
-        isolation="process",
     )
 """
 

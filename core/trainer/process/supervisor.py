@@ -102,10 +102,17 @@ class TrainingProcess:
     """This process's training processes being started or running."""
 
     def __init__(
-        self, job_class: type, config: TrainingConfig, crossing: Crossing, *,
-        model: nn.Module, hub: EventHub, observers: Observers, state: ChildState,
+        self,
+        job_class: type,
+        config: TrainingConfig,
+        crossing: Crossing,
+        *,
+        model: nn.Module,
+        hub: EventHub,
+        observers: Observers,
+        state: ChildState,
         on_open: Callable[[Path], None],
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.job_class, self.config, self.crossing = job_class, config, crossing
         self.model, self.hub, self.observers, self.state = model, hub, observers, state
         self.on_open = on_open
@@ -136,9 +143,10 @@ class TrainingProcess:
         self.packed = await anyio.to_thread.run_sync(self.crossing.pack, self.model)
         threads = max(1, torch.get_num_threads() // TrainingProcess.running)
         process = context.Process(
-            target=entry_point(self.config), name="core-training",
+            target=entry_point(self.config),
+            name="core-training",
             args=(self.job_class, self.config, self.packed, control_in, records_out, threads),
-        )  # fmt: skip
+        )
         subreaper.acquire()  # before the start: a fork server that dies leaves its child here
         try:
             await anyio.to_thread.run_sync(process.start)

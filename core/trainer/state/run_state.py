@@ -11,10 +11,10 @@ from dataclasses import asdict
 from typing import Any
 
 from core.checkpointing.compatibility import finished
-from core.loop.accumulation import GradientAccumulation
+from core.loop.accumulation import Accumulation
 from core.loop.epoch import EpochStats, ResumePoint, Scheduler, StepLoop
 from core.loop.recovery import ErrorHandler
-from core.precision.policy import MixedPrecisionTrainer
+from core.precision.policy import PrecisionPolicy
 from core.trainer.state.early_stopping import EarlyStopping
 from core.trainer.state.results import RunProgress
 
@@ -28,8 +28,8 @@ class RunState:
         self,
         *,
         loop: StepLoop,
-        mixed_precision: MixedPrecisionTrainer,
-        accumulation: GradientAccumulation,
+        mixed_precision: PrecisionPolicy,
+        accumulation: Accumulation,
         scheduler: Scheduler | None,
         early_stopping: EarlyStopping,
         errors: ErrorHandler,

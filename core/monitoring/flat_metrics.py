@@ -1,9 +1,10 @@
-"""Seed 000's ``GPUPerformanceMonitor``: :class:`~core.monitoring.gpu_monitor.GPUMonitor`'s
-samples (NVML, or psutil without a GPU) read back under the seed's flat metric names.
+"""A :class:`~core.monitoring.gpu_monitor.GPUMonitor`'s samples (NVML, or psutil without a
+GPU) read back as flat metrics: each sample's first device at the top, and the devices' summed
+memory and mean utilisation summarised over the history.
 
 Example::
 
-    monitor = GPUPerformanceMonitor()
+    monitor = FlatMetricsMonitor()
     monitor.start_monitoring(interval=2.0)
     metrics = monitor.get_latest_metrics()   # None before the first sample
     monitor.stop_monitoring()
@@ -18,7 +19,7 @@ from typing import Any
 from core.monitoring.config import GPUMonitorConfig
 from core.monitoring.gpu_monitor import GPUMonitor
 
-__all__ = ("GPUPerformanceMonitor", "seed_metrics", "seed_summary")
+__all__ = ("FlatMetricsMonitor", "flat_metrics", "totals_summary")
 
 _GIB = 1024**3
 _SUMMARY = ("memory_allocated", "memory_reserved", "gpu_utilization")
@@ -65,9 +66,9 @@ def _device_metrics(record: dict[str, Any], timestamp: float) -> dict[str, Any]:
 _WALL_CLOCK_OFFSET = time.time() - time.monotonic()
 
 
-def seed_metrics(sample: dict[str, Any]) -> dict[str, Any]:
-    """One :meth:`GPUMonitor.sample` under the seed's names: the first device's metrics at
-    the top, every device's in ``devices``.
+def flat_metrics(sample: dict[str, Any]) -> dict[str, Any]:
+    """One :meth:`GPUMonitor.sample` as flat metrics: the first device's at the top, every
+    device's in ``devices``.
 
     ``gpu_utilization``: percent (NVML; None without a GPU, where ``cpu_utilization`` is
     this process's CPU percent, 100 per busy core). ``memory_allocated_gb``: torch's
@@ -79,7 +80,7 @@ def seed_metrics(sample: dict[str, Any]) -> dict[str, Any]:
 
     Example::
 
-        seed_metrics(GPUMonitor().sample())["memory_allocated_gb"]
+        flat_metrics(GPUMonitor().sample())["memory_allocated_gb"]
     """
     # The monitor stamps samples with a monotonic clock: shift it onto the wall clock by one
     # offset per process, so a sample converted twice gets the same timestamp.
@@ -89,20 +90,20 @@ def seed_metrics(sample: dict[str, Any]) -> dict[str, Any]:
     return {**first, "timestamp": timestamp, "devices": devices}
 
 
-class GPUPerformanceMonitor:
-    """Seed 000's monitor, and seed 004's ``trainer.gpu_monitor``: a
-    :class:`~core.monitoring.gpu_monitor.GPUMonitor` (its own, or ``monitor``, e.g. a run's)
-    read under the seeds' names. Samples are taken every ``interval`` seconds in a daemon
-    thread after :meth:`start_monitoring`, or one at a time by :meth:`record_gpu_metrics`;
-    the monitor keeps the last ``config.history_size`` of them.
+class FlatMetricsMonitor:
+    """A :class:`~core.monitoring.gpu_monitor.GPUMonitor` (its own, or ``monitor``, e.g. a
+    run's) read as flat metrics (:func:`flat_metrics`, :func:`totals_summary`). Samples are
+    taken every ``interval`` seconds in a daemon thread after :meth:`start_monitoring`, or
+    one at a time by :meth:`record_gpu_metrics`; the monitor keeps the last
+    ``config.history_size`` of them.
 
     ``device_indices``: torch CUDA indices (None: every visible device).
 
     Example::
 
-        monitor = GPUPerformanceMonitor()
+        monitor = FlatMetricsMonitor()
         monitor.start_monitoring(interval=2.0)
-        metrics = monitor.get_latest_metrics()    # seed 000's keys (see seed_metrics)
+        metrics = monitor.get_latest_metrics()    # see flat_metrics
         monitor.stop_monitoring()
         monitor.get_gpu_summary()["memory_allocated_mean"]
     """
@@ -131,13 +132,13 @@ class GPUPerformanceMonitor:
         return self.monitor.sample()
 
     def get_latest_metrics(self) -> dict[str, Any] | None:
-        """The newest sample's metrics (:func:`seed_metrics`), or None before the first."""
+        """The newest sample's metrics (:func:`flat_metrics`), or None before the first."""
         latest = self.monitor.get_latest_metrics()
-        return None if latest is None else seed_metrics(latest)
+        return None if latest is None else flat_metrics(latest)
 
     def get_metrics_history(self) -> list[dict[str, Any]]:
-        """Every kept sample's metrics (:func:`seed_metrics`), oldest first."""
-        return [seed_metrics(sample) for sample in self.monitor.get_metrics_history()]
+        """Every kept sample's metrics (:func:`flat_metrics`), oldest first."""
+        return [flat_metrics(sample) for sample in self.monitor.get_metrics_history()]
 
     def get_gpu_info(self) -> dict[str, Any]:
         """Device count, current device, versions, and per GPU its ``name``,
@@ -146,13 +147,9 @@ class GPUPerformanceMonitor:
 
     def get_gpu_summary(self) -> dict[str, Any]:
         """:meth:`GPUMonitor.get_gpu_summary` (per device ``<field>_mean``/``_max``/``_min``)
-        with seed 004's keys at the top: ``memory_allocated`` and ``memory_reserved`` (bytes,
-        a sample's devices summed) and ``gpu_utilization`` (percent, their mean), each
-        ``_mean``/``_max``/``_min`` over the samples. ``memory_allocated`` is torch's
-        allocated memory on CUDA, else the memory in use (NVML: the device's; psutil: this
-        process's resident set). Unknown in every sample (no CUDA, no GPU): None."""
+        with the totals of :func:`totals_summary` at the top."""
         history = self.monitor.get_metrics_history()
-        return self.monitor.get_gpu_summary() | seed_summary(history)
+        return self.monitor.get_gpu_summary() | totals_summary(history)
 
     def close(self) -> None:
         """Stop sampling and release NVML (idempotent)."""
@@ -164,10 +161,14 @@ def _allocated(record: dict[str, Any]) -> Any:
     return allocated if allocated is not None else record["mem_used_bytes"]
 
 
-def seed_summary(history: Sequence[dict[str, Any]]) -> dict[str, float | None]:
-    """Seed 004's summary keys over ``history`` (see :meth:`GPUPerformanceMonitor.get_gpu_summary`).
+def totals_summary(history: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """The devices' totals over ``history``, each ``_mean``/``_max``/``_min`` over the
+    samples: ``memory_allocated`` and ``memory_reserved`` (bytes, a sample's devices summed)
+    and ``gpu_utilization`` (percent, their mean). ``memory_allocated`` is torch's allocated
+    memory on CUDA, else the memory in use (NVML: the device's; psutil: this process's
+    resident set). Unknown in every sample (no CUDA, no GPU): None.
 
-    >>> seed_summary([])["memory_allocated_mean"] is None
+    >>> totals_summary([])["memory_allocated_mean"] is None
     True
     """
     series: dict[str, list[float]] = {name: [] for name in _SUMMARY}
