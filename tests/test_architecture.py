@@ -154,6 +154,7 @@ def test_no_module_beneath_the_facades_speaks_their_vocabulary() -> None:
         if not is_face(name)
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if (match := FOUNDING_VOCABULARY.search(line))
+        and not line.startswith("FORMER_NAMES = ")  # a module's table of its old names
     )
     assert speakers == []
 

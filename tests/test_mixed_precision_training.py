@@ -218,3 +218,13 @@ def test_each_precision_lowers_the_loss(dtype: torch.dtype, log_dir: Path) -> No
         optimizer.mixed_precision.get_amp_stats()["precision"]
         == {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     )
+
+
+def test_the_policy_s_former_name_still_imports_with_a_warning() -> None:
+    from core.precision import policy
+
+    with pytest.warns(DeprecationWarning, match="now PrecisionPolicy"):
+        former = policy.MixedPrecisionTrainer
+    assert former is policy.PrecisionPolicy
+    with pytest.raises(AttributeError, match="no attribute 'Missing'"):
+        _ = policy.Missing

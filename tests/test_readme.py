@@ -78,7 +78,7 @@ CLAIMS: dict[tuple[str, str], str] = {
     ("docs/distributed.md", "## Launching several processes without torchrun"): (
         "test_the_devices_example_starts_two_ranks_as_written"
     ),
-    ("docs/seed-api.md", "## The per-batch and synchronous faces"): (
+    ("docs/founding-api.md", "## The per-batch and synchronous facades"): (
         "test_the_seed_api_example_runs_as_written"
     ),
     ("docs/lightning.md", "## Your own step"): "test_the_step_function_example_runs_as_written",
@@ -266,7 +266,7 @@ def test_the_trackers_example_runs_as_written(tmp_path: Path) -> None:
 
 
 def test_the_seed_api_example_runs_as_written(tmp_path: Path) -> None:
-    (program,) = python_blocks("docs/seed-api.md", "## The per-batch and synchronous faces")
+    (program,) = python_blocks("docs/founding-api.md", "## The per-batch and synchronous facades")
     done = run_program(program, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     loss = re.search(r"loss ([0-9.]+), accuracy ([0-9.]+), skipped False", done.stdout)

@@ -1,4 +1,4 @@
-"""The console face of a run: a start banner, progress bars (or plain lines), warnings and
+"""The console side of a run: a start banner, progress bars (or plain lines), warnings and
 an end summary, all built from the run's records; and the model summary table.
 
 Example::

@@ -1,4 +1,4 @@
-"""Seed face of seed 000: the integrated GPU and mixed-precision training system.
+"""The facade of seed 000: the integrated GPU and mixed-precision training system.
 
 Every part drives the existing machinery: ``GPUConfig`` maps onto the config tree
 (``core.facades.integrated.config``), ``setup_training`` uses the batch-size search

@@ -1,4 +1,4 @@
-"""Seed face of gradient accumulation: the names seed 001 imports from here.
+"""The facade of gradient accumulation: the names seed 001 imports from here.
 
 The implementation is the step loop's :class:`~core.loop.accumulation.Accumulation`::
 

@@ -1,6 +1,6 @@
-"""Seed face of mixed precision (seeds 000 and 002): the names their users import from here.
+"""The facade of mixed precision (seeds 000 and 002): the names their users import from here.
 
-The precision policy is :class:`~core.precision.policy.PrecisionPolicy`, which the face class
+The precision policy is :class:`~core.precision.policy.PrecisionPolicy`, which the facade class
 extends; the synchronous per-batch calls are in ``core.facades.eager``, built from the step
 loop's own parts. Each per-batch call reads its values back before it returns (one device sync
 per call, by design: the seed's loop prints them)::

@@ -1,4 +1,4 @@
-"""Seed face of distribution (seed 004): ``MultiGPUTrainer``, ``MultiGPUConfig`` and helpers.
+"""The facade of distribution (seed 004): ``MultiGPUTrainer``, ``MultiGPUConfig`` and helpers.
 
 The work is done by ``core.distributed`` (and the monitor by ``core.monitoring``); this
 module keeps seed 004's names::

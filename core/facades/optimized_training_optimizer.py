@@ -1,4 +1,4 @@
-"""Seed face of the orchestrator: ``create_optimized_training_optimizer`` and
+"""The facade of the training job: ``create_optimized_training_optimizer`` and
 ``OptimizedTrainingOptimizer`` (seeds 002 and 004), as in the seed API::
 
     from core.optimized_training_optimizer import create_optimized_training_optimizer

@@ -157,7 +157,7 @@ class MixedPrecisionConfig:
                               recast at every use, sparing the cast copies' memory
     ``autocast_enabled``      another name for ``enable_amp``: False is fp32
     ``clear_cache``           empty the CUDA caching allocator after each training epoch
-                              (and after the per-batch face's epochs and validations); no-op
+                              (and after the per-batch facade's epochs and validations); no-op
                               on CPU; costs one device sync and later re-allocations, hence
                               off by default (on, it would slow every run)
     ``enable_monitoring``     accepted, no effect: the AMP statistics are always kept (counters
@@ -165,11 +165,11 @@ class MixedPrecisionConfig:
     ``log_amp_stats``         adds ``get_amp_stats()`` to each ``epoch_end`` record (``amp``)
     ``track_memory_usage``    measures ``avg_memory_savings``: the peak of one forward+backward
                               in fp32 minus under AMP (``core.memory.meter``), once, at the
-                              build of a run or the per-batch face's first step; off by
+                              build of a run or the per-batch facade's first step; off by
                               default: it costs two extra passes
     ``validate_amp``          accepted, no effect: a config is always validated when created
     ``check_compatibility``   runs ``check_amp_compatibility`` on the model when a run (or the
-                              per-batch face) is built: an ``amp_compatibility`` record
+                              per-batch facade) is built: an ``amp_compatibility`` record
     ========================  ==================================================================
 
     The other names (``loss_scaling``, ``autocast_enabled``, ``initial_scale``) and the

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -268,3 +269,19 @@ class PrecisionPolicy:
             self._nonfinite_steps,
             self._step_time_total,
         ) = state["stats"]
+
+
+FORMER_NAMES = {"MixedPrecisionTrainer": "PrecisionPolicy"}
+"""Names this module's classes had before, kept so that programs importing them still run."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in FORMER_NAMES:
+        warnings.warn(
+            f"core.precision.policy.{name} is now {FORMER_NAMES[name]}; import the public "
+            f"{name} from core (it adds the per-batch calls) or {FORMER_NAMES[name]} from here.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return globals()[FORMER_NAMES[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

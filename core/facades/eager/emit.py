@@ -1,6 +1,6 @@
-"""Where the per-batch faces' records go: the user's logger, or warnings to the process log.
+"""Where the per-batch facades' records go: the user's logger, or warnings to the process log.
 
-The per-batch faces have no run directory; the step loop's records (``train_step``,
+The per-batch facades have no run directory; the step loop's records (``train_step``,
 ``nonfinite_skipped``, ``precision_fallback``...) go to the ``logger`` given to them
 (a ``logging.Logger`` or a structlog logger): warnings at warning level, the rest at debug.
 Without a logger only the warnings are written, to structlog's ``core`` logger.

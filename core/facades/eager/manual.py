@@ -8,7 +8,7 @@ loop's own post-backward sequence (:class:`~core.loop.gradients.GradientUpdate`:
 with the overflow flag, global gradient norm clipped with ``max_grad_norm``, the optimizer
 step or its skip, the scale update, gradients cleared); its
 :class:`~core.loop.recorder.StepRecorder` then settles the step at once (one device sync
-per step, by design: the face returns the step's values).
+per step, by design: the facade returns the step's values).
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ class ManualSteps:
         self.recorder.defer(
             StepOutcome(readback, 0, self.steps_done, samples, perf_counter() - self._started, 0.0)
         )
-        scalars = self.recorder.settle()  # read back now: the face is synchronous
+        scalars = self.recorder.settle()  # read back now: the facade is synchronous
         assert isinstance(scalars, StepScalars)  # deferred just above
         step_time = perf_counter() - self._started
         self._open, self._losses, self._samples = None, [], 0

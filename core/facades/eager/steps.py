@@ -3,7 +3,7 @@
 :class:`EagerSteps` owns the step kernel a run of one batch per step builds
 (``core.loop.step``: the precision policy, an ``Accumulation()``, the base
 ``Strategy``, an ``Objective``, the ``ErrorHandler``, a ``StepRecorder``) and hands it a
-one-batch window per call. The run settles step N during step N+1; this face settles each
+one-batch window per call. The run settles step N during step N+1; this facade settles each
 step before it returns, so its metrics are this step's: one device sync per call, by design.
 """
 
@@ -67,7 +67,7 @@ class CountingObjective(Objective):
         self.hits, self.applies = [], True
         if not applies or not hits:
             return None
-        # Host sync: the per-batch face returns its accuracy now (see the module docstring).
+        # Host sync: the per-batch facade returns its accuracy now (see the module docstring).
         totals = torch.stack([torch.stack([c, n]).double() for c, n in hits]).sum(0).tolist()
         return float(totals[0]), float(totals[1])
 
@@ -180,7 +180,7 @@ class EagerSteps:
         started = perf_counter()
         self.step(window, step=self.steps_done + 1, epoch=epoch, started=started, data_time_s=0.0)
         precision = self.policy.precision.name
-        scalars = self.recorder.settle()  # this step, read back now: the face is synchronous
+        scalars = self.recorder.settle()  # this step, read back now: the facade is synchronous
         assert isinstance(scalars, StepScalars)  # the step above deferred one
         counts = self.objective.take_counts()
         step_time = perf_counter() - started
@@ -218,7 +218,7 @@ class EagerSteps:
         finally:
             self.model.train(was_training)
         return {
-            "loss": float(loss.float()),  # host sync: the face returns values (module doc)
+            "loss": float(loss.float()),  # host sync: the facade returns values (module doc)
             "accuracy": counts[0] / counts[1] if counts and counts[1] else None,
             "samples": count_samples(batch),
         }
