@@ -97,7 +97,7 @@ class Parts:
     distribution: MonitoredDistribution
     strategy: Strategy
     device_settings: dict[str, Any]
-    precision: PrecisionPolicy
+    policy: PrecisionPolicy
     prepared: PreparedModel
     accumulation: Accumulation
     model: nn.Module
@@ -152,12 +152,12 @@ def _build(
 ) -> Parts:
     strategy = distribution.strategy
     device_settings = DeviceManager(config.hardware, strategy.device).apply()
-    precision = PrecisionPolicy(config.precision, strategy.device)
+    policy = PrecisionPolicy(config.precision, strategy.device)
     if config.precision.check_compatibility:  # an amp_compatibility record in each run
-        precision.compatibility = check_amp_compatibility(
+        policy.compatibility = check_amp_compatibility(
             runtime.model,
             device=strategy.device,
-            dtype=precision.amp_precision.dtype,
+            dtype=policy.amp_precision.dtype,
             loss_scaling=config.precision.enable_grad_scaler,
         )
     objective = objective_for(runtime.loss_fn, runtime.training_step, runtime.validation_step)
@@ -166,14 +166,14 @@ def _build(
         runtime.model,
         config,
         strategy=strategy,
-        precision=precision,
+        precision=policy,
         objective=objective,
         train_loader=runtime.train_loader,
         optimizer_factory=trial_optimizer(runtime.optimizer),
         emit=emit,
         report_error=report_error,
     )
-    model = distribution.initialize_training(runtime.model, precision.amp_precision.dtype)
+    model = distribution.initialize_training(runtime.model, policy.amp_precision.dtype)
     optimizer = optimizer_for(runtime.optimizer, model, config)
     scheduler = scheduler_for(runtime.scheduler, optimizer)
     watching, mode = watched(config, runtime.val_loader is not None)
@@ -183,8 +183,8 @@ def _build(
     )
     errors = ErrorHandler(config.errors)
     if config.precision.track_memory_usage:
-        precision.note_memory_savings(
-            *_amp_memory(runtime, strategy, model, objective, precision, prepared)
+        policy.note_memory_savings(
+            *_amp_memory(runtime, strategy, model, objective, policy, prepared)
         )
     train_loader = _prefetched(  # the limit inside the prefetcher: it never reads past it
         limit_batches(
@@ -217,7 +217,7 @@ def _build(
         model=model,
         optimizer=optimizer,
         scheduler=None if plateau else scheduler,
-        precision=precision,
+        precision=policy,
         accumulation=accumulation,
         strategy=strategy,
         objective=objective,
@@ -233,7 +233,7 @@ def _build(
     early_stopping = EarlyStopping(config.early_stopping, mode=mode, monitor=watching)
     state = RunState(
         loop=loop,
-        mixed_precision=precision,
+        mixed_precision=policy,
         accumulation=accumulation,
         scheduler=scheduler,
         early_stopping=early_stopping,
@@ -242,7 +242,7 @@ def _build(
             model=strategy.unwrap(model),
             optimizer=optimizer,
             scheduler=scheduler,
-            precision=precision.configured_precision,
+            precision=policy.configured_precision,
             accumulation_steps=config.accumulation.accumulation_steps,
             world_size=strategy.world_size,
             train_loader=train_loader,
@@ -267,7 +267,7 @@ def _build(
         distribution=distribution,
         strategy=strategy,
         device_settings=device_settings,
-        precision=precision,
+        policy=policy,
         prepared=prepared,
         accumulation=accumulation,
         model=model,

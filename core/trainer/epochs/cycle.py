@@ -106,7 +106,7 @@ class RunCycle:
                 self.config.to_dict(),
                 description,
                 device=str(parts.strategy.device),
-                precision=parts.precision.precision.name,
+                precision=parts.policy.precision.name,
                 run_dir=str(log.run_dir),
             ),
             model_summary=parts.model_summary,
@@ -114,8 +114,8 @@ class RunCycle:
             seed=run.seed,
             **lineage(parts, log.run_dir, run_id),
         )
-        if parts.precision.compatibility is not None:
-            log.emit("amp_compatibility", **parts.precision.compatibility)
+        if parts.policy.compatibility is not None:
+            log.emit("amp_compatibility", **parts.policy.compatibility)
         log.drain()
         if parts.profiler is not None:
             parts.profiler.start(log.run_dir)
@@ -136,7 +136,7 @@ class RunCycle:
                     error = error or exc
             if parts.profiler is not None and not abandoned:
                 parts.profiler.close()
-            log.write_json("amp_stats.json", parts.precision.get_amp_stats())
+            log.write_json("amp_stats.json", parts.policy.get_amp_stats())
             fields = run_end_fields(
                 status=end.status,
                 error=error,
@@ -279,9 +279,9 @@ class RunCycle:
             util_mean_pct=verdict["util_mean_pct"],
             bottleneck=verdict["verdict"],
             bottleneck_advice=verdict["advice"],
-            **parts.precision.epoch_fields(),
+            **parts.policy.epoch_fields(),
         )
-        log.write_json("amp_stats.json", parts.precision.get_amp_stats())
+        log.write_json("amp_stats.json", parts.policy.get_amp_stats())
         log.drain()
 
 

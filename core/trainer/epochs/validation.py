@@ -88,7 +88,7 @@ class Validation:
             loader,
             epoch=epoch,
             stop=stop,
-            precision=parts.precision.precision,
+            precision=parts.policy.precision,
             strategy=parts.strategy,
             objective=parts.objective.evaluation(),
             errors=parts.errors,

@@ -32,7 +32,6 @@ from core.loop.gradients import GradientUpdate, keep_nothing
 from core.memory.batches import batch_maker_from
 from core.memory.finder import find_batch_size
 from core.memory.trial import preserved
-from core.precision.plugins import Precision
 from core.rng import capture_rng, restore_rng
 from core.trainer.assembly.build import Parts
 from core.trainer.assembly.model_setup import optimizer_factory_like
@@ -51,12 +50,6 @@ def _timer(device: torch.device) -> Callable[[], float]:
         return perf_counter()
 
     return clock
-
-
-def _step_precision(parts: Parts) -> Precision:
-    """The precision object (autocast, backward, loss scale) of the run's current optimizer
-    step, as the run's precision policy holds it: fp32 while AMP is disabled."""
-    return parts.precision.precision
 
 
 def _batches(parts: Parts) -> Iterator[Any]:
@@ -94,7 +87,7 @@ def benchmark_performance(
     if not (is_int(num_iterations) and num_iterations >= 1):
         raise config_error("num_iterations", num_iterations, "an integer >= 1", "e.g. 100.")
     model, optimizer, strategy = parts.model, parts.optimizer, parts.strategy
-    precision, max_norm = _step_precision(parts), config.optim.max_grad_norm
+    precision, max_norm = parts.policy.precision, config.optim.max_grad_norm
     optimizer_state = copy.deepcopy(optimizer.state_dict())
     precision_state = copy.deepcopy(precision.state_dict())
     params = [p for p in model.parameters() if p.requires_grad]
@@ -176,7 +169,7 @@ def optimal_batch_size(parts: Parts, config: TrainingConfig, target_memory_usage
         1.0 - float(target_memory_usage),
         loss_fn=parts.objective.loss,
         optimizer_factory=optimizer_factory_like(parts.optimizer),
-        autocast=_step_precision(parts).autocast,
+        autocast=parts.policy.precision.autocast,
         device=parts.strategy.device,
         make_batch=batch_maker_from(first),
     )

@@ -43,7 +43,7 @@ def evaluate_with(parts: Parts, loader: Iterable[Any] | None) -> dict[str, float
         loader,
         epoch=parts.state.epochs_completed,
         stop=threading.Event(),
-        precision=parts.precision.precision,
+        precision=parts.policy.precision,
         strategy=parts.strategy,
         objective=parts.objective.evaluation(),
         errors=parts.errors,
@@ -66,7 +66,7 @@ def predict_with(parts: Parts, loader: Iterable[Any]) -> list[Any]:
     return predict(
         parts.model,
         sharded,
-        precision=parts.precision.precision,
+        precision=parts.policy.precision,
         strategy=parts.strategy,
         prepare_batch=parts.prepared.prepare_batch,
     )

@@ -22,7 +22,7 @@ def describe(config: TrainingConfig, parts: Parts) -> dict[str, Any]:
     return resolved(
         {
             "strategy": parts.strategy,
-            "precision": parts.precision,
+            "precision": parts.policy,
             "checkpoints": parts.checkpointer,
             "device_settings": Fixed(parts.device_settings),
             "model_setup": Fixed(parts.prepared.describe()),

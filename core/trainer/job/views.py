@@ -127,7 +127,7 @@ class JobViews:
     @property
     def mixed_precision(self) -> PrecisionPolicy:
         """The precision policy: AMP switches (``enable_amp()``...) and ``get_amp_stats()``."""
-        return self._built.precision
+        return self._built.policy
 
     @property
     def distribution(self) -> MonitoredDistribution:
