@@ -1,4 +1,4 @@
-"""core-train: every leaf of the config tree has a flag, the seed switches set the leaves
+"""core-train: every leaf of the config tree has a flag, the shorthand switches set the leaves
 they name, TOML configs round-trip and flags override them, bad command lines exit 2 naming
 the flag, the value and what is allowed, fit trains through the orchestrator, and
 core.load_model rebuilds the model of its checkpoints."""

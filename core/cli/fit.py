@@ -18,7 +18,7 @@ from core.cli.factories import EXAMPLES
 from core.cli.flags import add_tree_flags
 from core.cli.parser import Parser, choice, given, sets
 from core.cli.recipes import add_recipe_flags
-from core.cli.seed_flags import add_seed_flags
+from core.cli.shorthands import add_shorthands
 from core.cli.toml import loads
 from core.config import RunConfig, TrainingConfig
 from core.distributed.devices import ranks_to_start
@@ -43,7 +43,7 @@ checkpoints and a JSON record per optimizer step (python -m core is the same pro
 
 Every setting of the config tree has a flag (the "config:" groups below, one per section;
 the TOML file of --config holds the same tree: [run] max_epochs = 3). Precedence: flags, then
---config, then defaults. The seed switches are shorthands for some of those flags: a setting
+--config, then defaults. The shorthands stand for some of those flags: a setting
 given twice (--epochs 2 --max-epochs 3) is an error naming both. A bad value or an unknown
 flag exits with status 2 and says what is allowed."""
 
@@ -65,7 +65,7 @@ examples:
 
 
 def fit_parser() -> Parser:
-    """The parser of ``fit``: what to train, seed switches, recipes, then the tree's flags."""
+    """The parser of ``fit``: what to train, shorthands, recipes, then the tree's flags."""
     parser = Parser(prog="core-train", usage=USAGE, description=DESCRIPTION, epilog=EPILOG)
     what = parser.add_argument_group("what to train")
     what.add_argument(
@@ -97,7 +97,7 @@ def fit_parser() -> Parser:
         help="print the resolved config tree as TOML and exit",
     )
     parser.set_defaults(monitor_gpu=False)
-    add_seed_flags(parser)
+    add_shorthands(parser)
     add_recipe_flags(parser)
     add_tree_flags(parser)
     return parser

@@ -1,5 +1,5 @@
-"""The seeds' switches (seed 001's trainer, seed 003's GPU example) as shorthands for flags
-of the tree (the recipes' flags are in ``core.cli.recipes``).
+"""Shorthand switches (those of the founding documents' programs: seed 001's trainer, seed
+003's GPU example) for flags of the tree (the recipes' flags are in ``core.cli.recipes``).
 
 A shorthand sets the same leaf as its flag: giving both (``--epochs 2 --max-epochs 3``) is
 an error naming both. ``--gpu-mode`` is resolved against this machine when it is parsed;
@@ -10,7 +10,7 @@ with ``--parallel-strategy expert_parallel`` (in either order) the two set
 Example::
 
     parser = Parser(prog="core-train")
-    add_seed_flags(parser)
+    add_shorthands(parser)
     sets(parser.parse(["--epochs", "3", "--no-amp"]))
     # {'run.max_epochs': 3, 'precision.enable_amp': False}
 """
@@ -29,7 +29,7 @@ from core.cli.parser import choice, claim, given
 from core.distributed.environment import DistributedEnvironment
 from core.errors import ConfigError
 
-__all__ = ("ALIASES", "Alias", "add_seed_flags", "expert_mode", "gpu_mode", "positive_int")
+__all__ = ("ALIASES", "Alias", "add_shorthands", "expert_mode", "gpu_mode", "positive_int")
 
 _TAKES_VALUE = object()
 
@@ -206,15 +206,15 @@ class _MonitorGpuAction(argparse.Action):
         namespace.monitor_gpu = True
 
 
-_SEED_NOTE = """Shorthands from the seed documents; each sets the tree's flag named in its help, and
-giving both is an error. The seeds' --accumulation-steps, --compile/--no-compile,
+_SHORTHANDS_NOTE = """Switches the founding documents' programs use; each sets the tree's flag
+named in its help, and giving both is an error. Their --accumulation-steps, --compile/--no-compile,
 --compile-mode, --channels-last/--no-channels-last, --auto-batch-size, --resume (auto or a
 checkpoint directory) and --log-dir are the tree's own flags (groups below)."""
 
 
-def add_seed_flags(parser: argparse.ArgumentParser) -> None:
-    """The seeds' switches, in one group."""
-    group = parser.add_argument_group("seed switches", _SEED_NOTE)
+def add_shorthands(parser: argparse.ArgumentParser) -> None:
+    """The shorthand switches, in one group."""
+    group = parser.add_argument_group("shorthands", _SHORTHANDS_NOTE)
     for alias in ALIASES:
         leaf = leaf_for(alias.path)
         target = leaf.flag if leaf else alias.path
