@@ -126,8 +126,10 @@ def main() -> None:
     device = torch.device(args.device)
     rows = [measure(args, layers, device) for layers in args.layers]
     how = "live-storage dispatch mode" if device.type == "cpu" else "max_memory_allocated"
-    print(f"\nEmailSequenceModel, batch {args.batch_size}, {device} ({how}), torch "
-          f"{torch.__version__}, {torch.get_num_threads()} threads\n")  # fmt: skip
+    print(
+        f"\nEmailSequenceModel, batch {args.batch_size}, {device} ({how}), torch "
+        f"{torch.__version__}, {torch.get_num_threads()} threads\n"
+    )
     print(
         "| layers | kept MiB | peak MiB plain | peak MiB AC | activation MiB plain "
         "| activation MiB AC | activation saved | step ms plain | step ms AC | time ratio |"
@@ -136,10 +138,12 @@ def main() -> None:
     for r in rows:
         plain, ac = r[False], r[True]
         saved = 1 - ac["activation"] / plain["activation"]
-        print(f"| {r['layers']} | {plain['kept'] / MiB:.2f} | {plain['peak'] / MiB:.2f} | "
-              f"{ac['peak'] / MiB:.2f} | {plain['activation'] / MiB:.2f} | "
-              f"{ac['activation'] / MiB:.2f} | {saved:.1%} | {r['ms'][False]:.1f} | "
-              f"{r['ms'][True]:.1f} | {r['ms'][True] / r['ms'][False]:.2f} |")  # fmt: skip
+        print(
+            f"| {r['layers']} | {plain['kept'] / MiB:.2f} | {plain['peak'] / MiB:.2f} | "
+            f"{ac['peak'] / MiB:.2f} | {plain['activation'] / MiB:.2f} | "
+            f"{ac['activation'] / MiB:.2f} | {saved:.1%} | {r['ms'][False]:.1f} | "
+            f"{r['ms'][True]:.1f} | {r['ms'][True] / r['ms'][False]:.2f} |"
+        )
 
 
 if __name__ == "__main__":

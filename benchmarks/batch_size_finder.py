@@ -67,8 +67,9 @@ def sweep(
         n: known[n] if n in known else fits(n) for n in sorted(n for n in sizes if 1 <= n <= limit)
     }
     fitting = [n for n, ok in outcome.items() if ok]
-    best = next((n for n in reversed(fitting) if not any(outcome[m] for m in outcome if m > n)),
-                None)  # fmt: skip
+    best = next(
+        (n for n in reversed(fitting) if not any(outcome[m] for m in outcome if m > n)), None
+    )
     monotone = best is not None and all(outcome[m] for m in outcome if m <= best)
     return best, monotone, len(outcome)
 
@@ -84,8 +85,9 @@ def run_case(case: Case, budget_gb: float, limit: int) -> dict[str, Any]:
     meter = meter_for(next(case.model.parameters()).device)  # cpu here; cuda in the gpu suite
 
     def fits(n: int) -> bool:
-        trial = run_trial(case.model, make, n, loss_fn=loss_fn, meter=meter,
-                          target_bytes=search.target_bytes)  # fmt: skip
+        trial = run_trial(
+            case.model, make, n, loss_fn=loss_fn, meter=meter, target_bytes=search.target_bytes
+        )
         return trial.fits
 
     known = {t.batch_size: t.fits for t in search.trials}
@@ -105,15 +107,19 @@ def run_case(case: Case, budget_gb: float, limit: int) -> dict[str, Any]:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    print("| model | params (M) | budget (GiB) | found | trials | search (s) | true max "
-          "(sweep) | found = true max |")  # fmt: skip
+    print(
+        "| model | params (M) | budget (GiB) | found | trials | search (s) | true max "
+        "(sweep) | found = true max |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|:---:|")
     for r in rows:
         exact = "yes" if r["found"] == r["true_max"] else "no"
         shape = "" if r["monotone"] else ", not monotone"
         true_max = f"{r['true_max']} ({r['swept']} sizes{shape})"
-        print(f"| {r['model']} | {r['params_m']:.2f} | {r['budget_gib']:g} | {r['found']} | "
-              f"{r['trials']} | {r['search_s']} | {true_max} | {exact} |")  # fmt: skip
+        print(
+            f"| {r['model']} | {r['params_m']:.2f} | {r['budget_gib']:g} | {r['found']} | "
+            f"{r['trials']} | {r['search_s']} | {true_max} | {exact} |"
+        )
 
 
 def main() -> None:

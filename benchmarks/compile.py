@@ -234,18 +234,22 @@ def main() -> None:
     rows = [row for name in args.models for row in measure(name, args, device)]
     label = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     threads = torch.get_num_threads()
-    print(f"\ntorch {torch.__version__}, {label}, {threads} threads, {args.precision}, "
-          f"mode={args.mode}, {args.rounds}x{args.steps} timed steps\n")  # fmt: skip
+    print(
+        f"\ntorch {torch.__version__}, {label}, {threads} threads, {args.precision}, "
+        f"mode={args.mode}, {args.rounds}x{args.steps} timed steps\n"
+    )
     print(
         "| model | compiled | params (M) | batch | eager steps/s | compiled steps/s | "
         "compiled/eager | compile s (first call) | first step s | graph breaks |"
     )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['model']} | {r['scope']} | {r['params_M']:.2f} | {r['batch']} | "
-              f"{r['eager']:.2f} | "
-              f"{r['compiled']:.2f} | {r['ratio']:.2f} | {r['compile_s']:.1f} | "
-              f"{r['first_step_s']:.1f} | {r['graph_breaks']} |")  # fmt: skip
+        print(
+            f"| {r['model']} | {r['scope']} | {r['params_M']:.2f} | {r['batch']} | "
+            f"{r['eager']:.2f} | "
+            f"{r['compiled']:.2f} | {r['ratio']:.2f} | {r['compile_s']:.1f} | "
+            f"{r['first_step_s']:.1f} | {r['graph_breaks']} |"
+        )
         if r["failed"]:
             print(f"\n{r['model']}: compile failed, ran eagerly ({r['failed']})", file=sys.stderr)
 

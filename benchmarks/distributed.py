@@ -139,11 +139,28 @@ def launch(
     suite's budget alarm) torchrun is stopped with SIGTERM, which it forwards to its workers,
     so none of them keeps the GPU busy while the next measurement runs."""
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-        str(Path(__file__)), "--worker", "--out", str(out), "--rounds", str(args.rounds),
-        "--steps", str(args.steps), "--epochs", str(args.epochs), "--threads", str(args.threads),
-        "--batch-size", str(args.batch_size), "--precision", args.precision,
-    ] + (["--quiet"] if getattr(args, "quiet", False) else [])  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(Path(__file__)),
+        "--worker",
+        "--out",
+        str(out),
+        "--rounds",
+        str(args.rounds),
+        "--steps",
+        str(args.steps),
+        "--epochs",
+        str(args.epochs),
+        "--threads",
+        str(args.threads),
+        "--batch-size",
+        str(args.batch_size),
+        "--precision",
+        args.precision,
+    ] + (["--quiet"] if getattr(args, "quiet", False) else [])
     with subprocess.Popen(
         command,
         env=child_env(args.threads),

@@ -239,10 +239,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help=f"comma-separated cases from: {', '.join(CASES)}")
     parser.add_argument("--skip", help="comma-separated cases to leave out")
     parser.add_argument(
-        "--time-limit", type=float, default=None, metavar="SECONDS",
+        "--time-limit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
         help="end the whole run within this many seconds: a case gets at most the time left, "
         f"and one with under {MIN_CASE_S} s left is skipped",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     only, skip = _names(args.only) or list(CASES), _names(args.skip)
     chosen = [name for name in CASES if name in only and name not in skip]

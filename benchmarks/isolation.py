@@ -64,8 +64,9 @@ class Wide(nn.Module):
     def __init__(self, vocab: int, width: int, depth: int) -> None:
         super().__init__()
         self.embedding = nn.Embedding(vocab, width)
-        self.layers = nn.Sequential(*(nn.Sequential(nn.Linear(width, width), nn.ReLU())
-                                      for _ in range(depth)))  # fmt: skip
+        self.layers = nn.Sequential(
+            *(nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth))
+        )
         self.head = nn.Linear(width, 10)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -96,8 +97,9 @@ class Clock(Callback):
             self.run_end = time.perf_counter()
 
 
-async def one_run(model: nn.Module, data: DataLoader[Any], isolation: str, log_dir: Path,
-                  period_s: float) -> dict[str, Any]:  # fmt: skip
+async def one_run(
+    model: nn.Module, data: DataLoader[Any], isolation: str, log_dir: Path, period_s: float
+) -> dict[str, Any]:
     beat, clock = Heartbeat(period_s), Clock()
     async with anyio.create_task_group() as tg:
         await tg.start(beat.run)
@@ -105,12 +107,17 @@ async def one_run(model: nn.Module, data: DataLoader[Any], isolation: str, log_d
         # No checkpoint: what crosses is measured, not the disk. No reports: their writer,
         # a background process in both modes, would draw one run's figure in the next window.
         config = TrainingConfig(
-            run=RunConfig(experiment_name=isolation, max_epochs=1, log_dir=log_dir,
-                          isolation=isolation, seed=0),
+            run=RunConfig(
+                experiment_name=isolation,
+                max_epochs=1,
+                log_dir=log_dir,
+                isolation=isolation,
+                seed=0,
+            ),
             optim=OptimConfig(learning_rate=1e-4),
             checkpoint=CheckpointConfig(checkpoint_every_n_epochs=None, save_on_cancel=False),
             logging=LoggingConfig(progress=False, reports=False),
-        )  # fmt: skip
+        )
         job = OptimizedTrainingOptimizer(config, model=model, train_loader=data, callbacks=[clock])
         async with job:
             called = time.perf_counter()
@@ -160,8 +167,10 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         f"{os.cpu_count()} CPUs, torch {torch.__version__}, {args.steps} steps of batch "
         f"{args.batch}, AdamW, medians of {args.repeats} alternated runs, warm service\n"
     )
-    header = (f"{'model':>14} {'mode':>8} {'wall s':>8} {'first step s':>13} {'hand-back s':>12} "
-              f"{'p99 ms':>7} {'worst ms':>9}")  # fmt: skip
+    header = (
+        f"{'model':>14} {'mode':>8} {'wall s':>8} {'first step s':>13} {'hand-back s':>12} "
+        f"{'p99 ms':>7} {'worst ms':>9}"
+    )
     print(header)
     print("-" * len(header))
     for row in rows:

@@ -59,7 +59,7 @@ def train(log_dir: Path, size: str, batch: int, epochs: int, steps: int) -> Path
         optim=OptimConfig(learning_rate=1e-4),
         checkpoint=CheckpointConfig(checkpoint_every_n_steps=1, keep_last_n=1, resume="auto"),
         logging=LoggingConfig(progress=False, reports=False),
-    )  # fmt: skip
+    )
     job = OptimizedTrainingOptimizer(
         config, model=Wide(vocab, width, depth), train_loader=loader(vocab, steps, batch)
     )
@@ -112,9 +112,11 @@ def main() -> None:
             rows["past"].append(resume_time(root, args.size, args.others, record=True))
             rows["past, no record"].append(resume_time(root, args.size, args.others, False))
     size_mb = sum(p.numel() * 4 for p in Wide(vocab, width, depth).parameters()) * 3 / 2**20
-    print(f"# {args.size}: {parameters / 1e6:.1f}M parameters, a checkpoint of ~{size_mb:.0f} MB "
-          f"(AdamW), torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-          f"{datetime.date.today()}")  # fmt: skip
+    print(
+        f"# {args.size}: {parameters / 1e6:.1f}M parameters, a checkpoint of ~{size_mb:.0f} MB "
+        f"(AdamW), torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+        f"{datetime.date.today()}"
+    )
     for save in saves:
         print(f"commit step {save['step']} ({save['reason']}): {save['save_time_s']:.2f} s")
     print(f"resume='auto', run_start -> resumed, median of {args.repeats}:")

@@ -172,8 +172,10 @@ def main() -> None:
     print("| --- | ---: | ---: |")
     print(f"| epoch 1 (fills the cache) | {first:.3f} | {args.samples / first:.0f} |")
     print(f"| epoch 2 (cached, augment only) | {second:.3f} | {args.samples / second:.0f} |")
-    print(f"\ncached epoch {first / second:.1f}x faster; the cache holds "
-          f"{result['cache_mib']:.1f} MiB")  # fmt: skip
+    print(
+        f"\ncached epoch {first / second:.1f}x faster; the cache holds "
+        f"{result['cache_mib']:.1f} MiB"
+    )
     # Other processes competing for the cores skew the ratios: say how busy the machine was.
     print(f"1-minute load average: {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
 

@@ -46,8 +46,14 @@ PARALLEL = ("all_to_all", "all_gather")
 
 def _model(args: argparse.Namespace) -> torch.nn.Module:
     torch.manual_seed(0)
-    return build_model(seq_len=args.seq_len, d_model=args.d_model, heads=args.heads,
-                       layers=args.layers, experts=args.experts, top_k=args.top_k)  # fmt: skip
+    return build_model(
+        seq_len=args.seq_len,
+        d_model=args.d_model,
+        heads=args.heads,
+        layers=args.layers,
+        experts=args.experts,
+        top_k=args.top_k,
+    )
 
 
 def job(mode: str, args: argparse.Namespace, log_dir: Path, world_size: int) -> dict[str, float]:
@@ -60,11 +66,18 @@ def job(mode: str, args: argparse.Namespace, log_dir: Path, world_size: int) -> 
         expert_token_exchange="auto" if mode == "all_to_all" else "all_gather",
     )
     optimizer = create_optimized_training_optimizer(
-        model=_model(args), train_loader=DataLoader(data, batch_size=args.batch_size, shuffle=True),
-        max_epochs=args.epochs, learning_rate=1e-3, max_grad_norm=1.0, amp_dtype=args.precision,
-        log_dir=log_dir, experiment_name=f"bench_moe_{mode}", multi_gpu_config=config,
-        progress=False, reports=False,
-    )  # fmt: skip
+        model=_model(args),
+        train_loader=DataLoader(data, batch_size=args.batch_size, shuffle=True),
+        max_epochs=args.epochs,
+        learning_rate=1e-3,
+        max_grad_norm=1.0,
+        amp_dtype=args.precision,
+        log_dir=log_dir,
+        experiment_name=f"bench_moe_{mode}",
+        multi_gpu_config=config,
+        progress=False,
+        reports=False,
+    )
     results = anyio.run(optimizer.train)
     exchange = getattr(optimizer._built.strategy, "exchange", None)
     optimizer.close()
@@ -104,20 +117,49 @@ def worker(args: argparse.Namespace) -> None:
 
 def _worker_args(args: argparse.Namespace, out: Path) -> list[str]:
     return [
-        "--worker", "--out", str(out), "--rounds", str(args.rounds), "--steps", str(args.steps),
-        "--epochs", str(args.epochs), "--threads", str(args.threads), "--batch-size",
-        str(args.batch_size), "--precision", args.precision, "--seq-len", str(args.seq_len),
-        "--d-model", str(args.d_model), "--heads", str(args.heads), "--layers",
-        str(args.layers), "--experts", str(args.experts), "--top-k", str(args.top_k),
-    ]  # fmt: skip
+        "--worker",
+        "--out",
+        str(out),
+        "--rounds",
+        str(args.rounds),
+        "--steps",
+        str(args.steps),
+        "--epochs",
+        str(args.epochs),
+        "--threads",
+        str(args.threads),
+        "--batch-size",
+        str(args.batch_size),
+        "--precision",
+        args.precision,
+        "--seq-len",
+        str(args.seq_len),
+        "--d-model",
+        str(args.d_model),
+        "--heads",
+        str(args.heads),
+        "--layers",
+        str(args.layers),
+        "--experts",
+        str(args.experts),
+        "--top-k",
+        str(args.top_k),
+    ]
 
 
 def launch(nproc: int, args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     """Run the workers (torchrun for ranks, a plain process alone); every rank's medians."""
     script = [str(Path(__file__)), *_worker_args(args, out)]
     if nproc > 1:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc_per_node={nproc}", *script, "--parallel"]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            *script,
+            "--parallel",
+        ]
     else:
         command = [sys.executable, *script]
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)

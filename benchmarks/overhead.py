@@ -174,19 +174,25 @@ def main() -> None:
         "--sync-check", action="store_true", help="CUDA: fail on any host sync in our loop"
     )
     parser.add_argument(
-        "--checkpoint-every-n-epochs", type=int, default=None,
+        "--checkpoint-every-n-epochs",
+        type=int,
+        default=None,
         help="core's default is 1; off here, as the hand-written loop saves nothing",
-    )  # fmt: skip
+    )
     parser.add_argument("--no-monitor", action="store_true", help="switch the GPU monitor off")
     parser.add_argument(
-        "--user-surface", action="store_true",
+        "--user-surface",
+        action="store_true",
         help="the defaults a user gets: progress lines on stderr and the end-of-run reports "
         "(off otherwise: the table measures the step loop)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--peers", nargs="*", choices=list(PEERS), default=None,
+        "--peers",
+        nargs="*",
+        choices=list(PEERS),
+        default=None,
         help="also run the hand-written loop through these frameworks (no names: all)",
-    )  # fmt: skip
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     if args.peers is not None and not args.peers:

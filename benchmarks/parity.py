@@ -156,20 +156,27 @@ def core_run(lean: bool) -> Callable[[str, int, int, torch.device, Path], float]
         model = build()
         loader = DataLoader(data(), batch_size=batch)
         lean_settings: dict[str, Any] = (
-            {"checkpoint_every_n_epochs": None, "reports": False, "progress": False}
-            if lean else {}
-        )  # fmt: skip
+            {"checkpoint_every_n_epochs": None, "reports": False, "progress": False} if lean else {}
+        )
         optimizer = create_optimized_training_optimizer(
-            model=model, train_loader=loader, optimizer=_optimizer, max_epochs=epochs,
-            max_grad_norm=None, log_dir=logs, enable_amp=False, tf32=False, **lean_settings,
-        )  # fmt: skip
+            model=model,
+            train_loader=loader,
+            optimizer=_optimizer,
+            max_epochs=epochs,
+            max_grad_norm=None,
+            log_dir=logs,
+            enable_amp=False,
+            tf32=False,
+            **lean_settings,
+        )
         anyio.run(optimizer.train)
         optimizer.close()
         assert optimizer.run_dir is not None
         steps = [
-            json.loads(line) for line in (optimizer.run_dir / "events.jsonl").open()
+            json.loads(line)
+            for line in (optimizer.run_dir / "events.jsonl").open()
             if '"train_step"' in line
-        ]  # fmt: skip
+        ]
         return float(steps[-1]["loss"])
 
     return run
@@ -218,13 +225,20 @@ def bands(measured: dict[str, Runs], epochs: int) -> list[dict[str, Any]]:
         )
         base = statistics.mean(plain.memory)
         memory = statistics.mean((m - base) / base for m in runs.memory) if base else 0.0
-        rows.append({
-            "kind": kind, "losses_equal": same, "seconds_per_epoch_over_plain": per_epoch,
-            "speed_pass": per_epoch < SPEED_BAND_S, "memory_excess": memory,
-            "memory_pass": memory < MEMORY_BAND,
-            "seconds": runs.seconds, "plain_seconds": plain.seconds,
-            "memory": runs.memory, "plain_memory": plain.memory,
-        })  # fmt: skip
+        rows.append(
+            {
+                "kind": kind,
+                "losses_equal": same,
+                "seconds_per_epoch_over_plain": per_epoch,
+                "speed_pass": per_epoch < SPEED_BAND_S,
+                "memory_excess": memory,
+                "memory_pass": memory < MEMORY_BAND,
+                "seconds": runs.seconds,
+                "plain_seconds": plain.seconds,
+                "memory": runs.memory,
+                "plain_memory": plain.memory,
+            }
+        )
     return rows
 
 

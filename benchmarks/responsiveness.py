@@ -341,9 +341,13 @@ def build_model(data: Data, seed: int) -> nn.Module:
 
 
 async def training_job(
-    index: int, model: nn.Module, data: Data, args: argparse.Namespace, log_dir: Path,
+    index: int,
+    model: nn.Module,
+    data: Data,
+    args: argparse.Namespace,
+    log_dir: Path,
     isolation: str = "thread",
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """One job as a service runs it: built inside the event loop, then awaited. With
     ``--build async`` (the default) the job is an ``async with`` resource, built in a worker
     thread; ``--build factory`` calls the synchronous seed factory on the loop's thread."""
@@ -351,10 +355,15 @@ async def training_job(
     train = DataLoader(data.train, batch_size=args.batch_size, shuffle=True)
     val = DataLoader(data.val, batch_size=256)
     config = TrainingConfig(
-        run=RunConfig(experiment_name=f"responsiveness-{index}", max_epochs=args.epochs,
-                      log_dir=log_dir, seed=index, isolation=isolation),
+        run=RunConfig(
+            experiment_name=f"responsiveness-{index}",
+            max_epochs=args.epochs,
+            log_dir=log_dir,
+            seed=index,
+            isolation=isolation,
+        ),
         optim=OptimConfig(learning_rate=3e-3, max_grad_norm=1.0),
-    )  # fmt: skip
+    )
     if args.build == "factory":
         job = create_optimized_training_optimizer(
             model=model, train_loader=train, val_loader=val, config=config
@@ -614,10 +623,12 @@ def print_stalls(result: dict[str, Any], top: int) -> None:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--scenarios", nargs="+", default=None,
+        "--scenarios",
+        nargs="+",
+        default=None,
         help="any of alone, train:K, process:K, torch:K (default: alone train:1 train:N "
         "process:1 process:N torch:1 torch:N with N = --trainings)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--trainings", type=int, default=2, help="K of the default train:K, torch:K"
     )
@@ -629,37 +640,52 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--period-ms", type=float, default=5.0)
     parser.add_argument("--runner", choices=["asyncio", "trio"], default="asyncio")
     parser.add_argument(
-        "--build", choices=["async", "factory"], default="async",
+        "--build",
+        choices=["async", "factory"],
+        default="async",
         help="build jobs as async resources (worker thread) or with the synchronous factory",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--warm-up", action="store_true",
+        "--warm-up",
+        action="store_true",
         help="run a short job first in each scenario's process (a warm service)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--switch-interval-ms", type=float, default=None,
+        "--switch-interval-ms",
+        type=float,
+        default=None,
         help="sys.setswitchinterval for the run (Python's default is 5 ms)",
-    )  # fmt: skip
+    )
     parser.add_argument("--trace-stalls", action="store_true", help="report what blocked the loop")
     parser.add_argument("--stall-threshold-ms", type=float, default=5.0)
     parser.add_argument(
-        "--asyncio-debug", action="store_true",
+        "--asyncio-debug",
+        action="store_true",
         help="with --trace-stalls: also asyncio debug mode's slow-callback reports",
-    )  # fmt: skip
+    )
     parser.add_argument("--top", type=int, default=12, help="rows per stall table")
     parser.add_argument(
-        "--retries", type=int, default=0,
+        "--retries",
+        type=int,
+        default=0,
         help="run a scenario again (up to N times) while other processes kept more than "
         f"{DISTURBED_CORES:g} cores busy during it; the least disturbed run is kept",
-    )  # fmt: skip
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--only", help=argparse.SUPPRESS)  # one scenario, in this process
     parser.add_argument("--result-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.scenarios is None:
         n = args.trainings
-        args.scenarios = ["alone", "train:1", f"train:{n}", "process:1", f"process:{n}",
-                          "torch:1", f"torch:{n}"]  # fmt: skip
+        args.scenarios = [
+            "alone",
+            "train:1",
+            f"train:{n}",
+            "process:1",
+            f"process:{n}",
+            "torch:1",
+            f"torch:{n}",
+        ]
         args.scenarios = list(dict.fromkeys(args.scenarios))
     for spec in args.scenarios:
         try:

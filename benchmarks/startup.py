@@ -126,10 +126,16 @@ async def process_scenario(log_dir: Path) -> dict[str, float]:
     seconds = {}
     for name in ("first", "second"):
         run = create_optimized_training_optimizer(
-            model=mlp(), train_loader=DataLoader(data, batch_size=64, shuffle=True),
-            max_epochs=1, seed=0, isolation="process", log_dir=log_dir,
-            experiment_name=f"startup_{name}", progress=False, reports=False,
-        )  # fmt: skip
+            model=mlp(),
+            train_loader=DataLoader(data, batch_size=64, shuffle=True),
+            max_epochs=1,
+            seed=0,
+            isolation="process",
+            log_dir=log_dir,
+            experiment_name=f"startup_{name}",
+            progress=False,
+            reports=False,
+        )
         async with run:
             await asyncio.to_thread(wait_for_fork_server)
             started = time.perf_counter()
@@ -149,10 +155,16 @@ async def devices_scenario(log_dir: Path) -> dict[str, float]:
     loader = DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=32, shuffle=True)
     created = time.perf_counter()
     run = create_optimized_training_optimizer(
-        model=nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2)), train_loader=loader,
-        max_epochs=1, seed=0, devices=2, log_dir=log_dir, experiment_name="startup_devices",
-        progress=False, reports=False,
-    )  # fmt: skip
+        model=nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2)),
+        train_loader=loader,
+        max_epochs=1,
+        seed=0,
+        devices=2,
+        log_dir=log_dir,
+        experiment_name="startup_devices",
+        progress=False,
+        reports=False,
+    )
     called = time.perf_counter()
     first = await first_step_at(run)
     return {"creation": first - created, "train": first - called}
@@ -256,8 +268,9 @@ def report(samples: dict[str, list[Sample]], repeats: int, where: str) -> dict[s
         flag = "*" if others[key] > DISTURBED_CORES else " "
         print(f"{label:46} {summary(values[key])}  {others[key]:.2f}{flag}")
     verdict = "met" if statistics.median(gaps) <= GOAL_S else "missed"
-    print(f"{'devices=2 train() - bare torchrun':46} {summary(gaps)}  "
-          f"goal <= {GOAL_S:g} s: {verdict}")  # fmt: skip
+    print(
+        f"{'devices=2 train() - bare torchrun':46} {summary(gaps)}  goal <= {GOAL_S:g} s: {verdict}"
+    )
     note = bytecode_note()
     if note:
         print(note)
@@ -276,7 +289,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per sample")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--child", choices=SCENARIOS[:2], help=argparse.SUPPRESS)
-    args = parser.parse_args()  # fmt: skip
+    args = parser.parse_args()
     if args.child:
         child(args.child)
         return

@@ -95,10 +95,17 @@ def core_job(model: nn.Module, batches: Sequence[Batch], log_dir: Path, **settin
     with _watching_core_steps(spans):
         asked = time.perf_counter()
         run = create_optimized_training_optimizer(
-            model=model, train_loader=batches, max_epochs=1, learning_rate=1e-4,
-            max_grad_norm=1.0, log_dir=log_dir, experiment_name="step_cost",
-            checkpoint_every_n_epochs=None, progress=False, **settings,
-        )  # fmt: skip
+            model=model,
+            train_loader=batches,
+            max_epochs=1,
+            learning_rate=1e-4,
+            max_grad_norm=1.0,
+            log_dir=log_dir,
+            experiment_name="step_cost",
+            checkpoint_every_n_epochs=None,
+            progress=False,
+            **settings,
+        )
         anyio.run(run.train)
         returned = time.perf_counter()
     run.close()
@@ -308,9 +315,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (fixed part)")
     parser.add_argument(
-        "--peers", nargs="*", choices=list(PEERS), default=None,
+        "--peers",
+        nargs="*",
+        choices=list(PEERS),
+        default=None,
         help="peers to run beside core (default: every installed one)",
-    )  # fmt: skip
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     args.threads = args.threads or torch.get_num_threads()

@@ -88,11 +88,18 @@ def core_profile(batches: list[Any], accumulation: int, profile: cProfile.Profil
     try:
         with tempfile.TemporaryDirectory() as logs:
             run = create_optimized_training_optimizer(
-                model=mlp(), train_loader=batches, max_epochs=1, learning_rate=1e-4,
-                max_grad_norm=1.0, log_dir=logs, checkpoint_every_n_epochs=None,
-                progress=False, reports=False, enable_amp=False,
+                model=mlp(),
+                train_loader=batches,
+                max_epochs=1,
+                learning_rate=1e-4,
+                max_grad_norm=1.0,
+                log_dir=logs,
+                checkpoint_every_n_epochs=None,
+                progress=False,
+                reports=False,
+                enable_amp=False,
                 gradient_accumulation_config=GradientAccumulationConfig(accumulation),
-            )  # fmt: skip
+            )
             anyio.run(run.train)
             run.close()
     finally:

@@ -42,8 +42,12 @@ def make_model(width: int, depth: int, features: int, classes: int) -> nn.Module
     torch.manual_seed(0)
     layers: list[nn.Module] = [nn.Linear(features, width)]
     for _ in range(depth):
-        layers += [nn.LayerNorm(width), nn.Linear(width, 4 * width), nn.GELU(),
-                   nn.Linear(4 * width, width)]  # fmt: skip
+        layers += [
+            nn.LayerNorm(width),
+            nn.Linear(width, 4 * width),
+            nn.GELU(),
+            nn.Linear(4 * width, width),
+        ]
     return nn.Sequential(*layers, nn.LayerNorm(width), nn.Linear(width, classes))
 
 

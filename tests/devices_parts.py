@@ -27,11 +27,19 @@ def loaders(batch_size: int, num_workers: int) -> tuple[DataLoader[Any], DataLoa
 def build(log_dir: Path, **kwargs: Any) -> Any:
     """The Python API's job: two ranks, started by ``train()`` itself outside torchrun."""
     settings: dict[str, Any] = {
-        "model": parts.make_model(), "train_loader": parts.make_loader(),
-        "val_loader": parts.make_val_loader(), "optimizer": parts.sgd, "max_epochs": 2,
-        "seed": 3, "log_dir": log_dir, "experiment_name": "devices", "progress": False,
-        "reports": False, "devices": 2, **kwargs,
-    }  # fmt: skip
+        "model": parts.make_model(),
+        "train_loader": parts.make_loader(),
+        "val_loader": parts.make_val_loader(),
+        "optimizer": parts.sgd,
+        "max_epochs": 2,
+        "seed": 3,
+        "log_dir": log_dir,
+        "experiment_name": "devices",
+        "progress": False,
+        "reports": False,
+        "devices": 2,
+        **kwargs,
+    }
     return create_optimized_training_optimizer(**settings)
 
 

@@ -159,17 +159,26 @@ def seed004_train(out: Path, rank: int) -> None:
 
     async def train() -> Any:
         return await trainer.train(
-            max_epochs=2, learning_rate=1e-2, seed=0, log_dir=out / "logs",
-            experiment_name="seed004", progress=False,
-        )  # fmt: skip
+            max_epochs=2,
+            learning_rate=1e-2,
+            seed=0,
+            log_dir=out / "logs",
+            experiment_name="seed004",
+            progress=False,
+        )
 
     results = anyio.run(train)
     summary = trainer.get_performance_summary()
     torch.save(
-        {"weights": model.state_dict(), "seen": model.seen, "results": results.to_dict(),
-         "mode": trainer.training_mode, "samples": summary["samples"]},
+        {
+            "weights": model.state_dict(),
+            "seen": model.seen,
+            "results": results.to_dict(),
+            "mode": trainer.training_mode,
+            "samples": summary["samples"],
+        },
         out / f"seed004_train.rank{rank}.pt",
-    )  # fmt: skip
+    )
     trainer.cleanup()
 
 
@@ -387,20 +396,27 @@ def fault_job(out: Path, rank: int, fault: str) -> None:
     ``<fault>_rank1.rank<R>.json``, then re-raises it (no barrier: nothing holds the ranks
     together here but core)."""
     optimizer = create_optimized_training_optimizer(
-        model=FaultOnRank1(rank, fault), train_loader=DataLoader(IndexedData(192), batch_size=4),
-        max_epochs=2, learning_rate=1e-2, log_dir=out / "logs",
-        experiment_name=f"{fault}_rank1", checkpoint_every_n_steps=2, seed=0,
+        model=FaultOnRank1(rank, fault),
+        train_loader=DataLoader(IndexedData(192), batch_size=4),
+        max_epochs=2,
+        learning_rate=1e-2,
+        log_dir=out / "logs",
+        experiment_name=f"{fault}_rank1",
+        checkpoint_every_n_steps=2,
+        seed=0,
         handle_signals=fault == "sigterm",
-    )  # fmt: skip
+    )
     try:
         anyio.run(optimizer.train)
     except CoreError as exc:
         said = {
-            "type": type(exc).__name__, "message": str(exc), "rank": exc.rank,
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "rank": exc.rank,
             "ranks": list(getattr(exc, "ranks", ())),
             "exit_code": getattr(exc, "exit_code", None),
             "checkpoint": getattr(exc, "checkpoint", None),
-        }  # fmt: skip
+        }
         (out / f"{fault}_rank1.rank{rank}.json").write_text(json.dumps(said))
         raise
     finally:
@@ -440,11 +456,14 @@ def slow_rank_heartbeat(out: Path, rank: int) -> None:
     # collectives. Those run on the step thread: rank 0's event loop must keep beating.
     delay_s = 0.3 if rank == 1 else 0.0
     optimizer = create_optimized_training_optimizer(
-        model=Recorder(), train_loader=DataLoader(IndexedData(256), batch_size=8),
+        model=Recorder(),
+        train_loader=DataLoader(IndexedData(256), batch_size=8),
         val_loader=DataLoader(IndexedData(64, seed=1), batch_size=16),
         scheduler=lambda opt: LateAtEpochEnd(opt, steps_per_epoch=16, delay_s=delay_s),
-        max_epochs=3, log_dir=out / "logs", experiment_name="heartbeat",
-    )  # fmt: skip
+        max_epochs=3,
+        log_dir=out / "logs",
+        experiment_name="heartbeat",
+    )
     gaps: list[float] = []
 
     async def main() -> None:
@@ -490,11 +509,16 @@ class OOMOnRank1(Recorder):
 def ddp_oom_rank1(out: Path, rank: int) -> None:
     model = OOMOnRank1(rank)
     optimizer = create_optimized_training_optimizer(
-        model=model, train_loader=DataLoader(IndexedData(96), batch_size=8), max_epochs=2,
-        learning_rate=1e-2, log_dir=out / "logs", experiment_name="oom", seed=0,
+        model=model,
+        train_loader=DataLoader(IndexedData(96), batch_size=8),
+        max_epochs=2,
+        learning_rate=1e-2,
+        log_dir=out / "logs",
+        experiment_name="oom",
+        seed=0,
         multi_gpu_config=MultiGPUConfig(training_mode="distributed"),
         error_handler_config=ErrorHandlerConfig(oom_recovery="on"),
-    )  # fmt: skip
+    )
     results = anyio.run(optimizer.train)
     weights = optimizer._built.strategy.model_state_dict(optimizer.model)
     micro = optimizer.describe()["gradient_accumulation"]["micro_batch_size"]
@@ -509,11 +533,17 @@ def ddp_oom_rank1(out: Path, rank: int) -> None:
 def ddp_auto_batch(out: Path, rank: int) -> None:
     # Rank 1 fits 12 samples, rank 0 up to max_batch_size: both must take 12.
     optimizer = create_optimized_training_optimizer(
-        model=OOMOnRank1(rank, limit=12), train_loader=DataLoader(IndexedData(96), batch_size=16),
-        max_epochs=1, log_dir=out / "logs", experiment_name="auto_batch", seed=0,
+        model=OOMOnRank1(rank, limit=12),
+        train_loader=DataLoader(IndexedData(96), batch_size=16),
+        max_epochs=1,
+        log_dir=out / "logs",
+        experiment_name="auto_batch",
+        seed=0,
         multi_gpu_config=MultiGPUConfig(training_mode="distributed"),
-        auto_batch_size=True, target_memory_gb=1.0, max_batch_size=64,
-    )  # fmt: skip
+        auto_batch_size=True,
+        target_memory_gb=1.0,
+        max_batch_size=64,
+    )
     anyio.run(optimizer.train)
     search = optimizer.describe()["model_setup"]["batch_size_search"]
     micro = optimizer.describe()["gradient_accumulation"]["micro_batch_size"]
@@ -526,12 +556,16 @@ def token_job(world: str, log_dir: Path) -> dict[str, torch.Tensor]:
     DDP each rank holds 2 of the 4 sequences (1+5 and 6+4 real tokens)."""
     model = TokenModel()
     optimizer = create_optimized_training_optimizer(
-        model=model, train_loader=DataLoader(padded_sequences(4), batch_size=1),
-        loss_fn=nn.CrossEntropyLoss(), max_epochs=1, log_dir=log_dir, experiment_name="tok",
+        model=model,
+        train_loader=DataLoader(padded_sequences(4), batch_size=1),
+        loss_fn=nn.CrossEntropyLoss(),
+        max_epochs=1,
+        log_dir=log_dir,
+        experiment_name="tok",
         gradient_accumulation_config=GradientAccumulationConfig(2, normalize_by="tokens"),
         optimizer=lambda params: torch.optim.SGD(params, lr=1.0),
         multi_gpu_config=MultiGPUConfig(training_mode=world),  # type: ignore[arg-type]
-    )  # fmt: skip
+    )
     anyio.run(optimizer.train)
     weights: dict[str, torch.Tensor] = optimizer._built.strategy.model_state_dict(optimizer.model)
     optimizer.close()

@@ -81,6 +81,11 @@ def run_program(program: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """Run ``program`` as a user would paste it: a fresh interpreter in ``cwd``, the project
     importable, nothing else of this process's environment."""
     return subprocess.run(
-        [sys.executable, "-c", program], check=False, cwd=cwd, capture_output=True, text=True,
-        timeout=180, env={"PYTHONPATH": pythonpath(), "PATH": "/usr/bin:/bin", "HOME": str(cwd)},
-    )  # fmt: skip
+        [sys.executable, "-c", program],
+        check=False,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={"PYTHONPATH": pythonpath(), "PATH": "/usr/bin:/bin", "HOME": str(cwd)},
+    )

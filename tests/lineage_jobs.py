@@ -120,10 +120,17 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
     )
     val = DataLoader(make_classification(32, seed=1), batch_size=16) if job.get("val") else None
     run = create_optimized_training_optimizer(
-        model=model, train_loader=train, val_loader=val, log_dir=log_dir,
-        experiment_name=EXPERIMENT, optimizer=_optimizer(job["optimizer"]),
-        max_epochs=job.get("max_epochs", 2), progress=False, reports=False, **job["run"],
-    )  # fmt: skip
+        model=model,
+        train_loader=train,
+        val_loader=val,
+        log_dir=log_dir,
+        experiment_name=EXPERIMENT,
+        optimizer=_optimizer(job["optimizer"]),
+        max_epochs=job.get("max_epochs", 2),
+        progress=False,
+        reports=False,
+        **job["run"],
+    )
     try:
         results = anyio.run(run.train)
     except Exception as exc:

@@ -35,8 +35,17 @@ class RecordingLoss(nn.Module):
 
 def moe_model() -> MoETransformer:
     torch.manual_seed(0)
-    return MoETransformer(vocabulary(), 8, seq_len=SEQ, d_model=16, heads=2, layers=2,
-                          experts=4, top_k=2, capacity_factor=1.0)  # fmt: skip
+    return MoETransformer(
+        vocabulary(),
+        8,
+        seq_len=SEQ,
+        d_model=16,
+        heads=2,
+        layers=2,
+        experts=4,
+        top_k=2,
+        capacity_factor=1.0,
+    )
 
 
 def run_moe_job(
@@ -57,15 +66,20 @@ def run_moe_job(
     optimizer = create_optimized_training_optimizer(
         model=moe_model(),
         train_loader=DataLoader(data, batch_size=batch_size, sampler=order),
-        loss_fn=loss, max_epochs=epochs, log_dir=log_dir, seed=0,
+        loss_fn=loss,
+        max_epochs=epochs,
+        log_dir=log_dir,
+        seed=0,
         # SGD: Adam divides by sqrt(v), so two summation orders of a near-zero gradient
         # (1e-9 apart) can move a weight by the learning rate; SGD keeps them 1e-9 apart.
         optimizer=lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
-        experiment_name=kwargs.pop("experiment_name", "moe"), progress=False, reports=False,
+        experiment_name=kwargs.pop("experiment_name", "moe"),
+        progress=False,
+        reports=False,
         multi_gpu_config=MultiGPUConfig(training_mode=mode, expert_token_exchange=exchange),  # type: ignore[arg-type]
         gradient_accumulation_config=GradientAccumulationConfig(accumulation_steps=accumulation),
         **kwargs,
-    )  # fmt: skip
+    )
     results = anyio.run(optimizer.train)
     weights = optimizer._built.strategy.model_state_dict(optimizer.model)
     optimizer.close()
@@ -74,8 +88,10 @@ def run_moe_job(
 
 def _save(out: Path, name: str, rank: int, job: tuple[list[float], Any, dict[str, Any]]) -> None:
     losses, results, weights = job
-    torch.save({"losses": losses, "results": results.to_dict(), "weights": weights},
-               out / f"{name}.rank{rank}.pt")  # fmt: skip
+    torch.save(
+        {"losses": losses, "results": results.to_dict(), "weights": weights},
+        out / f"{name}.rank{rank}.pt",
+    )
 
 
 def ep_fp32(out: Path, rank: int) -> None:

@@ -99,8 +99,9 @@ def test_float64_and_complex_tensors_block_autocast_but_not_fp32() -> None:
         nn.Linear(4, 2).double()(torch.randn(3, 4))
     complex_model = nn.Linear(2, 2)
     complex_model.weight = nn.Parameter(torch.zeros(2, 2, dtype=torch.complex64))
-    assert "complex tensors" in joined(check_amp_compatibility(complex_model, dtype="fp16"),
-                                       "blockers")  # fmt: skip
+    assert "complex tensors" in joined(
+        check_amp_compatibility(complex_model, dtype="fp16"), "blockers"
+    )
     fp32 = check_amp_compatibility(nn.Linear(4, 2).double(), dtype="fp32")
     assert fp32["compatible"] and fp32["notes"] == ["fp32: autocast is off, nothing to check"]
 
@@ -135,7 +136,8 @@ def test_custom_autograd_functions_need_custom_fwd() -> None:
         Square.forward = staticmethod(  # type: ignore[method-assign]
             torch.amp.custom_fwd(original, device_type="cpu", cast_inputs=torch.float32)
         )
-        assert "Square" not in joined(check_amp_compatibility(UsesSquare(), dtype="bf16"),
-                                      "warnings")  # fmt: skip
+        assert "Square" not in joined(
+            check_amp_compatibility(UsesSquare(), dtype="bf16"), "warnings"
+        )
     finally:
         Square.forward = staticmethod(original)  # type: ignore[method-assign]

@@ -374,11 +374,13 @@ def test_unwritable_log_dir_is_refused_at_creation_even_as_root(
         ({"resume": "Auto"}, r"resume='Auto' is invalid.*write resume='auto' in lower case"),
         ({"resume": "/nonexistent"}, r"resume='/nonexistent' is invalid.*no such directory"),
         ({"checkpoint_dir": 5}, named("checkpoint_dir", 5)),
-        ({"max_consecutive_nonfinite": 3, "error_handler_config": ErrorHandlerConfig()},
-         r"max_consecutive_nonfinite=3 is invalid; allowed: a setting given once, but "
-             r"error_handler_config sets errors.max_consecutive_nonfinite too"),
+        (
+            {"max_consecutive_nonfinite": 3, "error_handler_config": ErrorHandlerConfig()},
+            r"max_consecutive_nonfinite=3 is invalid; allowed: a setting given once, but "
+            r"error_handler_config sets errors.max_consecutive_nonfinite too",
+        ),
     ],
-)  # fmt: skip
+)
 def test_checkpoint_settings_are_checked_at_creation(
     log_dir: Path, kwargs: dict[str, Any], pattern: str
 ) -> None:

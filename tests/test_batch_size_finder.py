@@ -29,8 +29,9 @@ FEATURES = 64
 
 def mlp(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(FEATURES, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                         nn.Linear(256, 10))  # fmt: skip
+    return nn.Sequential(
+        nn.Linear(FEATURES, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)
+    )
 
 
 def peak_at(model: nn.Module, size: int, make: Any = None) -> int:
@@ -174,9 +175,15 @@ def test_the_class_api_keeps_the_last_search_and_validates_overrides() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("target_memory_gb", 0.0), ("target_memory_gb", float("nan")), ("max_batch_size", 0),
-     ("max_batch_size", True), ("margin", -0.1), ("auto_batch_size", "yes")],
-)  # fmt: skip
+    [
+        ("target_memory_gb", 0.0),
+        ("target_memory_gb", float("nan")),
+        ("max_batch_size", 0),
+        ("max_batch_size", True),
+        ("margin", -0.1),
+        ("auto_batch_size", "yes"),
+    ],
+)
 def test_memory_config_rejects_bad_values(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=f"^{field}="):
         MemoryConfig(**{field: value})  # type: ignore[arg-type]

@@ -20,8 +20,9 @@ N = 12
 def raw_images(n: int = N) -> TensorDataset:
     """Samples as a loader reads them: (uint8 image, label)."""
     g = torch.Generator().manual_seed(0)
-    return TensorDataset(torch.randint(0, 256, (n, 3, 16, 16), generator=g, dtype=torch.uint8),
-                         torch.arange(n))  # fmt: skip
+    return TensorDataset(
+        torch.randint(0, 256, (n, 3, 16, 16), generator=g, dtype=torch.uint8), torch.arange(n)
+    )
 
 
 class Decode:

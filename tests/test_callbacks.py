@@ -93,9 +93,13 @@ async def test_a_callback_sees_every_record_in_order_on_the_event_loop(log_dir: 
     assert [r["event"] for r in seen.records] == [r["event"] for r in written]
     assert [r.get("step") for r in seen.records] == [r.get("step") for r in written]
     assert seen.hooks == [
-        "run_start:0:True", "epoch_end:0", "checkpoint", "epoch_end:1", "checkpoint",
+        "run_start:0:True",
+        "epoch_end:0",
+        "checkpoint",
+        "epoch_end:1",
+        "checkpoint",
         "run_end:completed:True",
-    ]  # fmt: skip
+    ]
     assert seen.threads == {loop_thread}  # never the step thread
 
 

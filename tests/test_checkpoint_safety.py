@@ -110,10 +110,14 @@ def test_a_4_gib_sparse_file_fails_on_its_size_before_any_hashing(tmp_path: Path
 
 def build(root: Path, **kwargs: Any) -> Any:
     return create_optimized_training_optimizer(
-        model=make_model(), train_loader=DataLoader(make_classification(96), batch_size=16),
-        max_epochs=kwargs.pop("max_epochs", 3), log_dir=root / "logs",
-        checkpoint_dir=root / "checkpoints", experiment_name="shared", **kwargs,
-    )  # fmt: skip
+        model=make_model(),
+        train_loader=DataLoader(make_classification(96), batch_size=16),
+        max_epochs=kwargs.pop("max_epochs", 3),
+        log_dir=root / "logs",
+        checkpoint_dir=root / "checkpoints",
+        experiment_name="shared",
+        **kwargs,
+    )
 
 
 def events(optimizer: Any) -> list[dict[str, Any]]:
@@ -197,8 +201,10 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     mount.mkdir()
     done = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
     try:
@@ -231,10 +237,14 @@ def test_a_full_checkpoint_disk_names_path_space_and_last_good_checkpoint(
     tmp_path: Path, small_disk: Path, room: float
 ) -> None:
     optimizer = create_optimized_training_optimizer(
-        model=wide_model(), train_loader=DataLoader(make_classification(96), batch_size=16),
-        max_epochs=3, log_dir=tmp_path / "logs", checkpoint_dir=small_disk,
-        checkpoint_every_n_steps=2, keep_last_n=1,
-    )  # fmt: skip
+        model=wide_model(),
+        train_loader=DataLoader(make_classification(96), batch_size=16),
+        max_epochs=3,
+        log_dir=tmp_path / "logs",
+        checkpoint_dir=small_disk,
+        checkpoint_every_n_steps=2,
+        keep_last_n=1,
+    )
     state_bytes = 3 * 4 * (8 * 1024 + 1024 + 1024 * 2 + 2)  # weights + two AdamW moments
     fill(small_disk, leave_bytes=int(state_bytes * room))
 
@@ -292,10 +302,13 @@ def test_a_full_log_disk_degrades_logging_but_checkpoints_and_events_go_on(
     tmp_path: Path, small_disk: Path
 ) -> None:
     optimizer = create_optimized_training_optimizer(
-        model=make_model(), train_loader=DataLoader(make_classification(96), batch_size=16),
-        max_epochs=3, log_dir=small_disk, checkpoint_dir=tmp_path / "checkpoints",
+        model=make_model(),
+        train_loader=DataLoader(make_classification(96), batch_size=16),
+        max_epochs=3,
+        log_dir=small_disk,
+        checkpoint_dir=tmp_path / "checkpoints",
         checkpoint_every_n_steps=2,
-    )  # fmt: skip
+    )
     seen: list[dict[str, Any]] = []
 
     async def main() -> Any:

@@ -98,17 +98,22 @@ def test_config_errors(kwargs: dict[str, Any], pattern: str) -> None:
 
 def build(log_dir: Path, **kwargs: Any) -> Any:
     return create_optimized_training_optimizer(
-        model=make_model(), train_loader=DataLoader(make_classification(96), batch_size=16),
-        max_epochs=kwargs.pop("max_epochs", 2), log_dir=log_dir, **kwargs,
-    )  # fmt: skip
+        model=make_model(),
+        train_loader=DataLoader(make_classification(96), batch_size=16),
+        max_epochs=kwargs.pop("max_epochs", 2),
+        log_dir=log_dir,
+        **kwargs,
+    )
 
 
 def test_a_strict_resume_with_an_incompatible_config_names_the_fields(log_dir: Path) -> None:
     anyio.run(build(log_dir).train)
     changed = build(
-        log_dir, resume="strict", gradient_accumulation_config=GradientAccumulationConfig(2),
+        log_dir,
+        resume="strict",
+        gradient_accumulation_config=GradientAccumulationConfig(2),
         optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
-    )  # fmt: skip
+    )
     with pytest.raises(
         IncompatibleCheckpointError,
         match=r"differs in accumulation_steps \(checkpoint 1, now 2\), "

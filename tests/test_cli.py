@@ -38,13 +38,37 @@ from tests.helpers import make_classification, make_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED_SWITCHES = (
-    "--epochs", "--batch-size", "--auto-batch-size", "--grad-accum", "--accumulation-steps",
-    "--mixed-precision", "--precision-type", "--no-amp", "--use-amp", "--compile", "--use-compile",
-    "--no-compile", "--compile-mode", "--channels-last", "--no-channels-last",
-    "--use-gradient-checkpointing", "--num-workers", "--gpu-mode", "--parallel-strategy",
-    "--monitor-gpu", "--lr", "--label-smoothing", "--focal-loss", "--grad-clip", "--scheduler",
-    "--resume", "--log-dir", "--experiment", "--randaugment", "--mixup",
-)  # fmt: skip
+    "--epochs",
+    "--batch-size",
+    "--auto-batch-size",
+    "--grad-accum",
+    "--accumulation-steps",
+    "--mixed-precision",
+    "--precision-type",
+    "--no-amp",
+    "--use-amp",
+    "--compile",
+    "--use-compile",
+    "--no-compile",
+    "--compile-mode",
+    "--channels-last",
+    "--no-channels-last",
+    "--use-gradient-checkpointing",
+    "--num-workers",
+    "--gpu-mode",
+    "--parallel-strategy",
+    "--monitor-gpu",
+    "--lr",
+    "--label-smoothing",
+    "--focal-loss",
+    "--grad-clip",
+    "--scheduler",
+    "--resume",
+    "--log-dir",
+    "--experiment",
+    "--randaugment",
+    "--mixup",
+)
 
 
 def tiny_model(hidden: int = 16) -> nn.Module:
@@ -96,31 +120,70 @@ def test_every_leaf_of_the_tree_has_a_flag_that_sets_it() -> None:
     for path, default in leaves:
         flag = actions[path].leaf.flag
         shown = plain(default)
-        argv = [flag] if shown is True else [f"--no-{flag[2:]}"] if shown is False else (
-            [flag, ",".join(map(str, shown)) if isinstance(shown, list) else str(shown)]
-        )  # fmt: skip
+        argv = (
+            [flag]
+            if shown is True
+            else [f"--no-{flag[2:]}"]
+            if shown is False
+            else ([flag, ",".join(map(str, shown)) if isinstance(shown, list) else str(shown)])
+        )
         assert sets(parser.parse(argv)) == {path: default}, argv
     assert parser.parse([]).__dict__.get("tree", {}) == {}  # unset flags leave the tree alone
 
 
 def test_seed_switches_set_the_leaves_they_name() -> None:
     argv = [
-        "--epochs", "3", "--grad-accum", "2", "--no-amp", "--precision-type", "bf16",
-        "--use-compile", "--compile-mode", "max-autotune", "--no-channels-last",
-        "--use-gradient-checkpointing", "--num-workers", "0", "--lr", "0.01", "--grad-clip", "1",
-        "--experiment", "seed", "--resume", "auto", "--log-dir", "runs", "--auto-batch-size",
-        "--gpu-mode", "cpu", "--monitor-gpu", "--parallel-strategy", "data_parallel",
-    ]  # fmt: skip
+        "--epochs",
+        "3",
+        "--grad-accum",
+        "2",
+        "--no-amp",
+        "--precision-type",
+        "bf16",
+        "--use-compile",
+        "--compile-mode",
+        "max-autotune",
+        "--no-channels-last",
+        "--use-gradient-checkpointing",
+        "--num-workers",
+        "0",
+        "--lr",
+        "0.01",
+        "--grad-clip",
+        "1",
+        "--experiment",
+        "seed",
+        "--resume",
+        "auto",
+        "--log-dir",
+        "runs",
+        "--auto-batch-size",
+        "--gpu-mode",
+        "cpu",
+        "--monitor-gpu",
+        "--parallel-strategy",
+        "data_parallel",
+    ]
     assert sets(fit_parser().parse(argv)) == {
-        "run.max_epochs": 3, "accumulation.accumulation_steps": 2, "precision.enable_amp": False,
-        "precision.dtype": "bf16", "transforms.compile": True,
-        "transforms.compile_mode": "max-autotune", "transforms.channels_last": False,
-        "transforms.activation_checkpointing": True, "data.loader.num_workers": 0,
-        "optim.learning_rate": 0.01, "optim.max_grad_norm": 1.0, "run.experiment_name": "seed",
-        "checkpoint.resume": "auto", "run.log_dir": "runs", "memory.auto_batch_size": True,
-        "distributed.training_mode": "cpu", "monitor.enabled": True,
+        "run.max_epochs": 3,
+        "accumulation.accumulation_steps": 2,
+        "precision.enable_amp": False,
+        "precision.dtype": "bf16",
+        "transforms.compile": True,
+        "transforms.compile_mode": "max-autotune",
+        "transforms.channels_last": False,
+        "transforms.activation_checkpointing": True,
+        "data.loader.num_workers": 0,
+        "optim.learning_rate": 0.01,
+        "optim.max_grad_norm": 1.0,
+        "run.experiment_name": "seed",
+        "checkpoint.resume": "auto",
+        "run.log_dir": "runs",
+        "memory.auto_batch_size": True,
+        "distributed.training_mode": "cpu",
+        "monitor.enabled": True,
         "distributed.enable_gpu_monitoring": True,
-    }  # fmt: skip
+    }
     parser = fit_parser()
     config = resolve_config(parser.parse(["--monitor-gpu", "--example", "digits"]), parser)
     assert config.monitor.interval_s == 0.25 and config.run.experiment_name == "digits"
@@ -171,8 +234,13 @@ def test_bad_command_lines_exit_2_naming_flag_value_and_allowed(
 def test_randaugment_without_torchvision_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     if importlib.util.find_spec("torchvision") is not None:
         pytest.skip("torchvision is installed")
-    argv = ["--model", "tests.test_cli:tiny_model", "--data", "tests.test_cli:tiny_data",
-            "--randaugment"]  # fmt: skip
+    argv = [
+        "--model",
+        "tests.test_cli:tiny_model",
+        "--data",
+        "tests.test_cli:tiny_data",
+        "--randaugment",
+    ]
     assert main(argv) == 2
     assert "--randaugment needs torchvision, which is not installed" in capsys.readouterr().err
 
@@ -191,10 +259,24 @@ def test_gpu_modes_that_this_machine_cannot_run_exit_2(capsys: pytest.CaptureFix
 
 def test_toml_round_trips_and_flags_override_it(tmp_path: Path) -> None:
     parser = fit_parser()
-    argv = ["--epochs", "3", "--amp-dtype", "bf16", "--distributed-device-ids", "0,1",
-            "--profile-steps", "1,1,2", "--activation-checkpointing", "Block,Layer",
-            "--checkpoint-safe-globals", "collections:OrderedDict", "--val-every-n-epochs", "none",
-            "--log-dir", str(tmp_path)]  # fmt: skip
+    argv = [
+        "--epochs",
+        "3",
+        "--amp-dtype",
+        "bf16",
+        "--distributed-device-ids",
+        "0,1",
+        "--profile-steps",
+        "1,1,2",
+        "--activation-checkpointing",
+        "Block,Layer",
+        "--checkpoint-safe-globals",
+        "collections:OrderedDict",
+        "--val-every-n-epochs",
+        "none",
+        "--log-dir",
+        str(tmp_path),
+    ]
     config = resolve_config(parser.parse(argv), parser)
     assert loads(dumps(config)) == config
     toml = tmp_path / "run.toml"
@@ -214,7 +296,7 @@ def test_toml_round_trips_and_flags_override_it(tmp_path: Path) -> None:
         ("[runs]\nmax_epochs = 3\n", "runs={'max_epochs': 3} is invalid; allowed: a field of"),
         ("[run\n", "not valid TOML"),
     ],
-)  # fmt: skip
+)
 def test_bad_toml_exits_2_naming_the_dotted_path(
     text: str, expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -246,13 +328,38 @@ def test_schedulers_span_the_runs_optimizer_steps() -> None:
 
 
 def test_fit_trains_a_factory_model_with_the_recipes(tmp_path: Path) -> None:
-    outcome = run_fit([
-        "--model", "tests.test_cli:tiny_model", "--model-arg", "hidden=8",
-        "--data", "tests.test_cli:tiny_data", "--batch-size", "16", "--epochs", "2",
-        "--grad-accum", "3", "--scheduler", "onecycle", "--focal-loss", "--label-smoothing", "0.1",
-        "--mixup", "0.2", "--num-workers", "0", "--log-dir", str(tmp_path), "--no-progress",
-        "--experiment", "tiny", "--seed", "0",
-    ])  # fmt: skip
+    outcome = run_fit(
+        [
+            "--model",
+            "tests.test_cli:tiny_model",
+            "--model-arg",
+            "hidden=8",
+            "--data",
+            "tests.test_cli:tiny_data",
+            "--batch-size",
+            "16",
+            "--epochs",
+            "2",
+            "--grad-accum",
+            "3",
+            "--scheduler",
+            "onecycle",
+            "--focal-loss",
+            "--label-smoothing",
+            "0.1",
+            "--mixup",
+            "0.2",
+            "--num-workers",
+            "0",
+            "--log-dir",
+            str(tmp_path),
+            "--no-progress",
+            "--experiment",
+            "tiny",
+            "--seed",
+            "0",
+        ]
+    )
     assert outcome.exit_code == 0 and outcome.results is not None
     assert outcome.results.global_step == 2 * 4  # OneCycleLR stepped exactly total_steps
     saved = json.loads((outcome.results.run_dir / "results.json").read_text())
@@ -260,12 +367,28 @@ def test_fit_trains_a_factory_model_with_the_recipes(tmp_path: Path) -> None:
 
 
 def test_load_model_rebuilds_the_model_of_a_fit_checkpoint(tmp_path: Path) -> None:
-    outcome = run_fit([
-        "--model", "tests.test_cli:tiny_model", "--model-arg", "hidden=8",
-        "--data", "tests.test_cli:tiny_data", "--batch-size", "32", "--epochs", "1",
-        "--num-workers", "0", "--log-dir", str(tmp_path), "--no-progress", "--no-reports",
-        "--seed", "0",
-    ])  # fmt: skip
+    outcome = run_fit(
+        [
+            "--model",
+            "tests.test_cli:tiny_model",
+            "--model-arg",
+            "hidden=8",
+            "--data",
+            "tests.test_cli:tiny_data",
+            "--batch-size",
+            "32",
+            "--epochs",
+            "1",
+            "--num-workers",
+            "0",
+            "--log-dir",
+            str(tmp_path),
+            "--no-progress",
+            "--no-reports",
+            "--seed",
+            "0",
+        ]
+    )
     assert outcome.exit_code == 0 and outcome.results is not None
     checkpoint = outcome.results.last_checkpoint
     assert checkpoint is not None
@@ -282,8 +405,14 @@ def test_load_model_rebuilds_the_model_of_a_fit_checkpoint(tmp_path: Path) -> No
 def test_model_args_that_checkpoints_cannot_record_exit_2(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    argv = ["--model", "tests.test_cli:tiny_model", "--model-arg", "hidden=nan",
-            "--data", "tests.test_cli:tiny_data"]  # fmt: skip
+    argv = [
+        "--model",
+        "tests.test_cli:tiny_model",
+        "--model-arg",
+        "hidden=nan",
+        "--data",
+        "tests.test_cli:tiny_data",
+    ]
     assert main(argv) == 2
     assert "--model-arg 'hidden=nan': not a JSON value; allowed:" in capsys.readouterr().err
 
@@ -299,8 +428,18 @@ def test_info_reports_devices_and_the_recommended_precision(
 
 
 def test_find_batch_size_prints_the_size_and_trials(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["find-batch-size", "--model", "tests.test_cli:tiny_model", "--input-shape", "4,8",
-            "--device", "cpu", "--target-memory-gb", "0.0001", "--json"]  # fmt: skip
+    argv = [
+        "find-batch-size",
+        "--model",
+        "tests.test_cli:tiny_model",
+        "--input-shape",
+        "4,8",
+        "--device",
+        "cpu",
+        "--target-memory-gb",
+        "0.0001",
+        "--json",
+    ]
     assert main(argv) == 0
     search = json.loads(capsys.readouterr().out)
     assert search["batch_size"] >= 1 and search["trials"]
@@ -316,8 +455,13 @@ def test_check_amp_prints_the_verdict(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_help_lists_every_seed_switch_and_a_bad_flag_exits_2_from_the_command_line() -> None:
     def start(*args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "core", *args], cwd=ROOT, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        return subprocess.Popen(
+            [sys.executable, "-m", "core", *args],
+            cwd=ROOT,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
 
     helped, refused = start("--help"), start("--example", "digits", "--gpu-mode", "tpu")
     (out, err), (_, refusal) = helped.communicate(timeout=120), refused.communicate(timeout=120)
@@ -333,11 +477,25 @@ def test_help_lists_every_seed_switch_and_a_bad_flag_exits_2_from_the_command_li
 def test_python_m_core_fits_the_digits_example_and_report_rebuilds_its_files(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    command = [sys.executable, "-m", "core", "fit", "--example", "digits", "--epochs", "1",
-               "--num-workers", "0", "--no-progress", "--no-reports",
-               "--log-dir", str(tmp_path)]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=240,
-                          check=False)  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "core",
+        "fit",
+        "--example",
+        "digits",
+        "--epochs",
+        "1",
+        "--num-workers",
+        "0",
+        "--no-progress",
+        "--no-reports",
+        "--log-dir",
+        str(tmp_path),
+    ]
+    done = subprocess.run(
+        command, capture_output=True, text=True, cwd=ROOT, timeout=240, check=False
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     run_dir = Path(done.stdout.split("run directory: ")[1].splitlines()[0])
     assert "val_accuracy=" in done.stdout and (run_dir / "results.json").exists()

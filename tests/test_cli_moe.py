@@ -28,9 +28,21 @@ def kwargs_model(**kwargs: int) -> nn.Module:
 def test_example_moe_trains_expert_parallel_in_one_process_with_six_experts(
     tmp_path: Path,
 ) -> None:
-    argv = ["--example", "moe", "--parallel-strategy", "expert_parallel", "--experts", "6",
-            "--epochs", "1", "--batch-size", "256", "--log-dir", str(tmp_path),
-            "--no-progress"]  # fmt: skip
+    argv = [
+        "--example",
+        "moe",
+        "--parallel-strategy",
+        "expert_parallel",
+        "--experts",
+        "6",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "256",
+        "--log-dir",
+        str(tmp_path),
+        "--no-progress",
+    ]
     outcome = run_fit(argv)
     assert outcome.exit_code == 0 and outcome.results is not None
     records = [json.loads(line) for line in (outcome.results.run_dir / "events.jsonl").open()]
@@ -64,9 +76,13 @@ def test_parallel_strategy_and_gpu_mode_set_the_mode_in_either_order(
     assert parsed("--gpu-mode", "multi_gpu", "--parallel-strategy", "expert_parallel") == expert
     assert parsed("--parallel-strategy", "expert_parallel", "--gpu-mode", "multi_gpu") == expert
     assert parsed(
-        "--gpu-mode", "multi_gpu", "--parallel-strategy", "expert_parallel",
-        "--parallel-strategy", "data_parallel",
-    ) == {mode: "distributed"}  # fmt: skip
+        "--gpu-mode",
+        "multi_gpu",
+        "--parallel-strategy",
+        "expert_parallel",
+        "--parallel-strategy",
+        "data_parallel",
+    ) == {mode: "distributed"}
 
 
 @pytest.mark.parametrize(
@@ -137,8 +153,11 @@ def test_multi_gpu_without_torchrun_or_gpus_still_exits_2(
 
 
 def test_the_gpu_example_trains_the_moe_example_when_asked_for_experts() -> None:
-    for argv in (["--parallel-strategy", "expert_parallel"], ["--experts", "8"],
-                 ["--epochs", "1", "--parallel-strategy=expert_parallel"]):  # fmt: skip
+    for argv in (
+        ["--parallel-strategy", "expert_parallel"],
+        ["--experts", "8"],
+        ["--epochs", "1", "--parallel-strategy=expert_parallel"],
+    ):
         assert fit_args(argv)[:2] == ["--example", "moe"] and fit_args(argv)[-len(argv) :] == argv
     for argv in ([], ["--parallel-strategy", "data_parallel"], ["--gpu-mode", "cpu"]):
         assert fit_args(argv)[:2] == ["--example", "digits"]

@@ -211,9 +211,13 @@ def test_on_cpu_the_defaults_only_checkpoint_what_was_asked() -> None:
     config = ModelTransformsConfig(activation_checkpointing=True)
     seen: list[bool] = []  # the hook sees the checkpointed, uncompiled model
     report = apply_model_transforms(
-        model, config, CPU, emit=Recorder(), report_error=Recorder(),
+        model,
+        config,
+        CPU,
+        emit=Recorder(),
+        report_error=Recorder(),
         before_compile=lambda m: seen.append(m is model and is_checkpointed(model.blocks[0])),
-    )  # fmt: skip
+    )
     assert seen == [True]
     assert report.to_dict() == {
         "activation_checkpointed": ["blocks.0", "blocks.1"],
@@ -252,9 +256,12 @@ def test_true_compiles_the_whole_model_on_cuda_and_the_default_does_not() -> Non
     )
     assert plain.compiled == () and not plain.compile_deferred
     auto = apply_model_transforms(
-        copy.deepcopy(model), ModelTransformsConfig(compile="auto"), device, emit=emit,
+        copy.deepcopy(model),
+        ModelTransformsConfig(compile="auto"),
+        device,
+        emit=emit,
         report_error=Recorder(),
-    )  # fmt: skip
+    )
     assert auto.compiled == () and auto.compile_deferred  # the step loop decides
     report = apply_model_transforms(
         model, ModelTransformsConfig(compile=True), device, emit=emit, report_error=Recorder()
@@ -280,9 +287,13 @@ class Clock:
 def test_auto_times_eager_steps_and_compiles_only_when_it_pays(step_s: float) -> None:
     clock, emit, compiled = Clock(), Recorder(), []
     rule = CompileWhenItPays(
-        planned_steps=2000, compile_now=lambda: compiled.append(1) or ["model"], emit=emit,
-        warmup_steps=5, measure_steps=20, clock=clock,
-    )  # fmt: skip
+        planned_steps=2000,
+        compile_now=lambda: compiled.append(1) or ["model"],
+        emit=emit,
+        warmup_steps=5,
+        measure_steps=20,
+        clock=clock,
+    )
     for step in range(1, 2001):
         clock.t += step_s if step > 1 else 30.0  # the first step is slow (warm-up)
         rule(step)
@@ -327,9 +338,15 @@ def test_epochs_after_the_first_compile_nothing_new_for_training_or_validation(
             graphs.append(counters["stats"]["unique_graphs"])
 
     run = create_optimized_training_optimizer(
-        model=model, train_loader=train, val_loader=val, max_epochs=3, log_dir=tmp_path,
-        progress=False, reports=False, callbacks=[Count()],
-    )  # fmt: skip
+        model=model,
+        train_loader=train,
+        val_loader=val,
+        max_epochs=3,
+        log_dir=tmp_path,
+        progress=False,
+        reports=False,
+        callbacks=[Count()],
+    )
     before = counters["stats"]["unique_graphs"]
     anyio.run(run.train)
     assert graphs[0] > before and graphs[1] == graphs[2] == graphs[0]

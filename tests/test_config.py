@@ -57,11 +57,16 @@ def test_the_flat_table_and_its_typed_keywords_agree_and_point_at_real_leaves() 
 
 
 def test_every_leaf_is_reachable_through_config_and_round_trips_through_json() -> None:
-    config = TrainingConfig().replace({
-        "run.max_epochs": 3, "precision.cache_enabled": False,
-        "precision.scaler.consecutive_hysteresis": True, "monitor.history_size": 10,
-        "checkpoint.keep_last_n": 5, "logging.flush_interval_s": 0.5,
-    })  # fmt: skip
+    config = TrainingConfig().replace(
+        {
+            "run.max_epochs": 3,
+            "precision.cache_enabled": False,
+            "precision.scaler.consecutive_hysteresis": True,
+            "monitor.history_size": 10,
+            "checkpoint.keep_last_n": 5,
+            "logging.flush_interval_s": 0.5,
+        }
+    )
     assert config.precision.cache_enabled is False and config.monitor.history_size == 10
     again = TrainingConfig.from_dict(json.loads(json.dumps(config.to_dict())))
     assert again.to_dict() == config.to_dict()
@@ -86,7 +91,7 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
         ({"run.nope": 1}, r"^run\.nope=1 is invalid; allowed: a field of run: experiment_name"),
         ({"checkpoint.keep_last_n": True}, r"^checkpoint\.keep_last_n=True is invalid"),
     ],
-)  # fmt: skip
+)
 def test_a_nested_error_names_its_dotted_path(values: dict[str, Any], pattern: str) -> None:
     with pytest.raises(ConfigError, match=pattern):
         TrainingConfig().replace(values)
@@ -111,8 +116,15 @@ def test_a_section_of_the_wrong_type_is_refused() -> None:
 
 
 def test_flat_keywords_land_on_their_leaves() -> None:
-    config = config_from_flat({"amp_dtype": "bf16", "amp_hysteresis": 2, "keep_last_n": 4,
-                               "max_epochs": 2, "checkpoint_safe_globals": [Path]})  # fmt: skip
+    config = config_from_flat(
+        {
+            "amp_dtype": "bf16",
+            "amp_hysteresis": 2,
+            "keep_last_n": 4,
+            "max_epochs": 2,
+            "checkpoint_safe_globals": [Path],
+        }
+    )
     assert config.precision.dtype == "bf16" and config.precision.scaler.hysteresis == 2
     assert config.checkpoint.keep_last_n == 4 and config.run.max_epochs == 2
     assert list(config.checkpoint.safe_globals) == [Path]
@@ -121,19 +133,30 @@ def test_flat_keywords_land_on_their_leaves() -> None:
 @pytest.mark.parametrize(
     ("settings", "config", "pattern"),
     [
-        ({"max_consecutive_nonfinite": 3, "error_handler_config": ErrorHandlerConfig()}, None,
-         r"^max_consecutive_nonfinite=3 is invalid; allowed: a setting given once, but "
-         r"error_handler_config sets errors\.max_consecutive_nonfinite too"),
-        ({"max_epochs": 2}, TrainingConfig(run=RunConfig(max_epochs=5)),
-         r"^max_epochs=2 is invalid; allowed: a setting given once, but config sets "
-         r"run\.max_epochs too"),
-        ({"mixed_precision_config": MixedPrecisionConfig()},
-         TrainingConfig(precision=MixedPrecisionConfig(dtype="bf16")),
-         r"^mixed_precision_config=.* config sets precision\.dtype too"),
-        ({"amp_init_scale": 8.0, "mixed_precision_config": MixedPrecisionConfig()}, None,
-         r"^amp_init_scale=8\.0 is invalid; .*mixed_precision_config sets precision\.scaler"),
+        (
+            {"max_consecutive_nonfinite": 3, "error_handler_config": ErrorHandlerConfig()},
+            None,
+            r"^max_consecutive_nonfinite=3 is invalid; allowed: a setting given once, but "
+            r"error_handler_config sets errors\.max_consecutive_nonfinite too",
+        ),
+        (
+            {"max_epochs": 2},
+            TrainingConfig(run=RunConfig(max_epochs=5)),
+            r"^max_epochs=2 is invalid; allowed: a setting given once, but config sets "
+            r"run\.max_epochs too",
+        ),
+        (
+            {"mixed_precision_config": MixedPrecisionConfig()},
+            TrainingConfig(precision=MixedPrecisionConfig(dtype="bf16")),
+            r"^mixed_precision_config=.* config sets precision\.dtype too",
+        ),
+        (
+            {"amp_init_scale": 8.0, "mixed_precision_config": MixedPrecisionConfig()},
+            None,
+            r"^amp_init_scale=8\.0 is invalid; .*mixed_precision_config sets precision\.scaler",
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_same_setting_given_twice_raises_naming_both(
     settings: dict[str, Any], config: TrainingConfig | None, pattern: str
 ) -> None:
@@ -170,9 +193,13 @@ async def test_async_with_builds_on_enter_trains_and_releases_on_exit(log_dir: P
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
     config = TrainingConfig(run=RunConfig(max_epochs=2, log_dir=log_dir, experiment_name="res"))
     run = OptimizedTrainingOptimizer(
-        config, model=model, train_loader=train, val_loader=val, optimizer=optimizer,
+        config,
+        model=model,
+        train_loader=train,
+        val_loader=val,
+        optimizer=optimizer,
         scheduler=scheduler,
-    )  # fmt: skip
+    )
     with pytest.raises(RuntimeError, match="not built yet"):
         _ = run.rank
     before = [p.detach().clone() for p in model.parameters()]
@@ -244,11 +271,14 @@ def asyncio_thread() -> asyncio.AbstractEventLoop | None:
 async def test_a_loss_scaler_config_section_reaches_the_run(log_dir: Path) -> None:
     train, _ = loaders(n=64)
     job = create_optimized_training_optimizer(
-        model=make_model(), train_loader=train, max_epochs=1, log_dir=log_dir,
+        model=make_model(),
+        train_loader=train,
+        max_epochs=1,
+        log_dir=log_dir,
         mixed_precision_config=MixedPrecisionConfig(
             dtype="fp16", scaler=LossScalerConfig(init_scale=2.0**8)
         ),
-    )  # fmt: skip
+    )
     await job.train()
     assert job.mixed_precision.get_amp_stats()["current_scale"] == 2.0**8
 

@@ -166,9 +166,12 @@ def test_pinned_memory_stays_off_on_cpu_and_is_on_for_cuda(pin_memory: Any) -> N
 def test_workers_yield_the_same_batches_in_the_same_order(shuffle: bool) -> None:
     def run(workers: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         loader = create_dataloader(
-            images(), 6, shuffle=shuffle, generator=torch.Generator().manual_seed(7),
+            images(),
+            6,
+            shuffle=shuffle,
+            generator=torch.Generator().manual_seed(7),
             config=LoaderConfig(num_workers=workers, persistent_workers=False),
-        )  # fmt: skip
+        )
         return batches(loader)
 
     inline, parallel = run(0), run(2)
@@ -200,9 +203,12 @@ class Draws(Dataset[tuple[float, float, float, int]]):
 
 def draws(seed: int) -> list[list[float]]:
     loader = create_dataloader(
-        Draws(), 1, generator=torch.Generator().manual_seed(seed), worker_init_fn=tag_worker,
+        Draws(),
+        1,
+        generator=torch.Generator().manual_seed(seed),
+        worker_init_fn=tag_worker,
         config=LoaderConfig(num_workers=2, persistent_workers=False),
-    )  # fmt: skip
+    )
     return [[float(v) for v in sample] for sample in loader]
 
 

@@ -148,11 +148,19 @@ def test_the_cuda_path_copies_one_batch_ahead_and_waits_before_each_use(
         log.append(f"use {i}")
         assert_same(batch, source[i])
     assert log == [
-        "load 0", "copy on side",
-        "main waits for side", "load 1", "copy on side", "use 0",
-        "main waits for side", "load 2", "copy on side", "use 1",
-        "main waits for side", "use 2",
-    ]  # fmt: skip
+        "load 0",
+        "copy on side",
+        "main waits for side",
+        "load 1",
+        "copy on side",
+        "use 0",
+        "main waits for side",
+        "load 2",
+        "copy on side",
+        "use 1",
+        "main waits for side",
+        "use 2",
+    ]
 
 
 def pinned(value: Any) -> Any:

@@ -31,15 +31,27 @@ from tests.helpers import pythonpath
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath()}
-SAME = ("epochs_completed", "global_step", "train_loss", "val_loss", "val_accuracy",
-        "best_val_loss", "stopped_early")  # fmt: skip
+SAME = (
+    "epochs_completed",
+    "global_step",
+    "train_loss",
+    "val_loss",
+    "val_accuracy",
+    "best_val_loss",
+    "stopped_early",
+)
 """What a run computes (not where it wrote, nor how fast)."""
 
 
 def torchrun_env(monkeypatch: pytest.MonkeyPatch, world_size: int) -> None:
-    names = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world_size),
-             "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
-             "MASTER_PORT": "29500"}  # fmt: skip
+    names = {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+    }
     for name, value in names.items():
         monkeypatch.setenv(name, value)
 
@@ -54,12 +66,15 @@ def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool
     [
         ({"devices": 0}, r"devices=0 is invalid; allowed: None or an integer >= 1"),
         ({"devices": "2x4"}, r"devices='2x4' is invalid.*torchrun --nnodes M --nproc-per-node N"),
-        ({"devices": 2, "training_mode": "cpu"}, r"training_mode='cpu' is invalid; allowed: "
-         r"'auto', 'distributed', 'fsdp', 'expert_parallel' with devices=2"),
+        (
+            {"devices": 2, "training_mode": "cpu"},
+            r"training_mode='cpu' is invalid; allowed: "
+            r"'auto', 'distributed', 'fsdp', 'expert_parallel' with devices=2",
+        ),
         ({"devices": 2, "world_size": 2}, r"world_size=2 is invalid; allowed: -1 with devices=2"),
         ({"devices": 2, "enable_distributed": False}, r"enable_distributed=False is invalid"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_devices_setting_is_refused_naming_the_field(
     settings: dict[str, Any], match: str
 ) -> None:
@@ -72,20 +87,29 @@ def test_devices_against_the_machine_torchrun_and_process_isolation(
 ) -> None:
     with pytest.raises(ConfigError, match=r"distributed.devices=2 is invalid.*isolation='process'"):
         devices_parts.build(tmp_path, isolation="process")
-    with pytest.raises(ConfigError, match=r"loss_fn=.*\(devices=2: each rank rebuilds it\).*"
-                       r"or run it under torchrun --nproc-per-node 2"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"loss_fn=.*\(devices=2: each rank rebuilds it\).*"
+        r"or run it under torchrun --nproc-per-node 2",
+    ):
         devices_parts.build(tmp_path, loss_fn=lambda out, y: (out - y).sum())
     # more ranks than GPUs (a CUDA machine, faked: this one has none)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    with pytest.raises(ConfigError, match=r"distributed.devices=3 is invalid; allowed: at most "
-                       r"2, the CUDA devices of this machine"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"distributed.devices=3 is invalid; allowed: at most "
+        r"2, the CUDA devices of this machine",
+    ):
         devices_parts.build(tmp_path, devices=3)
     monkeypatch.undo()
     torchrun_env(monkeypatch, 2)  # a rank of a 2-process torchrun: devices=2 is that job
     assert ranks_to_start(MultiGPUConfig(devices=2)) is None
-    with pytest.raises(ConfigError, match=r"distributed.devices=4 is invalid; allowed: 2 \(this "
-                       r"torchrun's --nproc-per-node\)"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"distributed.devices=4 is invalid; allowed: 2 \(this "
+        r"torchrun's --nproc-per-node\)",
+    ):
         devices_parts.build(tmp_path, devices=4)
 
 
@@ -101,10 +125,27 @@ def test_the_command_line_refuses_devices_naming_the_flag(
 
 # -- real ranks -------------------------------------------------------------------------------
 def fit_command(log_dir: Path) -> list[str]:
-    return ["fit", "--model", "tests.isolation_parts:make_model", "--data",
-            "tests.devices_parts:loaders", "--batch-size", "8", "--epochs", "2", "--seed", "3",
-            "--log-dir", str(log_dir), "--experiment", "cli", "--no-progress", "--no-reports",
-            "--num-workers", "0"]  # fmt: skip
+    return [
+        "fit",
+        "--model",
+        "tests.isolation_parts:make_model",
+        "--data",
+        "tests.devices_parts:loaders",
+        "--batch-size",
+        "8",
+        "--epochs",
+        "2",
+        "--seed",
+        "3",
+        "--log-dir",
+        str(log_dir),
+        "--experiment",
+        "cli",
+        "--no-progress",
+        "--no-reports",
+        "--num-workers",
+        "0",
+    ]
 
 
 def fitted(log_dir: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -121,13 +162,21 @@ def fitted(log_dir: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
 def test_fit_devices_2_gives_what_the_torchrun_command_gives(tmp_path: Path) -> None:
     ours = subprocess.run(
         [sys.executable, "-m", "core", *fit_command(tmp_path / "a"), "--devices", "2"],
-        env=ENV, capture_output=True, text=True, timeout=240, check=False,
-    )  # fmt: skip
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert ours.returncode == 0, ours.stdout[-3000:] + ours.stderr[-3000:]
     theirs = subprocess.run(
         [*TORCHRUN, "-m", "core", *fit_command(tmp_path / "b")],
-        env=ENV, capture_output=True, text=True, timeout=240, check=False,
-    )  # fmt: skip
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert theirs.returncode == 0, theirs.stdout[-3000:] + theirs.stderr[-3000:]
     (a, a_weights), (b, b_weights) = fitted(tmp_path / "a"), fitted(tmp_path / "b")
     assert {k: a[k] for k in SAME} == {k: b[k] for k in SAME} and a["global_step"] == 12
@@ -142,8 +191,12 @@ def test_devices_2_from_asyncio_returns_torchruns_results_and_loads_its_weights(
 ) -> None:
     reference = subprocess.run(
         [*TORCHRUN, str(Path(devices_parts.__file__)), str(tmp_path)],
-        env=ENV, capture_output=True, text=True, timeout=240, check=False,
-    )  # fmt: skip
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
     job = devices_parts.build(tmp_path / "api")
     seen: list[str] = []

@@ -126,9 +126,14 @@ def test_collective_failures_become_distributed_timeout_errors() -> None:
 
 def test_an_oom_where_re_splitting_is_off_is_named_as_such() -> None:
     error = ErrorHandler().step_error(
-        torch.OutOfMemoryError("CUDA out of memory"), epoch=0, step=3, batch_index=2, rank=1,
-        timeout_s=60.0, phase="the step",
-    )  # fmt: skip
+        torch.OutOfMemoryError("CUDA out of memory"),
+        epoch=0,
+        step=3,
+        batch_index=2,
+        rank=1,
+        timeout_s=60.0,
+        phase="the step",
+    )
     assert isinstance(error, OutOfMemoryError)
     assert "rank 1 ran out of memory in epoch 0, step 3, batch 2" in str(error)
 

@@ -40,9 +40,16 @@ class CountingStrategy(Strategy):
 
 def run(model: nn.Module, loader: Any, strategy: Strategy, **kwargs: Any) -> Any:
     return evaluate(
-        model, loader, epoch=0, stop=threading.Event(), precision=FP32(), strategy=strategy,
-        objective=kwargs.pop("objective", DefaultObjective()), errors=ErrorHandler(), **kwargs,
-    )  # fmt: skip
+        model,
+        loader,
+        epoch=0,
+        stop=threading.Event(),
+        precision=FP32(),
+        strategy=strategy,
+        objective=kwargs.pop("objective", DefaultObjective()),
+        errors=ErrorHandler(),
+        **kwargs,
+    )
 
 
 def three_classes(n: int = 50) -> TensorDataset:
@@ -73,10 +80,13 @@ def hand_metrics(model: nn.Module, data: TensorDataset, n: int) -> dict[str, flo
 
 
 def metric_set() -> MetricSet:
-    return MetricSet({
-        "top2": Accuracy(top_k=2), "f1": F1Score(num_classes=3),
-        "confidence": lambda logits, targets: logits.softmax(1).amax(1),
-    })  # fmt: skip
+    return MetricSet(
+        {
+            "top2": Accuracy(top_k=2),
+            "f1": F1Score(num_classes=3),
+            "confidence": lambda logits, targets: logits.softmax(1).amax(1),
+        }
+    )
 
 
 @pytest.mark.parametrize("limit", [None, 37])
@@ -90,9 +100,10 @@ def test_metrics_equal_a_hand_loop_with_one_all_reduce(limit: int | None) -> Non
     assert stats.loss == pytest.approx(hand["loss"], rel=1e-6)
     assert stats.accuracy == pytest.approx(hand["accuracy"])
     assert stats.metrics == {
-        "top2": pytest.approx(hand["top2"]), "f1": pytest.approx(hand["f1"]),
+        "top2": pytest.approx(hand["top2"]),
+        "f1": pytest.approx(hand["f1"]),
         "confidence": pytest.approx(hand["confidence"], rel=1e-6),
-    }  # fmt: skip
+    }
 
 
 def test_metrics_restart_at_every_evaluation_and_default_to_none() -> None:
@@ -109,10 +120,16 @@ def test_a_stopped_evaluation_reports_the_batches_it_saw() -> None:
     stop = threading.Event()
     stop.set()
     stats = evaluate(
-        model, DataLoader(data, batch_size=10), epoch=0, stop=stop, precision=FP32(),
-        strategy=Strategy(CPU), objective=DefaultObjective(), errors=ErrorHandler(),
+        model,
+        DataLoader(data, batch_size=10),
+        epoch=0,
+        stop=stop,
+        precision=FP32(),
+        strategy=Strategy(CPU),
+        objective=DefaultObjective(),
+        errors=ErrorHandler(),
         metrics=metric_set(),
-    )  # fmt: skip
+    )
     assert stats.interrupted and stats.samples == 10
     assert stats.metrics["top2"] == pytest.approx(
         hand_metrics(model, TensorDataset(*(t[:10] for t in data.tensors)), 10)["top2"]

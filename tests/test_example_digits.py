@@ -42,10 +42,21 @@ def test_the_gpu_training_example_reaches_97_percent_and_writes_its_results(
     tmp_path: Path,
 ) -> None:
     results = tmp_path / "results"
-    code = gpu_training_example([
-        "--results-dir", str(results), "--log-dir", str(tmp_path / "logs"), "--epochs", "6",
-        "--num-workers", "0", "--no-progress", "--gpu-mode", "cpu",
-    ])  # fmt: skip
+    code = gpu_training_example(
+        [
+            "--results-dir",
+            str(results),
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--epochs",
+            "6",
+            "--num-workers",
+            "0",
+            "--no-progress",
+            "--gpu-mode",
+            "cpu",
+        ]
+    )
     assert code == 0
     summary = json.loads((results / "results.json").read_text())
     assert summary["val_accuracy"] >= 0.97 and summary["epochs_completed"] == 6

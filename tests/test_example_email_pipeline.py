@@ -103,10 +103,14 @@ def test_bad_input_is_refused_and_nothing_is_scored_before_a_model(tmp_path: Pat
     async def scenario(client: httpx.AsyncClient) -> None:
         assert (await ok(client.get("/health")))["events"] == 0
         for bad in (
-            [{**good, "kind": "bounce"}], [{**good, "t": -1.0}], [{**good, "t": math.inf}],
-            [{k: v for k, v in good.items() if k != "t"}], [{**good, "extra": 1}],
-            [{**good, "recipient": ""}], good,
-        ):  # fmt: skip
+            [{**good, "kind": "bounce"}],
+            [{**good, "t": -1.0}],
+            [{**good, "t": math.inf}],
+            [{k: v for k, v in good.items() if k != "t"}],
+            [{**good, "extra": 1}],
+            [{**good, "recipient": ""}],
+            good,
+        ):
             answer = await client.post("/events", content=json.dumps(bad))
             assert answer.status_code == 422, bad
         detail = (await client.post("/events", json=[{**good, "kind": "x"}])).json()["detail"]
@@ -180,8 +184,12 @@ def test_serves_while_it_retrains_swaps_in_the_better_model_and_cancels_cleanly(
 
         await ok(client.post("/events", json=held_out.payload()), 202)
         first_model, v2 = load_served(v1["checkpoint"]), load_served(served["checkpoint"])
-        runs.append({"v1": log_loss(first_model, held_out.events, held_out.labels),
-                     "v2": log_loss(v2, held_out.events, held_out.labels)})  # fmt: skip
+        runs.append(
+            {
+                "v1": log_loss(first_model, held_out.events, held_out.labels),
+                "v2": log_loss(v2, held_out.events, held_out.labels),
+            }
+        )
         store = EventStore()
         store.add(held_out.events)
         for recipient in list(held_out.labels)[:5]:  # /score serves exactly that model
@@ -206,10 +214,11 @@ def test_serves_while_it_retrains_swaps_in_the_better_model_and_cancels_cleanly(
     assert quality["v2"] < quality["v1"]  # more data, better on recipients never seen
     ms = sorted(1000 * s for s in latencies)
     report = {
-        "requests": len(ms), "p50_ms": round(statistics.median(ms), 2),
+        "requests": len(ms),
+        "p50_ms": round(statistics.median(ms), 2),
         "p99_ms": round(ms[min(len(ms) - 1, math.ceil(0.99 * len(ms)) - 1)], 2),
         "worst_ms": round(ms[-1], 2),
-    }  # fmt: skip
+    }
     record_property("score_latency_during_training", report)
     print(f"\n/score during training (goal p99 <= 10 ms, not asserted): {report}")
     print(f"held-out log loss: first model {quality['v1']:.4f}, swapped-in {quality['v2']:.4f}")
@@ -264,8 +273,9 @@ def test_the_documented_event_is_accepted_and_a_bad_kind_names_the_field(tmp_pat
 def test_retrains_keep_the_checkpoints_of_the_newest_two_and_the_served_one(
     tmp_path: Path,
 ) -> None:
-    settings = RetrainSettings(log_dir=tmp_path, retrain_every=None, isolation="thread",
-                               max_epochs=1)  # fmt: skip
+    settings = RetrainSettings(
+        log_dir=tmp_path, retrain_every=None, isolation="thread", max_epochs=1
+    )
     app = create_app(settings)
     checkpoints = tmp_path / settings.experiment_name / "checkpoints"
     on_disk: list[list[str]] = []
@@ -317,5 +327,6 @@ def test_retention_keeps_the_served_retrain_and_removes_old_final_weights(tmp_pa
     assert (tmp_path / "run-2" / "events.jsonl").exists()  # the run's records stay
     assert retention.prune(retrains[3] / "step-000000001") == [retrains[0]]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
-        retrains[2].name, retrains[3].name,
-    ]  # fmt: skip
+        retrains[2].name,
+        retrains[3].name,
+    ]

@@ -63,11 +63,22 @@ def test_train_script_learns_above_the_majority_class(tmp_path: Path) -> None:
 def test_train_script_runs_unchanged_under_torchrun(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[1]
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        str(root / "examples" / "email_sequence" / "train.py"), "--epochs", "1",
-        "--train-samples", "800", "--val-samples", "200", "--log-dir", str(tmp_path),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(root / "examples" / "email_sequence" / "train.py"),
+        "--epochs",
+        "1",
+        "--train-samples",
+        "800",
+        "--val-samples",
+        "200",
+        "--log-dir",
+        str(tmp_path),
         "--no-progress",
-    ]  # fmt: skip
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         command, env=env, capture_output=True, text=True, timeout=240, check=False

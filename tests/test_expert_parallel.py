@@ -40,8 +40,9 @@ def records(jobs: Path, name: str, event: str) -> list[dict[str, Any]]:
 def test_two_expert_parallel_ranks_equal_one_process_holding_every_expert(
     jobs: Path, tmp_path: Path
 ) -> None:
-    losses, _, weights = run_moe_job(mode="cpu", accumulation=2, order=interleaved(64, 2, 8),
-                                     log_dir=tmp_path)  # fmt: skip
+    losses, _, weights = run_moe_job(
+        mode="cpu", accumulation=2, order=interleaved(64, 2, 8), log_dir=tmp_path
+    )
     torch.testing.assert_close(both_ranks_losses(jobs, "ep_fp32"), losses, atol=1e-5, rtol=1e-5)
     ep = load(jobs, "ep_fp32")
     assert_same_weights(ep["weights"], weights)
@@ -50,13 +51,17 @@ def test_two_expert_parallel_ranks_equal_one_process_holding_every_expert(
     (start,) = records(jobs, "ep_fp32", "run_start")
     described = start["resolved"]["strategy"]["expert_parallel"]
     assert described["token_exchange"] == "all_to_all_single"
-    assert described["layers"]["blocks.0.moe"] == {"experts": 4, "experts_per_rank": 2,
-                                                   "held": [0, 1]}  # fmt: skip
+    assert described["layers"]["blocks.0.moe"] == {
+        "experts": 4,
+        "experts_per_rank": 2,
+        "held": [0, 1],
+    }
 
 
 def test_the_all_gather_exchange_computes_the_same_as_all_to_all(jobs: Path) -> None:
-    assert_same_weights(load(jobs, "ep_all_gather")["weights"], load(jobs, "ep_fp32")["weights"],
-                        atol=0)  # fmt: skip
+    assert_same_weights(
+        load(jobs, "ep_all_gather")["weights"], load(jobs, "ep_fp32")["weights"], atol=0
+    )
     (start,) = records(jobs, "ep_all_gather", "run_start")
     assert start["resolved"]["strategy"]["expert_parallel"]["token_exchange"] == "all_gather"
 
@@ -78,8 +83,14 @@ def test_expert_parallel_under_autocast_tracks_one_process(
     jobs: Path, tmp_path: Path, name: str, atol: float
 ) -> None:
     dtype = name.removeprefix("ep_")
-    losses, _, weights = run_moe_job(mode="cpu", epochs=1, accumulation=2, amp_dtype=dtype,
-                                     order=interleaved(64, 2, 8), log_dir=tmp_path)  # fmt: skip
+    losses, _, weights = run_moe_job(
+        mode="cpu",
+        epochs=1,
+        accumulation=2,
+        amp_dtype=dtype,
+        order=interleaved(64, 2, 8),
+        log_dir=tmp_path,
+    )
     torch.testing.assert_close(both_ranks_losses(jobs, name), losses, atol=atol * 5, rtol=0)
     assert_same_weights(load(jobs, name)["weights"], weights, atol=atol)
     steps = records(jobs, name, "train_step")
@@ -110,5 +121,9 @@ def test_resuming_on_another_world_size_fails_clearly(jobs: Path, tmp_path: Path
     written = jobs / "ep_resume_logs" / "ep_resume" / "checkpoints"
     shutil.copytree(written, tmp_path / "checkpoints")
     with pytest.raises(IncompatibleCheckpointError, match=r"world_size \(checkpoint 2, now 1\)"):
-        run_moe_job(mode="expert_parallel", log_dir=tmp_path / "logs",
-                    checkpoint_dir=tmp_path / "checkpoints", resume="strict")  # fmt: skip
+        run_moe_job(
+            mode="expert_parallel",
+            log_dir=tmp_path / "logs",
+            checkpoint_dir=tmp_path / "checkpoints",
+            resume="strict",
+        )

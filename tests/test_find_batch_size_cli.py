@@ -9,8 +9,15 @@ import pytest
 
 from core.cli import main
 
-SEARCH = ["find-batch-size", "--model", "tests.test_lr_finder:tiny_model", "--input-shape",
-          "4,8", "--device", "cpu"]  # fmt: skip
+SEARCH = [
+    "find-batch-size",
+    "--model",
+    "tests.test_lr_finder:tiny_model",
+    "--input-shape",
+    "4,8",
+    "--device",
+    "cpu",
+]
 CAP_NOTE = "(the --max-batch-size cap: every size up to it fit; raise it to search further)"
 
 

@@ -44,9 +44,13 @@ def emulated(logs: list[dict[str, object]]) -> list[dict[str, object]]:
 def test_the_probe_reads_x86_and_arm_flags_and_falls_back_on_older_torch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for caps, native in ((NO_BF16, False), (BF16, True), ({"amx_bf16": True}, True),
-                         ({"architecture": "arm64", "neon": True}, False),
-                         ({"architecture": "arm64", "sve_bf16": True}, True)):  # fmt: skip
+    for caps, native in (
+        (NO_BF16, False),
+        (BF16, True),
+        ({"amx_bf16": True}, True),
+        ({"architecture": "arm64", "neon": True}, False),
+        ({"architecture": "arm64", "sve_bf16": True}, True),
+    ):
         monkeypatch.setattr(cpu_bf16, "_capabilities", lambda caps=caps: caps)
         assert cpu_bf16.cpu_has_native_bf16() is native, caps
     monkeypatch.setattr(cpu_bf16, "_capabilities", lambda: None)  # no get_capabilities()
@@ -92,9 +96,11 @@ async def test_explicit_bf16_on_a_cpu_without_bf16_warns_once_in_the_log_and_the
     )
     with structlog.testing.capture_logs() as logs:
         async with OptimizedTrainingOptimizer(
-            config, model=make_model(), train_loader=train_loader,
+            config,
+            model=make_model(),
+            train_loader=train_loader,
             callbacks=[ProgressBar(file=console, mode="lines")],
-        ) as run:  # fmt: skip
+        ) as run:
             results = await run.train()
     assert results.global_step == 2  # bf16 is honoured: the run trains
     (warning,) = emulated(logs)
@@ -110,9 +116,22 @@ async def test_explicit_bf16_on_a_cpu_without_bf16_warns_once_in_the_log_and_the
 def test_the_cli_prints_the_end_summary_once(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], progress: bool
 ) -> None:
-    argv = ["--model", "tests.test_cli:tiny_model", "--data", "tests.test_cli:tiny_data",
-            "--batch-size", "32", "--epochs", "1", "--num-workers", "0", "--no-reports",
-            "--log-dir", str(tmp_path), *([] if progress else ["--no-progress"])]  # fmt: skip
+    argv = [
+        "--model",
+        "tests.test_cli:tiny_model",
+        "--data",
+        "tests.test_cli:tiny_data",
+        "--batch-size",
+        "32",
+        "--epochs",
+        "1",
+        "--num-workers",
+        "0",
+        "--no-reports",
+        "--log-dir",
+        str(tmp_path),
+        *([] if progress else ["--no-progress"]),
+    ]
     outcome = run_fit(argv)
     assert outcome.exit_code == 0 and outcome.results is not None
     out, err = capsys.readouterr()
@@ -153,9 +172,14 @@ def test_a_profiled_run_with_mlflow_writes_no_alarming_lines(tmp_path: Path) -> 
     for package in ("mlflow", "sqlalchemy", "alembic"):
         pytest.importorskip(package)
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(TRACKED)], cwd=tmp_path, capture_output=True,
-        text=True, timeout=240, check=False, env={**os.environ, "PYTHONPATH": pythonpath()},
-    )  # fmt: skip
+        [sys.executable, "-c", textwrap.dedent(TRACKED)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+        env={**os.environ, "PYTHONPATH": pythonpath()},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "trace True" in done.stdout  # the profiler ran (on the step thread)
     assert (tmp_path / "logs" / "mlflow.db").exists()  # and the store was created

@@ -66,8 +66,12 @@ def train(log_dir: Path, *, epochs: int = 1, n: int = 256, **settings: Any) -> l
     run = create_optimized_training_optimizer(
         model=make_model() if model is None else model,
         train_loader=DataLoader(make_classification(n), batch_size=32),
-        max_epochs=epochs, log_dir=log_dir, progress=False, seed=0, **settings,
-    )  # fmt: skip
+        max_epochs=epochs,
+        log_dir=log_dir,
+        progress=False,
+        seed=0,
+        **settings,
+    )
     try:
         results = anyio.run(run.train)
     finally:
@@ -190,9 +194,12 @@ def test_a_run_counts_an_fp16_overflow_as_a_skipped_step_and_lowers_the_scale(
 
     model[0].weight.register_hook(overflow_at_the_third_backward)
     records = train(
-        log_dir, model=model, amp_dtype=torch.float16, amp_init_scale=1024.0,
+        log_dir,
+        model=model,
+        amp_dtype=torch.float16,
+        amp_init_scale=1024.0,
         optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, fused=True),
-    )  # fmt: skip
+    )
     steps = named(records, "train_step")
     assert [s["skipped"] for s in steps] == [False, False, True, *[False] * 5]
     assert steps[2]["overflow"] is True and steps[2]["loss_scale"] == 1024.0
@@ -241,9 +248,10 @@ def test_the_sync_check_catches_the_non_fused_optimizers_host_read(log_dir: Path
     the overflow flag on the host, ``core.loop.stepper``) is caught."""
     with sync_errors(cuda=True), pytest.raises(Exception) as info:  # causes read below
         train(
-            log_dir, amp_dtype=torch.float16,
+            log_dir,
+            amp_dtype=torch.float16,
             optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, foreach=True),
-        )  # fmt: skip
+        )
     assert "synchronizing" in error_text(info.value)
 
 
@@ -252,9 +260,12 @@ def test_the_sync_check_catches_the_non_fused_optimizers_host_read(log_dir: Path
 
 def test_lagged_readback_equals_eager_item(log_dir: Path, restore_cuda_settings: None) -> None:
     records = train(
-        log_dir, amp_dtype=torch.float32, tf32=False, max_grad_norm=1.0,
+        log_dir,
+        amp_dtype=torch.float32,
+        tf32=False,
+        max_grad_norm=1.0,
         optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2, fused=True),
-    )  # fmt: skip
+    )
     steps = named(records, "train_step")
     model = make_model().to(CUDA)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
@@ -383,5 +394,6 @@ def test_data_parallel_over_the_visible_devices_matches_one_gpu(
     torch.testing.assert_close(
         [s["loss"] for s in named(parallel, "train_step")],
         [s["loss"] for s in named(single, "train_step")],
-        rtol=1e-4, atol=1e-5,
-    )  # fmt: skip
+        rtol=1e-4,
+        atol=1e-5,
+    )

@@ -130,9 +130,13 @@ def test_a_real_oom_halves_the_micro_batch_and_training_continues(
     model = WideActivation()
     initial = [p.detach().clone() for p in model.parameters()]
     records = train(
-        log_dir, model=model, n=128, amp_dtype=torch.float32, oom_recovery="on",
+        log_dir,
+        model=model,
+        n=128,
+        amp_dtype=torch.float32,
+        oom_recovery="on",
         memory_fraction=fraction_for(GIB),
-    )  # fmt: skip
+    )
     recovered = named(records, "oom_recovered")
     assert recovered and recovered[0]["step"] == named(records, "train_step")[0]["step"]
     assert (recovered[0]["batch_size"], recovered[0]["micro_batch_size"]) == (32, 16)
@@ -199,11 +203,18 @@ def test_a_compiled_run_matches_the_eager_run(log_dir: Path, fresh_device: None)
 def run_on(mode: str, log_dir: Path, epochs: int, resume: str | None = None) -> tuple[Any, Any]:
     """A fp32 run (the same precision on both devices, so a resume is compatible)."""
     run = create_optimized_training_optimizer(
-        model=make_model(), train_loader=DataLoader(make_classification(128), batch_size=32),
-        max_epochs=epochs, log_dir=log_dir, progress=False, seed=0, amp_dtype=torch.float32,
-        compile=False, amp_check_compatibility=False, resume=resume,
+        model=make_model(),
+        train_loader=DataLoader(make_classification(128), batch_size=32),
+        max_epochs=epochs,
+        log_dir=log_dir,
+        progress=False,
+        seed=0,
+        amp_dtype=torch.float32,
+        compile=False,
+        amp_check_compatibility=False,
+        resume=resume,
         multi_gpu_config=MultiGPUConfig(training_mode=mode),  # type: ignore[arg-type]
-    )  # fmt: skip
+    )
     try:
         results = anyio.run(run.train)
     finally:
@@ -266,13 +277,27 @@ def test_expert_parallel_in_one_process_trains_on_the_gpus_its_plan_names(
     log_dir: Path,
 ) -> None:
     torch.manual_seed(0)
-    model = MoETransformer(vocabulary(), 8, seq_len=8, d_model=16, heads=2, layers=2,
-                           experts=4, top_k=2, capacity_factor=1.0)  # fmt: skip
+    model = MoETransformer(
+        vocabulary(),
+        8,
+        seq_len=8,
+        d_model=16,
+        heads=2,
+        layers=2,
+        experts=4,
+        top_k=2,
+        capacity_factor=1.0,
+    )
     run = create_optimized_training_optimizer(
-        model=model, train_loader=DataLoader(domain_sequences(32, seq_len=8), batch_size=8),
-        max_epochs=1, log_dir=log_dir, progress=False, seed=0, compile=False,
+        model=model,
+        train_loader=DataLoader(domain_sequences(32, seq_len=8), batch_size=8),
+        max_epochs=1,
+        log_dir=log_dir,
+        progress=False,
+        seed=0,
+        compile=False,
         multi_gpu_config=MultiGPUConfig(training_mode="expert_parallel"),
-    )  # fmt: skip
+    )
     try:
         results = anyio.run(run.train)
     finally:

@@ -24,10 +24,20 @@ from tests.helpers import loaders, make_classification, make_model
 
 def build(log_dir: Path, **kwargs: Any) -> OptimizedTrainingOptimizer:
     train_loader, val_loader = loaders(n=128, batch_size=16)
-    settings = dict(
-        model=make_model(), train_loader=train_loader, val_loader=val_loader, max_epochs=2,
-        log_dir=log_dir, checkpoint_every_n_steps=4, keep_last_n=2, save_best=True, seed=0,
-    ) | kwargs  # fmt: skip
+    settings = (
+        dict(
+            model=make_model(),
+            train_loader=train_loader,
+            val_loader=val_loader,
+            max_epochs=2,
+            log_dir=log_dir,
+            checkpoint_every_n_steps=4,
+            keep_last_n=2,
+            save_best=True,
+            seed=0,
+        )
+        | kwargs
+    )
     return create_optimized_training_optimizer(**settings)
 
 
@@ -73,10 +83,12 @@ def test_checkpoints_list_latest_best_verify_load_and_lineage(tmp_path: Path) ->
 
 def test_strategy_name_and_the_resolved_plan(tmp_path: Path) -> None:
     run = create_optimized_training_optimizer(
-        model=make_model(), train_loader=DataLoader(make_classification(96), batch_size=16),
-        max_epochs=1, log_dir=tmp_path,
+        model=make_model(),
+        train_loader=DataLoader(make_classification(96), batch_size=16),
+        max_epochs=1,
+        log_dir=tmp_path,
         gradient_accumulation_config=GradientAccumulationConfig(2, micro_batch_size=4),
-    )  # fmt: skip
+    )
     run.build()
     assert run.strategy_name == ("single_gpu" if torch.cuda.is_available() else "cpu")
     described = run.describe()

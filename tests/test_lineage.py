@@ -25,9 +25,13 @@ from tests.helpers import ROOT, pythonpath
 CHECKPOINTS = Path("lineage") / "checkpoints"
 ADAMW = {"name": "AdamW", "lr": 0.01, "weight_decay": 0.01}
 BASE: dict[str, Any] = {
-    "seed": 0, "checkpoint_every_n_steps": 3, "keep_last_n": 1, "save_top_k": 2,
-    "monitor": "val_loss", "save_last": True,
-}  # fmt: skip
+    "seed": 0,
+    "checkpoint_every_n_steps": 3,
+    "keep_last_n": 1,
+    "save_top_k": 2,
+    "monitor": "val_loss",
+    "save_last": True,
+}
 
 
 class Jobs:
@@ -36,17 +40,26 @@ class Jobs:
     def __init__(self, root: Path) -> None:
         self.root, self.count = root, 0
         self.server = subprocess.Popen(
-            [sys.executable, "-m", "tests.lineage_jobs"], cwd=ROOT, text=True,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [sys.executable, "-m", "tests.lineage_jobs"],
+            cwd=ROOT,
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
             env={**os.environ, "PYTHONPATH": pythonpath()},
-        )  # fmt: skip
+        )
 
     def run(self, log_dir: Path, **job: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         """Run one job in a fresh child: (how it ended, what it wrote)."""
         self.count += 1
         out = self.root / "out" / str(self.count)
-        job = {"log_dir": str(log_dir), "out": str(out), "val": True, "optimizer": ADAMW,
-               "n": 72, **job}  # fmt: skip
+        job = {
+            "log_dir": str(log_dir),
+            "out": str(out),
+            "val": True,
+            "optimizer": ADAMW,
+            "n": 72,
+            **job,
+        }
         job["run"] = {**BASE, **job.get("run", {})}
         assert self.server.stdin is not None and self.server.stdout is not None
         self.server.stdin.write(json.dumps(job) + "\n")
@@ -99,8 +112,15 @@ def assert_last_resolves(directory: Path) -> None:
 
 
 # -- a kill at every filesystem operation of every commit --------------------------------------
-def check_kill_at(jobs: Jobs, root: Path, at: int, reference: dict[str, Any], *,
-                  modes: tuple[str | None, ...], no_exchange: bool = False) -> None:  # fmt: skip
+def check_kill_at(
+    jobs: Jobs,
+    root: Path,
+    at: int,
+    reference: dict[str, Any],
+    *,
+    modes: tuple[str | None, ...],
+    no_exchange: bool = False,
+) -> None:
     killed = root / f"killed-{at}"
     ended, _ = jobs.run(killed, kill_at_op=at, no_exchange=no_exchange, run={"resume": "auto"})
     assert ended["signal"] == 9, f"op {at}: the job was not killed there ({ended})"
@@ -194,10 +214,13 @@ def test_a_hundred_kills_and_restarts_keep_the_same_checkpoints_and_weights(
     ("before", "after", "named"),
     [
         (ADAMW, {**ADAMW, "weight_decay": 0.3}, "weight_decay (checkpoint 0.01, now 0.3)"),
-        ({"name": "SGD", "lr": 0.05, "momentum": 0.9}, {"name": "SGD", "lr": 0.05,
-         "momentum": 0.0}, "momentum (checkpoint 0.9, now 0.0)"),
+        (
+            {"name": "SGD", "lr": 0.05, "momentum": 0.9},
+            {"name": "SGD", "lr": 0.05, "momentum": 0.0},
+            "momentum (checkpoint 0.9, now 0.0)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_changed_optimizer_setting_starts_a_new_run_or_is_refused_never_reverted(
     jobs: Jobs, tmp_path: Path, before: dict[str, Any], after: dict[str, Any], named: str
 ) -> None:
@@ -265,8 +288,9 @@ def test_a_resume_from_an_older_checkpoint_branches_and_leaves_its_lineage_alone
     directory = tmp_path / CHECKPOINTS
     lineage = [p.name for p in valid(directory)]
     older = directory / lineage[-1]
-    _, branch = jobs.run(tmp_path, max_epochs=3, run={"resume": str(older), "keep_last_n": 1,
-                                                       "save_top_k": None})  # fmt: skip
+    _, branch = jobs.run(
+        tmp_path, max_epochs=3, run={"resume": str(older), "keep_last_n": 1, "save_top_k": None}
+    )
     (resumed,) = records(branch, "resumed")
     assert resumed["branched"] and resumed["lineage"] != lineage[0].split("-", 2)[2]
     assert set(lineage) <= {p.name for p in valid(directory)}  # the old lineage untouched

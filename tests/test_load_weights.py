@@ -32,9 +32,12 @@ def blocks_model(seed: int = 0) -> nn.Module:
 
 def train(log_dir: Path, model: nn.Module, **settings: Any) -> Any:
     run = create_optimized_training_optimizer(
-        model=model, train_loader=DataLoader(make_classification(64), batch_size=16),
-        max_epochs=1, log_dir=log_dir, **settings,
-    )  # fmt: skip
+        model=model,
+        train_loader=DataLoader(make_classification(64), batch_size=16),
+        max_epochs=1,
+        log_dir=log_dir,
+        **settings,
+    )
     anyio.run(run.train)
     return run
 
@@ -81,9 +84,12 @@ def test_an_altered_byte_fails_verification_before_anything_loads(
 
 def test_a_path_that_is_not_a_checkpoint_says_what_one_looks_like(trained: Any) -> None:
     checkpoints = Path(trained.last_checkpoint).parent
-    with pytest.raises(CheckpointError, match=r"is not a checkpoint: a checkpoint directory "
-                       r"\(step-000000123-<run_id>/.*holds manifest\.json, state\.pt.*Fix: pass "
-                       r"one of its step-\.\.\. directories"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=r"is not a checkpoint: a checkpoint directory "
+        r"\(step-000000123-<run_id>/.*holds manifest\.json, state\.pt.*Fix: pass "
+        r"one of its step-\.\.\. directories",
+    ):
         load_weights(checkpoints, make_model())
     with pytest.raises(CheckpointError, match=r"is not a checkpoint"):
         load_weights(Path(trained.last_checkpoint) / "state.pt", make_model())
@@ -134,9 +140,12 @@ def wrapped_names(kind: str, model: nn.Module) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize(
     ("kind", "prefix"),
-    [("compile", "_orig_mod."), ("data_parallel", "module."),
-     ("checkpoint_wrapper", "1._checkpoint_wrapped_module.")],
-)  # fmt: skip
+    [
+        ("compile", "_orig_mod."),
+        ("data_parallel", "module."),
+        ("checkpoint_wrapper", "1._checkpoint_wrapped_module."),
+    ],
+)
 def test_wrapper_prefixes_map_onto_the_plain_names(tmp_path: Path, kind: str, prefix: str) -> None:
     source = blocks_model(seed=2)
     expected = {k: v.clone() for k, v in source.state_dict().items()}
@@ -171,9 +180,13 @@ def test_an_fsdp2_checkpoint_loads_without_a_process_group(tmp_path: Path) -> No
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         config = MultiGPUConfig(
-            training_mode="fsdp", world_size=1, rank=0, local_rank=0, backend="gloo",
+            training_mode="fsdp",
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            backend="gloo",
             init_method=f"tcp://127.0.0.1:{_free_port()}",  # unused: the group exists
-        )  # fmt: skip
+        )
         run = train(tmp_path, make_model(), multi_gpu_config=config)
         trained = {k: v.full_tensor() for k, v in run.model.state_dict().items()}
     finally:

@@ -52,9 +52,14 @@ def regression(n: int, seed: int) -> TensorDataset:
 
 def train(model: nn.Module, train_loader: Any, val_loader: Any, log_dir: Path, **kw: Any) -> Any:
     run = create_optimized_training_optimizer(
-        model=model, train_loader=train_loader, val_loader=val_loader, log_dir=log_dir,
-        progress=False, reports=False, **kw,
-    )  # fmt: skip
+        model=model,
+        train_loader=train_loader,
+        val_loader=val_loader,
+        log_dir=log_dir,
+        progress=False,
+        reports=False,
+        **kw,
+    )
     return anyio.run(run.train)
 
 
@@ -74,12 +79,18 @@ def test_the_suggested_rate_trains_the_digits_example_to_97_percent(log_dir: Pat
     assert 1e-3 <= found.suggestion <= 0.1, found.reason  # where AdamW trains this CNN
     steps = 8 * len(train_loader)
     results = train(
-        model, train_loader, val_loader, log_dir, max_epochs=8, seed=0,
-        learning_rate=found.suggestion, max_grad_norm=1.0,
+        model,
+        train_loader,
+        val_loader,
+        log_dir,
+        max_epochs=8,
+        seed=0,
+        learning_rate=found.suggestion,
+        max_grad_norm=1.0,
         scheduler=lambda opt: torch.optim.lr_scheduler.OneCycleLR(
             opt, max_lr=found.suggestion, total_steps=steps
         ),
-    )  # fmt: skip
+    )
     assert results.val_accuracy is not None and results.val_accuracy >= 0.97
 
 
@@ -91,15 +102,23 @@ def test_the_suggested_rate_trains_a_regression_better_than_the_default_rate(
     1e-3 ends at 0.10, a rate of 1e-5 at 0.78 (the targets' variance); the suggestion (0.004
     to 0.027 over six seeds) at 0.042-0.055."""
     seed_everything(0)
-    model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
-                          nn.Linear(64, 1))  # fmt: skip
+    model = nn.Sequential(
+        nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)
+    )
     train_loader = DataLoader(regression(2048, seed=1), batch_size=64, shuffle=True)
     val_loader = DataLoader(regression(512, seed=2), batch_size=512)
     found = find_learning_rate(model, train_loader, loss_fn=nn.MSELoss(), max_grad_norm=1.0)
     results = train(
-        model, train_loader, val_loader, log_dir, max_epochs=10, seed=0,
-        loss_fn=nn.MSELoss(), learning_rate=found.suggestion, max_grad_norm=1.0,
-    )  # fmt: skip
+        model,
+        train_loader,
+        val_loader,
+        log_dir,
+        max_epochs=10,
+        seed=0,
+        loss_fn=nn.MSELoss(),
+        learning_rate=found.suggestion,
+        max_grad_norm=1.0,
+    )
     assert results.val_loss is not None and results.val_loss <= 0.07, found.reason
 
 
@@ -119,8 +138,9 @@ def test_the_model_optimizer_and_rng_are_as_before_bit_for_bit() -> None:
     saved_optimizer, rng = optimizer.state_dict(), torch.get_rng_state()
     modes = [m.training for m in model.modules()]
 
-    found = find_learning_rate(model, DataLoader(make_classification(64), batch_size=16),
-                               optimizer=optimizer, num_steps=20)  # fmt: skip
+    found = find_learning_rate(
+        model, DataLoader(make_classification(64), batch_size=16), optimizer=optimizer, num_steps=20
+    )
 
     assert found.steps == 20
     after = model.state_dict()
@@ -150,8 +170,9 @@ def sgd(params: list[nn.Parameter]) -> torch.optim.Optimizer:
 
 def test_a_diverging_loss_stops_the_sweep_early() -> None:
     model, loader = linear_regression()
-    found = find_learning_rate(model, loader, loss_fn=nn.MSELoss(), optimizer=sgd,
-                               min_lr=1e-4, max_lr=100.0, num_steps=60)  # fmt: skip
+    found = find_learning_rate(
+        model, loader, loss_fn=nn.MSELoss(), optimizer=sgd, min_lr=1e-4, max_lr=100.0, num_steps=60
+    )
     assert found.steps < 60 and found.stopped.startswith("diverged")
     last = found.smoothed_losses[-1]
     assert not math.isfinite(found.losses[-1]) or last > 4 * min(found.smoothed_losses)
@@ -162,15 +183,23 @@ def test_a_diverging_loss_stops_the_sweep_early() -> None:
 def test_the_rates_rise_exponentially_and_the_suggestion_stays_in_range() -> None:
     model, loader = linear_regression()
     for low, high in ((1e-7, 1.0), (1e-3, 1e-2), (1e-2, 10.0)):
-        found = find_learning_rate(model, loader, loss_fn=nn.MSELoss(), optimizer=sgd,
-                                   min_lr=low, max_lr=high, num_steps=30)  # fmt: skip
+        found = find_learning_rate(
+            model,
+            loader,
+            loss_fn=nn.MSELoss(),
+            optimizer=sgd,
+            min_lr=low,
+            max_lr=high,
+            num_steps=30,
+        )
         assert found.lrs[0] == pytest.approx(low) and found.config.min_lr == low
         ratios = [b / a for a, b in itertools.pairwise(found.lrs)]
         assert ratios == pytest.approx([(high / low) ** (1 / 29)] * len(ratios))
         assert low <= found.suggestion <= high
         assert found.suggestion == pytest.approx(max(found.min_loss_lr / 10, low))
-    flat = find_learning_rate(model, loader, loss_fn=nn.MSELoss(), optimizer=sgd,
-                              min_lr=1e-9, max_lr=1e-8, num_steps=10)  # fmt: skip
+    flat = find_learning_rate(
+        model, loader, loss_fn=nn.MSELoss(), optimizer=sgd, min_lr=1e-9, max_lr=1e-8, num_steps=10
+    )
     assert "weak curve" in flat.reason  # nothing is learnt at 1e-9: the reason says so
 
 
@@ -233,8 +262,9 @@ def test_the_result_is_json_ready_and_plots_a_png(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model, loader = linear_regression()
-    found = find_learning_rate(model, loader, loss_fn=nn.MSELoss(), optimizer=sgd,
-                               min_lr=1e-4, max_lr=100.0, num_steps=60)  # fmt: skip
+    found = find_learning_rate(
+        model, loader, loss_fn=nn.MSELoss(), optimizer=sgd, min_lr=1e-4, max_lr=100.0, num_steps=60
+    )
     assert isinstance(found, LRFinderResult)
     data = json.loads(json.dumps(found.to_dict(), allow_nan=False))  # nan/inf written as null
     assert data["suggestion"] == found.suggestion and len(data["lrs"]) == found.steps
@@ -249,9 +279,21 @@ def test_the_result_is_json_ready_and_plots_a_png(
 
 # -- core-train find-lr -------------------------------------------------------------------
 
-FIND_LR = ["find-lr", "--model", "tests.test_lr_finder:tiny_model", "--data",
-           "tests.test_lr_finder:tiny_data", "--batch-size", "16", "--num-workers", "0",
-           "--num-steps", "30", "--device", "cpu"]  # fmt: skip
+FIND_LR = [
+    "find-lr",
+    "--model",
+    "tests.test_lr_finder:tiny_model",
+    "--data",
+    "tests.test_lr_finder:tiny_data",
+    "--batch-size",
+    "16",
+    "--num-workers",
+    "0",
+    "--num-steps",
+    "30",
+    "--device",
+    "cpu",
+]
 
 
 def test_find_lr_prints_the_suggestion_and_writes_the_curve_and_plot(
@@ -288,8 +330,12 @@ def test_find_lr_json_and_bad_flags(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_python_m_core_find_lr_keeps_stdout_for_the_json(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "core", *FIND_LR, "--log-dir", str(tmp_path), "--json"],
-        capture_output=True, text=True, cwd=ROOT, timeout=240, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=240,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout)["steps"] == 30  # the log lines went to stderr
     assert "lr_find_done" in done.stderr

@@ -73,8 +73,9 @@ def test_a_training_step_with_adam_counts_parameters_grads_and_optimizer_state()
 
 def test_the_peak_grows_linearly_with_the_batch_size_for_an_mlp() -> None:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                          nn.Linear(512, 10))  # fmt: skip
+    model = nn.Sequential(
+        nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+    )
     meter, make = meter_for("cpu"), batch_maker_for_shape((1, 64))
     peaks = [run_trial(model, make, n, meter=meter).peak_bytes or 0 for n in (512, 1024, 2048)]
     first, second = peaks[1] - peaks[0], peaks[2] - peaks[1]

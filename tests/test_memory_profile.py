@@ -19,8 +19,9 @@ from core.transforms import is_checkpointed
 
 def mlp() -> nn.Sequential:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                         nn.Linear(256, 10))  # fmt: skip
+    return nn.Sequential(
+        nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)
+    )
 
 
 def param_bytes(model: nn.Module) -> int:

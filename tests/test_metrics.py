@@ -217,17 +217,22 @@ class TinyBert(nn.Module):
 def test_metric_set_reads_logits_and_labels_of_dict_batches() -> None:
     model = TinyBert()
     batch = {"input_ids": torch.randint(0, 20, (6, 5)), "labels": torch.tensor([0, 1, 2, 2, 1, 0])}
-    metrics = MetricSet({
-        "accuracy": Accuracy(), "f1": F1Score(num_classes=3, average="micro"),
-        "hits": lambda logits, labels: logits.argmax(-1) == labels,
-    })  # fmt: skip
+    metrics = MetricSet(
+        {
+            "accuracy": Accuracy(),
+            "f1": F1Score(num_classes=3, average="micro"),
+            "hits": lambda logits, labels: logits.argmax(-1) == labels,
+        }
+    )
     metrics.reset()
     outputs = model(**batch)
     metrics.update(outputs, batch)
     hand = (outputs["logits"].argmax(-1) == batch["labels"]).double().mean().item()
     assert metrics.compute(metrics.state()) == {
-        "accuracy": pytest.approx(hand), "f1": pytest.approx(hand), "hits": pytest.approx(hand)
-    }  # fmt: skip
+        "accuracy": pytest.approx(hand),
+        "f1": pytest.approx(hand),
+        "hits": pytest.approx(hand),
+    }
     assert metrics.names == ("accuracy", "f1", "hits") and metrics.size == 3 + 10 + 3
 
 
@@ -319,10 +324,14 @@ def test_constructors_validate_their_arguments(make: Any, match: str) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_updates_on_cuda_never_wait_for_the_device() -> None:
     cuda = torch.device("cuda")
-    metrics = MetricSet({
-        "accuracy": Accuracy(top_k=2), "f1": F1Score(num_classes=4),
-        "perplexity": Perplexity(shift=True), "mean": lambda logits, labels: logits.mean(),
-    })  # fmt: skip
+    metrics = MetricSet(
+        {
+            "accuracy": Accuracy(top_k=2),
+            "f1": F1Score(num_classes=4),
+            "perplexity": Perplexity(shift=True),
+            "mean": lambda logits, labels: logits.mean(),
+        }
+    )
     mae, pairs = MeanAbsoluteError(), MetricSet({"accuracy": Accuracy(ignore_index=None)})
     logits, labels = torch.randn(8, 6, 4, device=cuda), torch.randint(0, 4, (8, 6), device=cuda)
     for metric in (metrics, mae, pairs):

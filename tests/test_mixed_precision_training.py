@@ -176,9 +176,12 @@ def test_fp16_overflowing_steps_are_skipped_and_scheduler_does_not_move(log_dir:
 
 def test_fp16_scale_stops_at_min_scale(log_dir: Path) -> None:
     optimizer, _ = train(
-        InfInjector(make_model()), log_dir, amp_init_scale=8.0, amp_min_scale=2.0,
+        InfInjector(make_model()),
+        log_dir,
+        amp_init_scale=8.0,
+        amp_min_scale=2.0,
         error_handler_config=ErrorHandlerConfig(precision_fallback=False),
-    )  # fmt: skip
+    )
     assert optimizer.mixed_precision.get_amp_stats()["current_scale"] == 2.0
 
 

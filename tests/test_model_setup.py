@@ -41,9 +41,14 @@ class Blocks(nn.Module):
 
 def train(log_dir: Path, model: nn.Module, loader: Any, **settings: Any) -> tuple[Any, Any]:
     optimizer = create_optimized_training_optimizer(
-        model=model, train_loader=loader, max_epochs=1, log_dir=log_dir, seed=0,
-        learning_rate=1e-2, **settings,
-    )  # fmt: skip
+        model=model,
+        train_loader=loader,
+        max_epochs=1,
+        log_dir=log_dir,
+        seed=0,
+        learning_rate=1e-2,
+        **settings,
+    )
     results = anyio.run(optimizer.train)
     return optimizer, results
 

@@ -73,11 +73,15 @@ def test_the_layer_sums_its_experts_weighted_and_a_dropped_choice_adds_nothing()
     layer = MoELayer(8, 4, 16, top_k=2, capacity_factor=None)
     x = torch.randn(10, 8)
     routing = layer.router(x, None)
-    expected = torch.stack([
-        sum(w * layer.experts.expert(int(e))(x[t]) for e, w in
-            zip(routing.experts[t], routing.weights[t], strict=True))
-        for t in range(10)
-    ])  # fmt: skip
+    expected = torch.stack(
+        [
+            sum(
+                w * layer.experts.expert(int(e))(x[t])
+                for e, w in zip(routing.experts[t], routing.weights[t], strict=True)
+            )
+            for t in range(10)
+        ]
+    )
     torch.testing.assert_close(layer(x), expected)
     layer.capacity_factor = 0.1  # capacity 1: most choices are dropped
     routing = layer.router(x, 0.1)
@@ -111,18 +115,31 @@ def test_bad_settings_name_the_field() -> None:
 
 def tiny_model() -> MoETransformer:
     torch.manual_seed(0)
-    return MoETransformer(vocabulary(), 8, seq_len=8, d_model=16, heads=2, layers=2,
-                          experts=4, top_k=2, capacity_factor=1.0)  # fmt: skip
+    return MoETransformer(
+        vocabulary(),
+        8,
+        seq_len=8,
+        d_model=16,
+        heads=2,
+        layers=2,
+        experts=4,
+        top_k=2,
+        capacity_factor=1.0,
+    )
 
 
 def test_the_step_adds_the_balancing_loss_as_a_hand_written_loop_does(tmp_path: Path) -> None:
     data = domain_sequences(16, seq_len=8)
     model = tiny_model()
     optimizer = create_optimized_training_optimizer(
-        model=model, train_loader=DataLoader(data, batch_size=16), max_epochs=1,
-        optimizer=lambda params: torch.optim.SGD(params, lr=1.0), max_grad_norm=None,
-        log_dir=tmp_path, progress=False,
-    )  # fmt: skip
+        model=model,
+        train_loader=DataLoader(data, batch_size=16),
+        max_epochs=1,
+        optimizer=lambda params: torch.optim.SGD(params, lr=1.0),
+        max_grad_norm=None,
+        log_dir=tmp_path,
+        progress=False,
+    )
     anyio.run(optimizer.train)
     optimizer.close()
     hand = tiny_model()
@@ -144,9 +161,13 @@ def test_the_step_adds_the_balancing_loss_as_a_hand_written_loop_does(tmp_path: 
 
 def test_every_train_step_record_counts_the_experts_tokens(tmp_path: Path) -> None:
     optimizer = create_optimized_training_optimizer(
-        model=tiny_model(), train_loader=DataLoader(domain_sequences(40, seq_len=8), batch_size=8),
-        max_epochs=1, log_dir=tmp_path, progress=False, accumulation_steps=2,
-    )  # fmt: skip
+        model=tiny_model(),
+        train_loader=DataLoader(domain_sequences(40, seq_len=8), batch_size=8),
+        max_epochs=1,
+        log_dir=tmp_path,
+        progress=False,
+        accumulation_steps=2,
+    )
     results = anyio.run(optimizer.train)
     optimizer.close()
     steps = [r for r in read_events(results.run_dir / "events.jsonl") if r["event"] == "train_step"]
@@ -180,8 +201,9 @@ def test_the_placement_plan_follows_the_cost_model() -> None:
     # 500 cost each: big (500/100) first; then big 1000/100 ties small 500/50 -> fewer
     # experts wins; then big 1000/100 < small 1000/50. "full" has no room for any.
     assert plan.assignment == {"moe.0": "cuda:0", "moe.1": "cuda:1", "moe.2": "cuda:0"}
-    heavy = plan_placement([ExpertCost("light", 10, 1.0), ExpertCost("heavy", 10_000, 1.0)],
-                           [small, big])  # fmt: skip
+    heavy = plan_placement(
+        [ExpertCost("light", 10, 1.0), ExpertCost("heavy", 10_000, 1.0)], [small, big]
+    )
     assert heavy.assignment["heavy"] == "cuda:0"  # the complex expert on the powerful GPU
     # A new expert: loads 1000/100 and 500/50 tie, so the device with fewer experts.
     assert plan.place_new("moe.3", 1000, 0.5) == "cuda:1"
@@ -192,8 +214,9 @@ def test_expert_parallel_in_one_process_records_the_plan_and_adds_experts_where_
         DeviceDescription("cuda:0", "A", sm_count=132, free_memory_bytes=80 * GIB),
         DeviceDescription("cuda:1", "B", sm_count=66, free_memory_bytes=80 * GIB),
     )
-    trainer = Distribution(MultiGPUConfig(training_mode="expert_parallel"),
-                           machine=Machine(None, 0, devices=devices))  # fmt: skip
+    trainer = Distribution(
+        MultiGPUConfig(training_mode="expert_parallel"), machine=Machine(None, 0, devices=devices)
+    )
     model = trainer.initialize_training(tiny_model())
     plan = trainer.strategy.describe()["expert_placement"]
     loads = {d["device"]: len(d["experts"]) for d in plan["devices"]}
@@ -206,8 +229,9 @@ def test_expert_parallel_in_one_process_records_the_plan_and_adds_experts_where_
     assert layer.num_experts == 5 and next(expert.parameters()).device.type == "cpu"  # no GPU
     assert layer(torch.randn(3, 16)).shape == (3, 16)
     with pytest.raises(ConfigError, match=r"needs a model with core\.moe\.MoELayer"):
-        Distribution(MultiGPUConfig(training_mode="expert_parallel"),
-                     machine=Machine(None, 0)).initialize_training(nn.Linear(2, 2))  # fmt: skip
+        Distribution(
+            MultiGPUConfig(training_mode="expert_parallel"), machine=Machine(None, 0)
+        ).initialize_training(nn.Linear(2, 2))
 
 
 def plan_of(trainer: Distribution) -> dict[str, str]:

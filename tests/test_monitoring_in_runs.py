@@ -22,9 +22,14 @@ from tests.test_gpu_monitor import FakeNvml
 def run(log_dir: Path, **kwargs: Any) -> list[dict[str, Any]]:
     train, val = loaders(n=kwargs.pop("n", 2048))
     optimizer = create_optimized_training_optimizer(
-        model=make_model(), train_loader=kwargs.pop("train_loader", train), val_loader=val,
-        max_epochs=2, log_dir=log_dir, monitor_interval_s=0.02, **kwargs,
-    )  # fmt: skip
+        model=make_model(),
+        train_loader=kwargs.pop("train_loader", train),
+        val_loader=val,
+        max_epochs=2,
+        log_dir=log_dir,
+        monitor_interval_s=0.02,
+        **kwargs,
+    )
     results = anyio.run(optimizer.train)
     lines = (results.run_dir / "events.jsonl").read_text().splitlines()
     return [json.loads(x) for x in lines]

@@ -298,14 +298,20 @@ def test_a_crafted_fsdp2_metadata_is_refused_before_torch_reads_it(
     metadata.write_bytes(pickle.dumps(Payload(target)))
     manifest = json.loads((checkpoint / "manifest.json").read_text())
     manifest["files"]["sharded/.metadata"] = {  # the attacker recomputes the manifest
-        "sha256": hash_file(metadata), "bytes": metadata.stat().st_size,
-    }  # fmt: skip
+        "sha256": hash_file(metadata),
+        "bytes": metadata.stat().st_size,
+    }
     (checkpoint / "manifest.json").write_text(json.dumps(manifest))
     # Named as the checkpoint to resume: resume="auto" would pass it over unread, on the
     # settings its manifest records (two FSDP2 ranks, not this one-process job).
     with pytest.raises(UnsafeCheckpointError, match=r"refused to load .*\.metadata"):
-        run_job(batch_size=16, mode="cpu", log_dir=tmp_path / "logs",
-                checkpoint_dir=tmp_path / "checkpoints", resume=str(checkpoint))  # fmt: skip
+        run_job(
+            batch_size=16,
+            mode="cpu",
+            log_dir=tmp_path / "logs",
+            checkpoint_dir=tmp_path / "checkpoints",
+            resume=str(checkpoint),
+        )
     assert not target.exists()
 
 
@@ -466,9 +472,11 @@ def test_an_oom_on_one_rank_halves_both_and_matches_the_smaller_micro_batch(
     assert rank0["micro_batch_size"] == rank1["micro_batch_size"] == 4
     assert rank0["results"]["global_step"] == rank1["results"]["global_step"] == 12
     _, _, weights = run_job(
-        batch_size=16, mode="cpu", log_dir=tmp_path,
+        batch_size=16,
+        mode="cpu",
+        log_dir=tmp_path,
         gradient_accumulation_config=GradientAccumulationConfig(micro_batch_size=8),
-    )  # fmt: skip
+    )
     assert_same_weights(rank0["weights"], weights)
     for key, value in rank1["weights"].items():
         assert torch.equal(value, rank0["weights"][key])
@@ -550,10 +558,17 @@ def test_ddp_at_world_size_one_trains_the_single_device_weights_without_the_wrap
     def run(**settings: Any) -> Any:
         train, _ = loaders(n=96, val=False)
         job = create_optimized_training_optimizer(
-            model=make_model(), train_loader=train, max_epochs=2, learning_rate=1e-2,
-            log_dir=tmp_path / "logs", checkpoint_every_n_epochs=None, reports=False,
-            progress=False, seed=0, **settings,
-        )  # fmt: skip
+            model=make_model(),
+            train_loader=train,
+            max_epochs=2,
+            learning_rate=1e-2,
+            log_dir=tmp_path / "logs",
+            checkpoint_every_n_epochs=None,
+            reports=False,
+            progress=False,
+            seed=0,
+            **settings,
+        )
         anyio.run(job.train)
         return job
 
@@ -561,9 +576,13 @@ def test_ddp_at_world_size_one_trains_the_single_device_weights_without_the_wrap
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         config = MultiGPUConfig(
-            training_mode="distributed", world_size=1, rank=0, local_rank=0, backend="gloo",
+            training_mode="distributed",
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            backend="gloo",
             init_method=f"tcp://127.0.0.1:{get_free_port()}",  # unused: the group exists
-        )  # fmt: skip
+        )
         ddp = run(multi_gpu_config=config)
         assert ddp.describe()["strategy"]["world_size"] == 1
         assert ddp.describe()["strategy"]["training_mode"] == "distributed"

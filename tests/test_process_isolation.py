@@ -41,11 +41,18 @@ from tests.test_reliability import ENV, JOB, assert_same_as_uninterrupted, job, 
 
 def build(log_dir: Path, isolation: str, **kwargs: Any) -> Any:
     settings: dict[str, Any] = {
-        "model": parts.make_model(), "train_loader": parts.make_loader(),
-        "val_loader": parts.make_val_loader(), "optimizer": parts.sgd, "max_epochs": 2,
-        "seed": 3, "log_dir": log_dir, "experiment_name": "iso", "progress": False,
-        "isolation": isolation, **kwargs,
-    }  # fmt: skip
+        "model": parts.make_model(),
+        "train_loader": parts.make_loader(),
+        "val_loader": parts.make_val_loader(),
+        "optimizer": parts.sgd,
+        "max_epochs": 2,
+        "seed": 3,
+        "log_dir": log_dir,
+        "experiment_name": "iso",
+        "progress": False,
+        "isolation": isolation,
+        **kwargs,
+    }
     return create_optimized_training_optimizer(**settings)
 
 
@@ -151,9 +158,14 @@ def test_a_local_model_class_is_refused_and_torchrun_is_refused(
         build(tmp_path, "process", model=Local(8, 2))
     with pytest.raises(RuntimeError, match=r"isolation='process'.*training process"):
         _ = build(tmp_path, "process").optimizer  # it lives in the training process
-    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-                        "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                        "MASTER_PORT": "29500"}.items():  # fmt: skip
+    for name, value in {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+    }.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError, match=r"run.isolation='process'.*under torchrun"):
         build(tmp_path, "process")
@@ -182,8 +194,9 @@ def test_every_native_cancellation_stops_the_child_at_a_boundary_and_resume_is_e
     asyncio.run(reference.train())
     steps = [0]
     for form in ("task.cancel", "wait_for", "asyncio.timeout"):
-        job = build(tmp_path, "process", max_epochs=4, resume="auto",
-                    train_loader=parts.SlowLoader(0.1))  # fmt: skip
+        job = build(
+            tmp_path, "process", max_epochs=4, resume="auto", train_loader=parts.SlowLoader(0.1)
+        )
         target = steps[-1] + random.randint(2, 4)
         reached = functools.partial(lambda j, t: j.global_step >= t, job, target)
         with pytest.raises((asyncio.CancelledError, TimeoutError)):
@@ -192,8 +205,9 @@ def test_every_native_cancellation_stops_the_child_at_a_boundary_and_resume_is_e
         assert gone_or_zombie(job._child.pid)
         steps.append(job.global_step)
         assert records(tmp_path, "iso")[-1][-1]["status"] == "cancelled"
-    done = build(tmp_path, "process", max_epochs=4, resume="auto",
-                 train_loader=parts.SlowLoader(0.0))  # fmt: skip
+    done = build(
+        tmp_path, "process", max_epochs=4, resume="auto", train_loader=parts.SlowLoader(0.0)
+    )
     results = asyncio.run(done.train())
     assert results.global_step == 48 and same_weights(done.model, reference.model)
 
@@ -229,9 +243,13 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def service(out: Path, *args: str, session: bool = False) -> subprocess.Popen[str]:
     command = [sys.executable, str(JOB), "--out", str(out), "--isolation", "process", *args]
     return subprocess.Popen(
-        command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        command,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         start_new_session=session,
-    )  # fmt: skip
+    )
 
 
 def child_of(process: subprocess.Popen[str]) -> psutil.Process:
@@ -239,9 +257,10 @@ def child_of(process: subprocess.Popen[str]) -> psutil.Process:
     deadline = time.monotonic() + 60
     while True:
         servers = [
-            c for c in psutil.Process(process.pid).children()
+            c
+            for c in psutil.Process(process.pid).children()
             if "forkserver" in " ".join(c.cmdline())
-        ]  # fmt: skip
+        ]
         trainers = [t for server in servers for t in server.children()]
         if trainers:
             return trainers[0]
@@ -330,9 +349,15 @@ def run_program(tmp_path: Path, source: str, how: str) -> subprocess.CompletedPr
     script.write_text(source)
     command = {"file": [str(script)], "-c": ["-c", source], "stdin": ["-"]}[how]
     return subprocess.run(
-        [sys.executable, *command], env=ENV, capture_output=True, text=True, timeout=120,
-        check=False, cwd=tmp_path, input=source if how == "stdin" else None,
-    )  # fmt: skip
+        [sys.executable, *command],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+        input=source if how == "stdin" else None,
+    )
 
 
 PROGRAM = (
@@ -368,14 +393,18 @@ def test_a_model_class_defined_in_an_unimportable_main_is_refused_at_creation(
     assert done.returncode == 1
     assert re.search(
         r"ConfigError: model=Net\(.*\) cannot cross .* it needs Net, defined in __main__, which "
-        r"that process cannot import .* Fix: move Net into a module", done.stderr,
-    ), done.stderr  # fmt: skip
+        r"that process cannot import .* Fix: move Net into a module",
+        done.stderr,
+    ), done.stderr
 
 
 def test_a_training_process_killed_before_its_run_opens_says_so(tmp_path: Path) -> None:
     job = build(tmp_path, "process", model="tests.isolation_parts:killed_while_building")
-    with pytest.raises(TrainingProcessDied, match=r"killed by SIGKILL before its run opened, "
-                       r"while it built the model and data \(the OOM killer"):  # fmt: skip
+    with pytest.raises(
+        TrainingProcessDied,
+        match=r"killed by SIGKILL before its run opened, "
+        r"while it built the model and data \(the OOM killer",
+    ):
         asyncio.run(job.train())
 
 
@@ -445,11 +474,15 @@ def fork_server_of(process: subprocess.Popen[str]) -> psutil.Process:
     ("fault", "then", "code", "expect"),
     [
         (("--slow-s", "0.05"), "sigterm", 143, "at a step boundary; checkpoint"),
-        (("--freeze-at-call", "8", "--stop-grace-s", "1"), "sigterm", 3,
-         "killed by SIGKILL after it sent nothing for stop_grace_s (1 s)"),
+        (
+            ("--freeze-at-call", "8", "--stop-grace-s", "1"),
+            "sigterm",
+            3,
+            "killed by SIGKILL after it sent nothing for stop_grace_s (1 s)",
+        ),
         (("--slow-s", "0.05"), "sigkill", 3, "the training process was killed by SIGKILL before"),
     ],
-)  # fmt: skip
+)
 def test_a_dead_fork_server_changes_nothing_the_service_sees(
     tmp_path: Path, fault: tuple[str, ...], then: str, code: int, expect: str
 ) -> None:

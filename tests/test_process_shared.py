@@ -122,6 +122,9 @@ def test_the_check_reports_classes_of_an_unimportable_main(monkeypatch: pytest.M
     monkeypatch.setattr(shared, "main_is_importable", lambda: False)
     assert structure_of(Net(8, 2)) == ["Net"]
     settings: dict[str, Any] = {"train_loader": parts.make_loader(), "isolation": "process"}
-    with pytest.raises(ConfigError, match=r"model=Net\(.*needs Net, defined in __main__.*Fix: "
-                       r"move Net into a module"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"model=Net\(.*needs Net, defined in __main__.*Fix: "
+        r"move Net into a module",
+    ):
         create_optimized_training_optimizer(model=Net(8, 2), **settings)

@@ -53,9 +53,12 @@ def test_the_window_is_traced_from_a_worker_thread_and_reported_once(tmp_path: P
     trace, table_file = tmp_path / "profile" / "trace.json", tmp_path / "profile" / "top_ops.txt"
     assert event == "profile"
     assert fields == {
-        "trace": str(trace), "table_file": str(table_file), "first_step": 44,
-        "last_step": 46, "table": fields["table"],
-    }  # fmt: skip
+        "trace": str(trace),
+        "table_file": str(table_file),
+        "first_step": 44,
+        "last_step": 46,
+        "table": fields["table"],
+    }
     events = json.loads(trace.read_text())["traceEvents"]
     names = {e.get("name", "") for e in events}
     assert {"aten::addmm", "aten::linear"} & names  # the forward's ops, seen on the worker

@@ -247,8 +247,11 @@ def test_train_reload_predict_runs_as_written(tmp_path: Path) -> None:
     best = re.search(r"best val_top1 ([0-9.]+)", done.stdout)
     reloaded = re.search(r"test accuracy ([0-9.]+)", done.stdout)
     assert best and reloaded and float(reloaded[1]) > 0.7, done.stdout
-    inspected = re.search(r"^(cpu|single_gpu) \[(.+)\] latest (\d+) best (\d+) (\d+) steps/epoch",
-                          done.stdout, flags=re.M)  # fmt: skip
+    inspected = re.search(
+        r"^(cpu|single_gpu) \[(.+)\] latest (\d+) best (\d+) (\d+) steps/epoch",
+        done.stdout,
+        flags=re.M,
+    )
     assert inspected, done.stdout
     steps = [int(step) for step in inspected[2].split(", ")]
     assert steps[0] == int(inspected[3]) == 65 and int(inspected[4]) in steps
@@ -316,8 +319,9 @@ SCRIPT = re.compile(r"(?:python3?|torchrun)[^\n#]*?\s([\w/]+\.(?:py|sh))\b")
 
 
 def test_the_commands_shown_exist() -> None:
-    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"])  # fmt: skip
+    extras = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    )
     targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), flags=re.M))
     problems = []
     for file in doc_files():
@@ -329,8 +333,9 @@ def test_the_commands_shown_exist() -> None:
         for block in code_blocks(file):
             if block.language != "bash":
                 continue
-            problems += [f"{file}: no target {t!r}" for t in MAKE.findall(block.code)
-                         if t not in targets]  # fmt: skip
+            problems += [
+                f"{file}: no target {t!r}" for t in MAKE.findall(block.code) if t not in targets
+            ]
             for module in MODULE.findall(block.code):
                 if module.split(".")[0] not in ("core", "examples", "benchmarks"):
                     continue  # venv, pip: not the project's

@@ -111,9 +111,17 @@ def run_jobs(log_dir: Path) -> None:
     job = dict(val_loader=val_loader, max_epochs=2, checkpoint_every_n_steps=4, keep_last_n=2)
     # Checkpoints, validation, a data stall, psutil samples, a slow and a failing callback.
     # Best checkpoints and a profiled window too.
-    train(log_dir, "plain", train_loader=Pausing(train_loader, 2, 0.3), data_stall_warn_s=0.1,
-          callbacks=[Slow(), Broken()], event_buffer_size=8, save_best=True,
-          profile_steps=(1, 1, 2), **job)  # fmt: skip
+    train(
+        log_dir,
+        "plain",
+        train_loader=Pausing(train_loader, 2, 0.3),
+        data_stall_warn_s=0.1,
+        callbacks=[Slow(), Broken()],
+        event_buffer_size=8,
+        save_best=True,
+        profile_steps=(1, 1, 2),
+        **job,
+    )
     # Resume past a damaged newest checkpoint (an error record, then resumed).
     newest = max((log_dir / "plain" / "checkpoints").glob("step-*"))
     state = newest / "state.pt"
@@ -130,16 +138,36 @@ def run_jobs(log_dir: Path) -> None:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(GPUMonitor, "__init__", on_fake_nvml)
-        train(log_dir, "fp16", model=OverflowInFP16(), amp_dtype=torch.float16,
-              amp_init_scale=16.0, train_loader=DataLoader(make_classification(256), 16),
-              max_epochs=1, checkpoint_every_n_epochs=None)  # fmt: skip
+        train(
+            log_dir,
+            "fp16",
+            model=OverflowInFP16(),
+            amp_dtype=torch.float16,
+            amp_init_scale=16.0,
+            train_loader=DataLoader(make_classification(256), 16),
+            max_epochs=1,
+            checkpoint_every_n_epochs=None,
+        )
     # A compiled model (CPU inductor): the compile record at the first step.
-    train(log_dir, "compiled", compile=True, train_loader=DataLoader(make_classification(64), 32),
-          max_epochs=1, checkpoint_every_n_epochs=None)  # fmt: skip
+    train(
+        log_dir,
+        "compiled",
+        compile=True,
+        train_loader=DataLoader(make_classification(64), 32),
+        max_epochs=1,
+        checkpoint_every_n_epochs=None,
+    )
     # Out of memory, a NaN step, a NaN validation loss, then a failing step.
     with pytest.raises(TrainingStepError, match="a corrupt sample"):
-        train(log_dir, "faults", model=Flaky(), amp_dtype=torch.float32, val_loader=val_loader,
-              train_loader=DataLoader(make_classification(160), 32), max_epochs=2)  # fmt: skip
+        train(
+            log_dir,
+            "faults",
+            model=Flaky(),
+            amp_dtype=torch.float32,
+            val_loader=val_loader,
+            train_loader=DataLoader(make_classification(160), 32),
+            max_epochs=2,
+        )
     # A loader that hangs through a stop: the step thread is parked at the step boundary.
     hanging = Pausing(DataLoader(make_classification(64), 8), 3, 30.0)
     stop_while(
@@ -148,8 +176,13 @@ def run_jobs(log_dir: Path) -> None:
     hanging.release.set()
     # A step that hangs through a stop: the step thread is abandoned.
     stuck = Stuck()
-    stop_while(log_dir, stuck.waiting, model=stuck, experiment_name="stuck",
-               train_loader=DataLoader(make_classification(64), 8))  # fmt: skip
+    stop_while(
+        log_dir,
+        stuck.waiting,
+        model=stuck,
+        experiment_name="stuck",
+        train_loader=DataLoader(make_classification(64), 8),
+    )
     stuck.release.set()
 
 
@@ -173,9 +206,14 @@ class Stuck(nn.Module):
 def stop_while(log_dir: Path, waiting: threading.Event, **kwargs: Any) -> None:
     """Cancel a run once ``waiting`` is set (a stop grace of 0.3 s)."""
     optimizer = create_optimized_training_optimizer(
-        max_epochs=1, log_dir=log_dir, checkpoint_every_n_steps=2,
-        stop_grace_s=0.3, loader_grace_s=0.1, monitor_interval_s=0.05, **kwargs,
-    )  # fmt: skip
+        max_epochs=1,
+        log_dir=log_dir,
+        checkpoint_every_n_steps=2,
+        stop_grace_s=0.3,
+        loader_grace_s=0.1,
+        monitor_interval_s=0.05,
+        **kwargs,
+    )
 
     async def stop() -> None:
         async with anyio.create_task_group() as tg:
@@ -209,8 +247,12 @@ def test_the_runs_wrote_every_record_a_single_process_can(records: list[dict[str
     # the process), log_degraded (events() only, on a failing disk), compile_decision
     # (compile="auto" on CUDA; its fields are checked in test_compile.py).
     expected = set(RECORDS) - {
-        "uneven_inputs", "signal_received", "forced_exit", "log_degraded", "compile_decision"
-    }  # fmt: skip
+        "uneven_inputs",
+        "signal_received",
+        "forced_exit",
+        "log_degraded",
+        "compile_decision",
+    }
     if torch.cuda.is_available():  # the plain runs sample a real GPU
         expected.discard("monitor_degraded")
     assert expected <= seen, sorted(expected - seen)
@@ -219,8 +261,12 @@ def test_the_runs_wrote_every_record_a_single_process_can(records: list[dict[str
         return {r.get(field) for r in records if r["event"] == event}
 
     # best_checkpoint_missing: the resume past the damaged checkpoint finds its best pruned.
-    kinds = {"checkpoint_invalid", "nonfinite_validation_loss", "callback_failed",
-             "best_checkpoint_missing"}  # fmt: skip
+    kinds = {
+        "checkpoint_invalid",
+        "nonfinite_validation_loss",
+        "callback_failed",
+        "best_checkpoint_missing",
+    }
     assert values("error", "kind") == kinds
     assert values("run_end", "status") == {"completed", "failed", "cancelled", "abandoned"}
     assert values("step_thread_abandoned", "waiting_for") == {"step"}
@@ -233,10 +279,18 @@ def test_the_runs_wrote_every_record_a_single_process_can(records: list[dict[str
 
 def valid_checkpoint() -> dict[str, Any]:
     return {
-        "event": "checkpoint", "ts": "2026-11-22T03:15:00.123456Z", "level": "info",
-        "run_id": "20261122-031500.123-a1b2c3", "rank": 0, "path": "ckpt/step-000000004",
-        "step": 4, "epoch": 0, "reason": "step", "best": False, "save_time_s": 0.01,
-    }  # fmt: skip
+        "event": "checkpoint",
+        "ts": "2026-11-22T03:15:00.123456Z",
+        "level": "info",
+        "run_id": "20261122-031500.123-a1b2c3",
+        "rank": 0,
+        "path": "ckpt/step-000000004",
+        "step": 4,
+        "epoch": 0,
+        "reason": "step",
+        "best": False,
+        "save_time_s": 0.01,
+    }
 
 
 def test_check_record_finds_missing_unexpected_and_mistyped_fields() -> None:

@@ -46,9 +46,17 @@ def torchrun_job(
     out: Path, *args: str, extra: tuple[str, ...] = (), timeout: float = 240
 ) -> tuple[subprocess.CompletedProcess[str], float]:
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        *extra, str(JOB), "--out", str(out), *args,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        *extra,
+        str(JOB),
+        "--out",
+        str(out),
+        *args,
+    ]
     started = time.monotonic()
     done = subprocess.run(
         command, env=ENV, capture_output=True, text=True, timeout=timeout, check=False
@@ -132,11 +140,17 @@ def build(log_dir: Path, accumulation: int, **kwargs: Any) -> Any:
     torch.manual_seed(11)
     model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.3), nn.Tanh(), nn.Linear(16, 2))
     return create_optimized_training_optimizer(
-        model=model, train_loader=loaders_for(), max_epochs=3, learning_rate=1e-2, seed=3,
+        model=model,
+        train_loader=loaders_for(),
+        max_epochs=3,
+        learning_rate=1e-2,
+        seed=3,
         gradient_accumulation_config=GradientAccumulationConfig(accumulation),
         scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.8),
-        log_dir=log_dir, experiment_name="resume", **kwargs,
-    )  # fmt: skip
+        log_dir=log_dir,
+        experiment_name="resume",
+        **kwargs,
+    )
 
 
 async def cancel_after(optimizer: Any, step: int) -> None:
@@ -236,10 +250,20 @@ def test_5_sigterm_to_the_example_checkpoints_exits_143_and_resume_completes(
 ) -> None:
     example = ROOT / "examples" / "email_sequence" / "train.py"
     args = [
-        sys.executable, str(example), "--epochs", "2", "--train-samples", "6000",
-        "--val-samples", "500", "--log-dir", str(tmp_path), "--no-progress",
-        "--checkpoint-every-n-steps", "10",
-    ]  # fmt: skip
+        sys.executable,
+        str(example),
+        "--epochs",
+        "2",
+        "--train-samples",
+        "6000",
+        "--val-samples",
+        "500",
+        "--log-dir",
+        str(tmp_path),
+        "--no-progress",
+        "--checkpoint-every-n-steps",
+        "10",
+    ]
     process = subprocess.Popen(
         args, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -297,9 +321,13 @@ def test_6_nan_loss_skips_the_step_and_persistent_nan_stops(
 ) -> None:
     model = NaNAt({4})
     optimizer = create_optimized_training_optimizer(
-        model=model, train_loader=DataLoader(make_classification(128), batch_size=16),
-        max_epochs=1, amp_dtype=dtype, log_dir=tmp_path, checkpoint_every_n_epochs=None,
-    )  # fmt: skip
+        model=model,
+        train_loader=DataLoader(make_classification(128), batch_size=16),
+        max_epochs=1,
+        amp_dtype=dtype,
+        log_dir=tmp_path,
+        checkpoint_every_n_epochs=None,
+    )
     results = anyio.run(optimizer.train)
     assert results.global_step == 8
     assert torch.equal(model.snapshots[3], model.snapshots[4])  # step 4 left weights untouched
@@ -310,10 +338,13 @@ def test_6_nan_loss_skips_the_step_and_persistent_nan_stops(
     assert [r["step"] for r in log if r["event"] == "nonfinite_skipped"] == [4]
 
     persistent = create_optimized_training_optimizer(
-        model=NaNAt(None, start=3), max_epochs=1, amp_dtype=dtype, log_dir=tmp_path,
+        model=NaNAt(None, start=3),
+        max_epochs=1,
+        amp_dtype=dtype,
+        log_dir=tmp_path,
         train_loader=DataLoader(make_classification(512), batch_size=16),
         max_consecutive_nonfinite=10,
-    )  # fmt: skip
+    )
     with pytest.raises(
         NonFiniteLossError, match=r"10 optimizer steps in a row, the last at step 12"
     ):
@@ -339,10 +370,15 @@ class OverflowInFP16(nn.Module):
 
 def test_7_fp16_overflow_at_min_scale_falls_back_and_finishes(tmp_path: Path) -> None:
     optimizer = create_optimized_training_optimizer(
-        model=OverflowInFP16(), train_loader=DataLoader(make_classification(256), batch_size=16),
-        max_epochs=2, amp_dtype=torch.float16, amp_init_scale=16.0, amp_min_scale=1.0,
-        log_dir=tmp_path, learning_rate=1e-2,
-    )  # fmt: skip
+        model=OverflowInFP16(),
+        train_loader=DataLoader(make_classification(256), batch_size=16),
+        max_epochs=2,
+        amp_dtype=torch.float16,
+        amp_init_scale=16.0,
+        amp_min_scale=1.0,
+        log_dir=tmp_path,
+        learning_rate=1e-2,
+    )
     results = anyio.run(optimizer.train)
     assert results.epochs_completed == 2 and results.train_loss is not None
     log = [json.loads(x) for x in (results.run_dir / "events.jsonl").read_text().splitlines()]
@@ -377,10 +413,14 @@ class OOMAbove(nn.Module):
 def test_8_oom_halves_the_micro_batch_and_matches_a_run_started_there(tmp_path: Path) -> None:
     def run(model: nn.Module, micro: int | None) -> Any:
         optimizer = create_optimized_training_optimizer(
-            model=model, train_loader=DataLoader(make_classification(160), batch_size=32),
-            max_epochs=2, learning_rate=1e-2, log_dir=tmp_path, seed=0,
+            model=model,
+            train_loader=DataLoader(make_classification(160), batch_size=32),
+            max_epochs=2,
+            learning_rate=1e-2,
+            log_dir=tmp_path,
+            seed=0,
             gradient_accumulation_config=GradientAccumulationConfig(2, micro_batch_size=micro),
-        )  # fmt: skip
+        )
         return optimizer, anyio.run(optimizer.train)
 
     recovered, results = run(OOMAbove(limit=10), None)
@@ -426,9 +466,17 @@ def test_9_a_pickled_payload_is_refused_and_never_runs(tmp_path: Path) -> None:
 @pytest.mark.distributed
 def test_10_torchrun_restarts_a_rank_that_exited_and_the_job_resumes(tmp_path: Path) -> None:
     done, _ = torchrun_job(
-        tmp_path, "--exit-rank", "1", "--exit-at-call", "9", "--resume", "auto",
-        "--samples", "96", extra=("--max-restarts=1",),
-    )  # fmt: skip
+        tmp_path,
+        "--exit-rank",
+        "1",
+        "--exit-at-call",
+        "9",
+        "--resume",
+        "auto",
+        "--samples",
+        "96",
+        extra=("--max-restarts=1",),
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert (tmp_path / "exited_once").exists()
     runs = records(tmp_path / "logs")
@@ -444,9 +492,18 @@ def test_11_a_rank_that_never_reaches_a_collective_fails_both_within_the_timeout
 ) -> None:
     timeout_s = 5.0
     done, elapsed = torchrun_job(
-        tmp_path, "--hang-rank", "1", "--hang-at-call", "4", "--timeout-s", str(timeout_s),
-        "--samples", "96", "--stop-grace-s", "2",  # the hung rank is abandoned 2 s after SIGTERM
-    )  # fmt: skip
+        tmp_path,
+        "--hang-rank",
+        "1",
+        "--hang-at-call",
+        "4",
+        "--timeout-s",
+        str(timeout_s),
+        "--samples",
+        "96",
+        "--stop-grace-s",
+        "2",  # the hung rank is abandoned 2 s after SIGTERM
+    )
     assert done.returncode != 0
     assert elapsed < timeout_s + 60
     output = done.stdout + done.stderr

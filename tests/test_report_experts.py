@@ -37,13 +37,27 @@ def moe_events(tmp_path_factory: pytest.TempPathFactory) -> Path:
     some assignments are dropped), reports left to the tests."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = MoETransformer(vocabulary(), 8, seq_len=SEQ, d_model=16, heads=2, layers=LAYERS,
-                           experts=EXPERTS, top_k=TOP_K, capacity_factor=1.0)  # fmt: skip
+    model = MoETransformer(
+        vocabulary(),
+        8,
+        seq_len=SEQ,
+        d_model=16,
+        heads=2,
+        layers=LAYERS,
+        experts=EXPERTS,
+        top_k=TOP_K,
+        capacity_factor=1.0,
+    )
     optimizer = create_optimized_training_optimizer(
-        model=model, train_loader=DataLoader(domain_sequences(48, seq_len=SEQ), batch_size=BATCH),
-        max_epochs=1, log_dir=tmp_path_factory.mktemp("logs"), seed=0, progress=False,
-        reports=False, multi_gpu_config=MultiGPUConfig(training_mode="expert_parallel"),
-    )  # fmt: skip
+        model=model,
+        train_loader=DataLoader(domain_sequences(48, seq_len=SEQ), batch_size=BATCH),
+        max_epochs=1,
+        log_dir=tmp_path_factory.mktemp("logs"),
+        seed=0,
+        progress=False,
+        reports=False,
+        multi_gpu_config=MultiGPUConfig(training_mode="expert_parallel"),
+    )
     results = anyio.run(optimizer.train)
     return Path(results.run_dir) / "events.jsonl"
 
@@ -94,14 +108,18 @@ def test_the_experts_section_matches_the_records(moe_events: Path) -> None:
         shares = "  ".join(f"{100 * t / totals.sum():.1f}%" for t in totals)
         assert f"  {layer:<24}{shares}\n" in text
     total = sum(kept) + sum(dropped)
-    assert (f"dropped assignments     {sum(dropped)} of {total:,} "
-            f"({100 * sum(dropped) / total:.1f}%), all layers, 6 steps") in text  # fmt: skip
+    assert (
+        f"dropped assignments     {sum(dropped)} of {total:,} "
+        f"({100 * sum(dropped) / total:.1f}%), all layers, 6 steps"
+    ) in text
     mean = sum(s["moe_aux_loss"] for s in steps) / len(steps)
     assert f"mean aux loss           {mean:.4g} over the last 6 steps" in text
     (device,) = records[0]["resolved"]["strategy"]["expert_placement"]["devices"]
     assert "placement               planned over 1 device; planned: experts run on cpu" in text
-    assert (f"  cpu                     8 experts, cost {device['cost']:,.0f} (cpu, 1 SMs)\n"
-            "                          0-3 of every layer\n") in text  # fmt: skip
+    assert (
+        f"  cpu                     8 experts, cost {device['cost']:,.0f} (cpu, 1 SMs)\n"
+        "                          0-3 of every layer\n"
+    ) in text
     assert "counted on" not in text  # one process: every token is counted
 
 
@@ -114,8 +132,9 @@ def test_the_heatmap_shows_each_experts_share_per_step(moe_events: Path) -> None
 
     heatmaps = [ax for ax in figure.axes if ax.get_images()]
     assert [ax.get_title(loc="left") for ax in heatmaps] == [
-        "blocks.0.moe: share of kept assignments", "blocks.1.moe: share of kept assignments"
-    ]  # fmt: skip
+        "blocks.0.moe: share of kept assignments",
+        "blocks.1.moe: share of kept assignments",
+    ]
     counts = np.array([s["moe_tokens_per_expert"]["blocks.1.moe"] for s in steps], float).T
     shown = heatmaps[1].get_images()[0].get_array()
     np.testing.assert_allclose(np.ma.getdata(shown), counts / counts.sum(axis=0))
@@ -134,14 +153,35 @@ def test_the_heatmap_shows_each_experts_share_per_step(moe_events: Path) -> None
 
 def torchrun_records(world: int = 2) -> list[dict[str, Any]]:
     """Rank 0's records of a 2-rank expert_parallel job (8 experts per layer)."""
-    layers = {f"blocks.{i}.moe": {"experts": 8, "experts_per_rank": 8 // world,
-                                  "held": list(range(8 // world))} for i in range(2)}  # fmt: skip
-    strategy = {"training_mode": "expert_parallel", "world_size": world, "rank": 0,
-                "expert_parallel": {"token_exchange": "all_gather", "note": "asked for",
-                                    "dense": "ddp", "layers": layers}}  # fmt: skip
-    steps = [{"event": "train_step", "step": s, "moe_aux_loss": 1.0 + s / 100,
-              "moe_tokens_per_expert": {n: [s, 1, 1, 1, 1, 1, 1, 1] for n in layers},
-              "moe_dropped_tokens": 2} for s in range(1, 4)]  # fmt: skip
+    layers = {
+        f"blocks.{i}.moe": {
+            "experts": 8,
+            "experts_per_rank": 8 // world,
+            "held": list(range(8 // world)),
+        }
+        for i in range(2)
+    }
+    strategy = {
+        "training_mode": "expert_parallel",
+        "world_size": world,
+        "rank": 0,
+        "expert_parallel": {
+            "token_exchange": "all_gather",
+            "note": "asked for",
+            "dense": "ddp",
+            "layers": layers,
+        },
+    }
+    steps = [
+        {
+            "event": "train_step",
+            "step": s,
+            "moe_aux_loss": 1.0 + s / 100,
+            "moe_tokens_per_expert": {n: [s, 1, 1, 1, 1, 1, 1, 1] for n in layers},
+            "moe_dropped_tokens": 2,
+        }
+        for s in range(1, 4)
+    ]
     return [{"event": "run_start", "run_id": "ep-job", "resolved": {"strategy": strategy}}, *steps]
 
 
@@ -172,9 +212,15 @@ def test_a_torchrun_job_shows_the_experts_each_rank_holds(tmp_path: Path) -> Non
 @pytest.mark.plots
 def test_a_long_run_with_many_layers_is_binned_and_capped(tmp_path: Path) -> None:
     layers = [f"layer{i}" for i in range(8)]
-    records = [{"event": "train_step", "step": s, "moe_dropped_tokens": 0,
-                "moe_tokens_per_expert": {n: [s % 3, 1, 2] for n in layers}}
-               for s in range(1, 1001)]  # fmt: skip
+    records = [
+        {
+            "event": "train_step",
+            "step": s,
+            "moe_dropped_tokens": 0,
+            "moe_tokens_per_expert": {n: [s % 3, 1, 2] for n in layers},
+        }
+        for s in range(1, 1001)
+    ]
     figure = activations_figure(records)
     assert figure is not None
 
@@ -190,13 +236,25 @@ def test_a_long_run_with_many_layers_is_binned_and_capped(tmp_path: Path) -> Non
 
 def test_odd_content_never_raises(tmp_path: Path) -> None:
     records: list[dict[str, Any]] = [
-        {"event": "run_start", "resolved": {"strategy": {"world_size": 2**70, "expert_parallel":
-            {"layers": {"a": {"experts_per_rank": 2**70}, "b": 5}}}}},
-        {"event": "train_step", "step": 1, "moe_tokens_per_expert": {"x": "abc", "y": [None, -3]},
-         "moe_dropped_tokens": "q", "moe_aux_loss": float("nan")},
+        {
+            "event": "run_start",
+            "resolved": {
+                "strategy": {
+                    "world_size": 2**70,
+                    "expert_parallel": {"layers": {"a": {"experts_per_rank": 2**70}, "b": 5}},
+                }
+            },
+        },
+        {
+            "event": "train_step",
+            "step": 1,
+            "moe_tokens_per_expert": {"x": "abc", "y": [None, -3]},
+            "moe_dropped_tokens": "q",
+            "moe_aux_loss": float("nan"),
+        },
         {"event": "train_step", "step": None, "moe_tokens_per_expert": {"x": [1]}},
         {"event": "train_step", "step": 2, "moe_tokens_per_expert": [1, 2]},
-    ]  # fmt: skip
+    ]
     text = format_performance_summary(records)
     assert "not available" not in text
     assert re.search(r"MoE layers\s+1 \(2 experts each\), 1 step with routing", text)
@@ -208,10 +266,13 @@ def test_odd_content_never_raises(tmp_path: Path) -> None:
 @pytest.mark.plots
 def test_an_added_expert_and_odd_counts_still_draw(tmp_path: Path) -> None:
     records = [
-        {"event": "train_step", "step": 1,
-         "moe_tokens_per_expert": {"grown": [1, 3], "odd": [None, -3], "none": []}},
+        {
+            "event": "train_step",
+            "step": 1,
+            "moe_tokens_per_expert": {"grown": [1, 3], "odd": [None, -3], "none": []},
+        },
         {"event": "train_step", "step": 2, "moe_tokens_per_expert": {"grown": [1, 1, 2]}},
-    ]  # fmt: skip
+    ]
     assert write_expert_activations(records, tmp_path / "a.png") == tmp_path / "a.png"
     figure = activations_figure(records)
     assert figure is not None
@@ -224,13 +285,27 @@ def test_an_added_expert_and_odd_counts_still_draw(tmp_path: Path) -> None:
 
 def test_a_plan_over_two_gpus_lists_each_devices_experts() -> None:
     devices = [
-        {"device": "cuda:0", "name": "H100", "sm_count": 132, "cost": 3000.0,
-         "experts": ["a.0", "a.1", "b.0"]},
-        {"device": "cuda:1", "name": "A10", "sm_count": 72, "cost": 1500.0,
-         "experts": ["a.2", "b.1", "b.2"]},
-    ]  # fmt: skip
-    strategy = {"device": "cuda:0", "world_size": 1, "experts_moved": True,
-                "expert_placement": {"devices": devices}}  # fmt: skip
+        {
+            "device": "cuda:0",
+            "name": "H100",
+            "sm_count": 132,
+            "cost": 3000.0,
+            "experts": ["a.0", "a.1", "b.0"],
+        },
+        {
+            "device": "cuda:1",
+            "name": "A10",
+            "sm_count": 72,
+            "cost": 1500.0,
+            "experts": ["a.2", "b.1", "b.2"],
+        },
+    ]
+    strategy = {
+        "device": "cuda:0",
+        "world_size": 1,
+        "experts_moved": True,
+        "expert_placement": {"devices": devices},
+    }
     start = {"event": "run_start", "resolved": {"strategy": strategy}}
     text = section(format_performance_summary([start]))
 

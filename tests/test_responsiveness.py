@@ -43,20 +43,27 @@ EPOCHS = 3
 
 def _config(index: int, log_dir: Path, isolation: str) -> TrainingConfig:
     return TrainingConfig(
-        run=RunConfig(experiment_name=f"loop-{index}", max_epochs=EPOCHS, log_dir=log_dir,
-                      seed=index, val_every_n_steps=6, isolation=isolation),
+        run=RunConfig(
+            experiment_name=f"loop-{index}",
+            max_epochs=EPOCHS,
+            log_dir=log_dir,
+            seed=index,
+            val_every_n_steps=6,
+            isolation=isolation,
+        ),
         optim=OptimConfig(learning_rate=3e-3, max_grad_norm=1.0),
         checkpoint=CheckpointConfig(checkpoint_every_n_steps=5, save_best=True),
-    )  # fmt: skip
+    )
 
 
 async def _train(index: int, log_dir: Path, results: list[TrainingResults], isolation: str) -> None:
     train_set, val_set = EmailSequenceDataset(384, seed=0), EmailSequenceDataset(128, seed=1)
     torch.manual_seed(index)
     model = EmailSequenceModel(
-        vocab_size=train_set.vocab_size, max_emails=train_set.max_emails,
+        vocab_size=train_set.vocab_size,
+        max_emails=train_set.max_emails,
         subject_len=train_set.subject_len,
-    )  # fmt: skip
+    )
     train = DataLoader(train_set, batch_size=32, shuffle=True)
     val = DataLoader(val_set, batch_size=128)
     config, callbacks = _config(index, log_dir, isolation), [CSVLogger()]

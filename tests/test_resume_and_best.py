@@ -43,9 +43,13 @@ def train(log_dir: Path, **kwargs: Any) -> Any:
     kwargs.setdefault("model", make_model())
     kwargs.setdefault("val_loader", val_loader)
     run = create_optimized_training_optimizer(
-        train_loader=train_loader, log_dir=log_dir, seed=0,
-        max_epochs=kwargs.pop("max_epochs", 3), progress=False, **kwargs,
-    )  # fmt: skip
+        train_loader=train_loader,
+        log_dir=log_dir,
+        seed=0,
+        max_epochs=kwargs.pop("max_epochs", 3),
+        progress=False,
+        **kwargs,
+    )
     return Done(run, anyio.run(run.train))
 
 
@@ -151,8 +155,9 @@ def test_a_resume_whose_best_was_deleted_forgets_it_and_says_so(log_dir: Path) -
 
 
 def test_save_top_k_keeps_the_k_best_by_monitor_and_prunes_the_rest(log_dir: Path) -> None:
-    run = train(log_dir, save_top_k=2, keep_last_n=1, monitor="val_accuracy", mode="max",
-                max_epochs=5)  # fmt: skip
+    run = train(
+        log_dir, save_top_k=2, keep_last_n=1, monitor="val_accuracy", mode="max", max_epochs=5
+    )
     values = [(r["val_accuracy"], r["step"]) for r in records(run, "validation")]
     ranked: list[list[float | str]] = []
     for value, step in values:
@@ -265,16 +270,28 @@ def test_save_last_links_the_newest_checkpoint(log_dir: Path) -> None:
 # -- early stopping on monitor ---------------------------------------------------------------
 def test_early_stopping_follows_the_checkpoint_monitor_and_mode(log_dir: Path) -> None:
     # The training loss falls every epoch: watched with mode="max" it never improves.
-    run = train(log_dir, max_epochs=10, early_stopping_patience=2, monitor="train_loss",
-                mode="max", val_loader=None)  # fmt: skip
+    run = train(
+        log_dir,
+        max_epochs=10,
+        early_stopping_patience=2,
+        monitor="train_loss",
+        mode="max",
+        val_loader=None,
+    )
     assert run.results.stopped_early and run.results.epochs_completed == 3
 
 
 def test_early_stopping_on_a_metric_of_its_own(log_dir: Path) -> None:
     # No F1 improves by more than 1.0: the second epoch is the first bad one.
-    run = train(log_dir, max_epochs=10, metrics={"f1": F1Score(num_classes=2)},
-                early_stopping_patience=1, early_stopping_monitor="val_f1",
-                early_stopping_mode="max", early_stopping_min_delta=1.0)  # fmt: skip
+    run = train(
+        log_dir,
+        max_epochs=10,
+        metrics={"f1": F1Score(num_classes=2)},
+        early_stopping_patience=1,
+        early_stopping_monitor="val_f1",
+        early_stopping_mode="max",
+        early_stopping_min_delta=1.0,
+    )
     assert run.results.stopped_early and run.results.epochs_completed == 2
 
 

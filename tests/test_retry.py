@@ -43,12 +43,16 @@ class DropoutOOMAbove(nn.Module):
 
 def run(model: nn.Module, micro: int | None, log_dir: Path, accumulation: int = 2) -> Any:
     optimizer = create_optimized_training_optimizer(
-        model=model, train_loader=DataLoader(make_classification(96), batch_size=32),
-        max_epochs=2, learning_rate=1e-2, log_dir=log_dir, seed=0,
+        model=model,
+        train_loader=DataLoader(make_classification(96), batch_size=32),
+        max_epochs=2,
+        learning_rate=1e-2,
+        log_dir=log_dir,
+        seed=0,
         gradient_accumulation_config=GradientAccumulationConfig(
             accumulation, micro_batch_size=micro
         ),
-    )  # fmt: skip
+    )
     return optimizer, anyio.run(optimizer.train)
 
 
@@ -127,6 +131,9 @@ def test_the_policy_follows_the_setting_and_the_strategy() -> None:
     assert policy(one, "auto") is LocalRetry and policy(one, "off") is NoRetry
     assert policy(TwoRanks(True), "auto") is NoRetry
     assert policy(TwoRanks(True), "on") is AgreedRetry
-    with pytest.raises(ConfigError, match=r"oom_recovery='on' is not supported with "
-                       r"training_mode='fsdp'"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"oom_recovery='on' is not supported with "
+        r"training_mode='fsdp'",
+    ):
         policy(TwoRanks(False), "on")

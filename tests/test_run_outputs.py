@@ -27,9 +27,14 @@ from tests.helpers import loaders, make_model
 def train(tmp_path: Path, model: torch.nn.Module | None = None, **settings: Any) -> Any:
     train_loader, val_loader = loaders(n=128, batch_size=32)
     optimizer = create_optimized_training_optimizer(
-        model=model or make_model(), train_loader=train_loader, val_loader=val_loader,
-        log_dir=tmp_path, max_epochs=2, monitor_interval_s=0.05, **settings,
-    )  # fmt: skip
+        model=model or make_model(),
+        train_loader=train_loader,
+        val_loader=val_loader,
+        log_dir=tmp_path,
+        max_epochs=2,
+        monitor_interval_s=0.05,
+        **settings,
+    )
     results = anyio.run(optimizer.train)
     optimizer.close()
     return results
@@ -111,8 +116,17 @@ def test_run_start_holds_the_model_summary_the_plan_and_the_weights_lineage(
     start = run_start(train(tmp_path, model=model))
     assert start["model_summary"] == json.loads(json.dumps(summarize_model(make_model())))
     assert start["plan"] | {"max_epochs": 2} == {
-        "max_epochs": 2, "max_steps": None, "batches_per_epoch": 4, "steps_per_epoch": 4,
-        "effective_batch_size": 32, "world_size": 1, "has_validation": True,
-        "val_every_n_epochs": 1, "val_every_n_steps": None, "save_best": False, "save_top_k": 0,
-        "monitor": "val_loss", "mode": "min",
-    }  # fmt: skip
+        "max_epochs": 2,
+        "max_steps": None,
+        "batches_per_epoch": 4,
+        "steps_per_epoch": 4,
+        "effective_batch_size": 32,
+        "world_size": 1,
+        "has_validation": True,
+        "val_every_n_epochs": 1,
+        "val_every_n_steps": None,
+        "save_best": False,
+        "save_top_k": 0,
+        "monitor": "val_loss",
+        "mode": "min",
+    }

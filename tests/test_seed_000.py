@@ -35,9 +35,14 @@ from gpu_utilization_mixed_precision_system import (
 from tests.helpers import make_model
 
 SEED_METRICS = {
-    "gpu_utilization", "memory_allocated_gb", "memory_reserved_gb", "memory_utilization",
-    "temperature", "power_w", "timestamp",
-}  # fmt: skip
+    "gpu_utilization",
+    "memory_allocated_gb",
+    "memory_reserved_gb",
+    "memory_utilization",
+    "temperature",
+    "power_w",
+    "timestamp",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -115,9 +120,12 @@ def test_basic_usage_sets_up_trains_and_cleans_up(tmp_path: Path) -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=0.001)
     before = [p.detach().clone() for p in model.parameters()]
     training_stats = training_system.training_loop(
-        model=model, train_loader=dataloader, criterion=criterion, optimizer=optimizer,
+        model=model,
+        train_loader=dataloader,
+        criterion=criterion,
+        optimizer=optimizer,
         num_epochs=2,
-    )  # fmt: skip
+    )
     training_system.cleanup()
 
     assert training_stats["epochs_completed"] == 2 and training_stats["global_step"] == 8
@@ -132,11 +140,17 @@ def test_basic_usage_sets_up_trains_and_cleans_up(tmp_path: Path) -> None:
 
 def test_gpu_config_maps_onto_the_config_tree(tmp_path: Path) -> None:
     gpu_config = GPUConfig(
-        device_ids=[0, 1], memory_fraction=0.95, enable_data_parallel=True,
-        enable_distributed=False, pin_memory=False, num_workers=8, prefetch_factor=4,
-        persistent_workers=False, enable_gradient_checkpointing=True,
+        device_ids=[0, 1],
+        memory_fraction=0.95,
+        enable_data_parallel=True,
+        enable_distributed=False,
+        pin_memory=False,
+        num_workers=8,
+        prefetch_factor=4,
+        persistent_workers=False,
+        enable_gradient_checkpointing=True,
         enable_mixed_precision=False,
-    )  # fmt: skip
+    )
     system = IntegratedGPUTrainingSystem(gpu_config, log_dir=tmp_path, progress=False)
     tree = system.training_config(Blocks())
     assert tree.hardware.memory_fraction == 0.95

@@ -28,8 +28,16 @@ from core.mixed_precision_training import (
 from core.optimized_training_optimizer import create_optimized_training_optimizer
 from tests.helpers import loaders, make_classification, make_model
 
-SEED_METRICS = {"loss", "accuracy", "step_time", "loss_scale", "overflow", "skipped", "lr",
-                "grad_norm"}  # fmt: skip
+SEED_METRICS = {
+    "loss",
+    "accuracy",
+    "step_time",
+    "loss_scale",
+    "overflow",
+    "skipped",
+    "lr",
+    "grad_norm",
+}
 
 
 def weights(model: nn.Module) -> list[torch.Tensor]:
@@ -40,9 +48,12 @@ def test_the_basic_usage_loop_returns_the_seed_metrics() -> None:
     model = make_model()
     optimizer = torch.optim.Adam(model.parameters())
     mp_trainer = create_mixed_precision_trainer(
-        model=model, optimizer=optimizer, enable_amp=True, dtype=torch.float16,
+        model=model,
+        optimizer=optimizer,
+        enable_amp=True,
+        dtype=torch.float16,
         enable_grad_scaler=True,
-    )  # fmt: skip
+    )
     dataloader, _ = loaders(n=64, batch_size=16, val=False)
     for batch in dataloader:
         inputs, targets = batch
@@ -101,16 +112,32 @@ def test_an_fp16_overflow_is_skipped_on_the_step_and_backs_off_the_scale() -> No
 
 def test_the_advanced_configuration_maps_the_seed_names(tmp_path: Path) -> None:
     config = MixedPrecisionConfig(
-        enable_amp=True, dtype=torch.float16, enable_grad_scaler=True, init_scale=2**16,
-        growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, enable_monitoring=True,
-        log_amp_stats=True, track_memory_usage=True, validate_amp=True, check_compatibility=True,
-    )  # fmt: skip
-    assert config.scaler == LossScalerConfig(init_scale=2**16, growth_factor=2.0,
-                                             backoff_factor=0.5, growth_interval=2000)  # fmt: skip
+        enable_amp=True,
+        dtype=torch.float16,
+        enable_grad_scaler=True,
+        init_scale=2**16,
+        growth_factor=2.0,
+        backoff_factor=0.5,
+        growth_interval=2000,
+        enable_monitoring=True,
+        log_amp_stats=True,
+        track_memory_usage=True,
+        validate_amp=True,
+        check_compatibility=True,
+    )
+    assert config.scaler == LossScalerConfig(
+        init_scale=2**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000
+    )
     seed_000 = MixedPrecisionConfig(
-        enabled=True, dtype="bfloat16", loss_scaling=True, initial_scale=2**15,
-        growth_factor=1.5, hysteresis=2000, min_scale=1.0, max_scale=2**24,
-    )  # fmt: skip
+        enabled=True,
+        dtype="bfloat16",
+        loss_scaling=True,
+        initial_scale=2**15,
+        growth_factor=1.5,
+        hysteresis=2000,
+        min_scale=1.0,
+        max_scale=2**24,
+    )
     assert seed_000.scaler.init_scale == 2**15 and seed_000.scaler.hysteresis == 2000
     saved = TrainingConfig(precision=seed_000).to_dict()["precision"]
     assert "initial_scale" not in saved and saved["scaler"]["init_scale"] == 2**15  # one leaf
@@ -131,8 +158,9 @@ def test_the_advanced_configuration_maps_the_seed_names(tmp_path: Path) -> None:
 
 def test_enabled_false_starts_in_fp32_until_enable_amp() -> None:
     model = make_model()
-    trainer = create_mixed_precision_trainer(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                                             dtype="bf16", enabled=False)  # fmt: skip
+    trainer = create_mixed_precision_trainer(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), dtype="bf16", enabled=False
+    )
     batch = next(iter(loaders(n=16, batch_size=16, val=False)[0]))
     assert trainer.train_step(batch)["precision"] == "fp32"
     trainer.enable_amp()
@@ -142,11 +170,13 @@ def test_enabled_false_starts_in_fp32_until_enable_amp() -> None:
 
 def test_amp_stats_measure_the_memory_saving_and_save_as_json(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                          nn.Linear(512, 4))  # fmt: skip
+    model = nn.Sequential(
+        nn.Linear(16, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 4)
+    )
     batch = (torch.randn(256, 16), torch.randint(0, 4, (256,)))
-    trainer = create_mixed_precision_trainer(model, torch.optim.SGD(model.parameters(), lr=0.01),
-                                             dtype="bf16", track_memory_usage=True)  # fmt: skip
+    trainer = create_mixed_precision_trainer(
+        model, torch.optim.SGD(model.parameters(), lr=0.01), dtype="bf16", track_memory_usage=True
+    )
     assert trainer.get_amp_stats()["avg_memory_savings"] is None  # before the first step
     trainer.train_step(batch)
     stats = trainer.get_amp_stats()
@@ -156,10 +186,19 @@ def test_amp_stats_measure_the_memory_saving_and_save_as_json(tmp_path: Path) ->
     path = trainer.save_amp_stats(tmp_path / "logs" / "amp_stats.json")
     saved = json.loads(path.read_text())
     assert saved["avg_memory_savings"] == stats["avg_memory_savings"]
-    assert {"total_steps", "amp_steps", "scaler_updates", "overflow_count", "current_scale",
-            "amp_usage_ratio", "overflow_ratio", "avg_step_time"} <= saved.keys()  # fmt: skip
-    untracked = create_mixed_precision_trainer(model, torch.optim.SGD(model.parameters()),
-                                               dtype="bf16")  # fmt: skip
+    assert {
+        "total_steps",
+        "amp_steps",
+        "scaler_updates",
+        "overflow_count",
+        "current_scale",
+        "amp_usage_ratio",
+        "overflow_ratio",
+        "avg_step_time",
+    } <= saved.keys()
+    untracked = create_mixed_precision_trainer(
+        model, torch.optim.SGD(model.parameters()), dtype="bf16"
+    )
     assert untracked.get_amp_stats()["avg_memory_savings"] is None
     assert "track_memory_usage is off" in untracked.get_amp_stats()["memory_savings_note"]
 
@@ -169,8 +208,9 @@ def test_seed_000_four_calls_equal_train_step() -> None:
     trainer = MixedPrecisionTrainer(config)
     model, other = make_model(), make_model()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    reference = create_mixed_precision_trainer(other, torch.optim.Adam(other.parameters(),
-                                               lr=1e-2), dtype="float16")  # fmt: skip
+    reference = create_mixed_precision_trainer(
+        other, torch.optim.Adam(other.parameters(), lr=1e-2), dtype="float16"
+    )
     criterion = nn.CrossEntropyLoss()
     for data, targets in loaders(n=64, batch_size=16, val=False)[0]:
         predictions = trainer.forward_pass(model, data)
@@ -191,8 +231,9 @@ def test_mixed_precision_optimizer_trains_and_validates_epochs(
     emptied: list[str] = []  # empty_cache stands in for CUDA's (a no-op on CPU)
     monkeypatch.setattr(Device, "empty_cache", lambda self: emptied.append(str(self.torch)))
     model = make_model()
-    mp = create_mixed_precision_optimizer(model, torch.optim.Adam(model.parameters(), lr=1e-2),
-                                          dtype="bf16", clear_cache=True)  # fmt: skip
+    mp = create_mixed_precision_optimizer(
+        model, torch.optim.Adam(model.parameters(), lr=1e-2), dtype="bf16", clear_cache=True
+    )
     train, val = loaders(n=64, batch_size=16)
     epoch = mp.train_epoch(train)
     assert (epoch["steps"], epoch["samples"], epoch["skipped_steps"]) == (4, 64, 0)
@@ -230,15 +271,27 @@ def test_the_optimized_training_integration_snippet_trains_one_epoch(
     monkeypatch.setattr(Device, "empty_cache", lambda self: emptied.append(str(self.torch)))
     model = make_model()
     optimizer = create_optimized_training_optimizer(
-        model=model, train_loader=DataLoader(make_classification(64), batch_size=16),
+        model=model,
+        train_loader=DataLoader(make_classification(64), batch_size=16),
         val_loader=DataLoader(make_classification(32, seed=1), batch_size=16),
-        enable_amp=True, amp_dtype=torch.float16, enable_grad_scaler=True,
-        amp_init_scale=2**16, amp_growth_factor=2.0, amp_backoff_factor=0.5,
-        amp_growth_interval=2000, amp_monitoring=True, amp_log_stats=True,
-        amp_track_memory=True, amp_validate=True, amp_check_compatibility=True,
-        max_epochs=1, log_dir=tmp_path, progress=False, reports=False,
+        enable_amp=True,
+        amp_dtype=torch.float16,
+        enable_grad_scaler=True,
+        amp_init_scale=2**16,
+        amp_growth_factor=2.0,
+        amp_backoff_factor=0.5,
+        amp_growth_interval=2000,
+        amp_monitoring=True,
+        amp_log_stats=True,
+        amp_track_memory=True,
+        amp_validate=True,
+        amp_check_compatibility=True,
+        max_epochs=1,
+        log_dir=tmp_path,
+        progress=False,
+        reports=False,
         config=TrainingConfig(precision=MixedPrecisionConfig(clear_cache=True)),
-    )  # fmt: skip
+    )
     precision = optimizer.config.precision
     assert precision.track_memory_usage and precision.scaler.init_scale == 2**16
     results = anyio.run(optimizer.train)

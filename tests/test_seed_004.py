@@ -75,10 +75,15 @@ async def test_quick_start_trains_then_benchmarks_without_changing_it(log_dir: P
     val_loader = DataLoader(make_classification(64, seed=1), batch_size=64)
     multi_gpu_config = seed_config()
     optimizer = create_optimized_training_optimizer(
-        model=model, train_loader=train_loader, val_loader=val_loader,
-        multi_gpu_config=multi_gpu_config, max_epochs=1, learning_rate=0.001,
-        log_dir=log_dir, progress=False,
-    )  # fmt: skip
+        model=model,
+        train_loader=train_loader,
+        val_loader=val_loader,
+        multi_gpu_config=multi_gpu_config,
+        max_epochs=1,
+        learning_rate=0.001,
+        log_dir=log_dir,
+        progress=False,
+    )
     results = await optimizer.train()
     assert results.epochs_completed == 1 and results.global_step == 4
 
@@ -109,9 +114,13 @@ async def test_quick_start_trains_then_benchmarks_without_changing_it(log_dir: P
 
 def test_get_optimal_batch_size_is_a_share_of_the_device_memory(log_dir: Path) -> None:
     optimizer = create_optimized_training_optimizer(
-        model=make_model(), train_loader=DataLoader(make_classification(64), batch_size=16),
-        multi_gpu_config=seed_config(), log_dir=log_dir, progress=False, max_batch_size=256,
-    )  # fmt: skip
+        model=make_model(),
+        train_loader=DataLoader(make_classification(64), batch_size=16),
+        multi_gpu_config=seed_config(),
+        log_dir=log_dir,
+        progress=False,
+        max_batch_size=256,
+    )
     before = snapshot(optimizer)
     optimal_batch_size = optimizer.get_optimal_batch_size(target_memory_usage=0.8)
     assert optimal_batch_size == 256  # a tiny model fits up to the search's bound
@@ -123,9 +132,11 @@ def test_get_optimal_batch_size_is_a_share_of_the_device_memory(log_dir: Path) -
 
 def test_automatic_gpu_detection() -> None:
     optimized_model, trainer = optimize_model_for_multi_gpu(
-        model=make_model(), training_mode="auto", enable_data_parallel=True,
+        model=make_model(),
+        training_mode="auto",
+        enable_data_parallel=True,
         enable_distributed=False,
-    )  # fmt: skip
+    )
     training_info = trainer.get_training_info()
     count = torch.cuda.device_count()
     assert training_info["gpu_info"]["device_count"] == count
@@ -179,10 +190,15 @@ async def test_troubleshooting_mixed_precision_with_a_smaller_batch(log_dir: Pat
     model.register_forward_pre_hook(lambda module, args: forward_sizes.append(len(args[0])))
     config = MultiGPUConfig(training_mode="auto", enable_data_parallel=True)
     optimizer = create_optimized_training_optimizer(
-        model=model, train_loader=DataLoader(make_classification(128), batch_size=64),
-        multi_gpu_config=config, enable_mixed_precision=True, batch_size=32,  # reduced
-        log_dir=log_dir, progress=False, max_epochs=1,
-    )  # fmt: skip
+        model=model,
+        train_loader=DataLoader(make_classification(128), batch_size=64),
+        multi_gpu_config=config,
+        enable_mixed_precision=True,
+        batch_size=32,  # reduced
+        log_dir=log_dir,
+        progress=False,
+        max_epochs=1,
+    )
     assert optimizer.describe()["model_setup"]["micro_batch_size"] == 32
     assert optimizer.config.precision.enable_amp is True
     results = await optimizer.train()
@@ -197,10 +213,14 @@ async def test_troubleshooting_mixed_precision_with_a_smaller_batch(log_dir: Pat
 def test_troubleshooting_gradient_checkpointing(log_dir: Path) -> None:
     config = MultiGPUConfig(training_mode="auto", enable_gpu_monitoring=True)
     optimizer = create_optimized_training_optimizer(
-        model=Blocks(), train_loader=DataLoader(make_classification(64), batch_size=32),
-        multi_gpu_config=config, enable_mixed_precision=True,
-        enable_gradient_checkpointing=True, log_dir=log_dir, progress=False,
-    )  # fmt: skip
+        model=Blocks(),
+        train_loader=DataLoader(make_classification(64), batch_size=32),
+        multi_gpu_config=config,
+        enable_mixed_precision=True,
+        enable_gradient_checkpointing=True,
+        log_dir=log_dir,
+        progress=False,
+    )
     assert optimizer.describe()["model_setup"]["activation_checkpointed"] == [
         "layers.0",
         "layers.1",

@@ -115,10 +115,16 @@ class Hooks(Callback):
 
 
 def job(
-    log_dir: Path, train: Counted, val: Counted | None, callbacks: Sequence[Callback] = (),
-    accumulation_steps: int = 1, scheduler: Any = None, progress: bool = False,
-    reports: bool = False, **run: Any,
-) -> OptimizedTrainingOptimizer:  # fmt: skip
+    log_dir: Path,
+    train: Counted,
+    val: Counted | None,
+    callbacks: Sequence[Callback] = (),
+    accumulation_steps: int = 1,
+    scheduler: Any = None,
+    progress: bool = False,
+    reports: bool = False,
+    **run: Any,
+) -> OptimizedTrainingOptimizer:
     config = TrainingConfig(
         run=RunConfig(log_dir=log_dir, experiment_name="smoke", **({"max_epochs": 2} | run)),
         accumulation=GradientAccumulationConfig(accumulation_steps=accumulation_steps),
@@ -126,10 +132,13 @@ def job(
         logging=LoggingConfig(progress=progress, reports=reports),
     )
     return OptimizedTrainingOptimizer(
-        config, model=make_model(), train_loader=DataLoader(train, batch_size=BATCH),
+        config,
+        model=make_model(),
+        train_loader=DataLoader(train, batch_size=BATCH),
         val_loader=None if val is None else DataLoader(val, batch_size=BATCH),
-        callbacks=callbacks, scheduler=scheduler,
-    )  # fmt: skip
+        callbacks=callbacks,
+        scheduler=scheduler,
+    )
 
 
 def records(run_dir: Path) -> list[dict[str, Any]]:
@@ -154,8 +163,17 @@ async def test_fast_dev_run_takes_one_batch_of_each_through_every_hook_and_saves
     log_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     train, val, seen = Counted(80), Counted(32, seed=1), Hooks()
-    async with job(log_dir, train, val, [seen], fast_dev_run=True, max_epochs=5, max_steps=9,
-                   val_every_n_steps=1, progress=True) as run:  # fmt: skip
+    async with job(
+        log_dir,
+        train,
+        val,
+        [seen],
+        fast_dev_run=True,
+        max_epochs=5,
+        max_steps=9,
+        val_every_n_steps=1,
+        progress=True,
+    ) as run:
         results = await run.train()
     assert (train.batches, val.batches) == (1, 1)
     assert (results.global_step, results.epochs_completed) == (1, 1)
@@ -254,8 +272,11 @@ async def test_a_fast_dev_run_that_fails_after_a_step_writes_no_error_checkpoint
 
 def test_the_banner_says_how_many_batches_a_smoke_run_takes() -> None:
     def start(smoke: object, val: bool) -> Record:
-        return {"event": "run_start", "config": {"run": {"fast_dev_run": smoke}},
-                "plan": {"has_validation": val}}  # fmt: skip
+        return {
+            "event": "run_start",
+            "config": {"run": {"fast_dev_run": smoke}},
+            "plan": {"has_validation": val},
+        }
 
     assert format_banner(start(3, True)).startswith(
         "fast_dev_run  3 train and 3 val batches, nothing saved"
@@ -274,8 +295,15 @@ async def test_limit_train_batches_with_accumulation_steps_every_window_and_the_
     def schedule(optimizer: torch.optim.Optimizer) -> LambdaLR:
         return LambdaLR(optimizer, lambda step: calls.append(step) or 1.0)  # type: ignore[func-returns-value]
 
-    async with job(log_dir, train, val, limit_train_batches=3, limit_val_batches=2,
-                   accumulation_steps=2, scheduler=schedule) as run:  # fmt: skip
+    async with job(
+        log_dir,
+        train,
+        val,
+        limit_train_batches=3,
+        limit_val_batches=2,
+        accumulation_steps=2,
+        scheduler=schedule,
+    ) as run:
         results = await run.train()
         plan = run.describe()["plan"]
     assert (plan["batches_per_epoch"], plan["steps_per_epoch"]) == (3, 2)
@@ -294,8 +322,9 @@ async def test_limit_train_batches_with_accumulation_steps_every_window_and_the_
 
 async def test_float_limits_take_that_fraction_of_each_loader(log_dir: Path) -> None:
     train, val = Counted(80), Counted(64, seed=1)  # 10 and 8 batches
-    results = await job(log_dir, train, val, max_epochs=1, limit_train_batches=0.55,
-                        limit_val_batches=0.25).train()  # fmt: skip
+    results = await job(
+        log_dir, train, val, max_epochs=1, limit_train_batches=0.55, limit_val_batches=0.25
+    ).train()
     assert (train.batches, val.batches, results.global_step) == (5, 2, 5)
     loader = DataLoader(range(80), batch_size=BATCH)
     assert steps_per_epoch(loader, 2, 1, limit=0.55) == 3
@@ -305,10 +334,13 @@ async def test_float_limits_take_that_fraction_of_each_loader(log_dir: Path) -> 
 async def test_a_fraction_too_small_for_the_loader_fails_at_build_naming_the_fix(
     log_dir: Path,
 ) -> None:
-    with pytest.raises(ConfigError, match=(
-        r"^limit_train_batches=0\.05 is invalid; allowed: a fraction of at least 0\.1 \(1 of "
-        r"this loader's 10 batches\), or an integer\. Fix: pass limit_train_batches=1"
-    )):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=(
+            r"^limit_train_batches=0\.05 is invalid; allowed: a fraction of at least 0\.1 \(1 of "
+            r"this loader's 10 batches\), or an integer\. Fix: pass limit_train_batches=1"
+        ),
+    ):
         async with job(log_dir, Counted(80), Counted(8), limit_train_batches=0.05):
             pass
 
@@ -318,8 +350,11 @@ def test_a_stream_takes_an_integer_limit_and_refuses_a_fraction() -> None:
     limited = limit_batches(DataLoader(stream, batch_size=BATCH), 2, "limit_train_batches")
     assert len(list(limited)) == 2 and stream.drawn == 2 * BATCH  # the third is never drawn
     assert not hasattr(limited, "__len__")  # still a stream to the ranks' lockstep
-    with pytest.raises(ConfigError, match=r"^limit_val_batches=0\.5 is invalid; allowed: None or"
-                       r" an integer number of batches for a loader without len\(\)"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"^limit_val_batches=0\.5 is invalid; allowed: None or"
+        r" an integer number of batches for a loader without len\(\)",
+    ):
         limit_batches(DataLoader(stream, batch_size=BATCH), 0.5, "limit_val_batches")
 
 
@@ -330,21 +365,27 @@ LIMIT_ALLOWED = (
 )
 
 
-@pytest.mark.parametrize(("settings", "pattern"), [
-    ({"limit_train_batches": 0}, r"^limit_train_batches=0 is invalid; " + LIMIT_ALLOWED),
-    ({"limit_train_batches": -2}, r"^limit_train_batches=-2 is invalid; " + LIMIT_ALLOWED),
-    ({"limit_train_batches": True}, r"^limit_train_batches=True is invalid; " + LIMIT_ALLOWED),
-    ({"limit_val_batches": 1.5}, r"^limit_val_batches=1\.5 is invalid; " + LIMIT_ALLOWED),
-    ({"limit_val_batches": "3"}, r"^limit_val_batches='3' is invalid; "),
-    ({"limit_val_batches": float("nan")}, r"^limit_val_batches=nan is invalid; "),
-    ({"limit_train_batches": 4.0}, r"Fix: an int counts batches: limit_train_batches=4\.$"),
-    ({"limit_val_batches": 0}, r"Fix: to skip validation, pass val_every_n_epochs=None"),
-    ({"fast_dev_run": 0}, r"^fast_dev_run=0 is invalid; allowed: False, True \(1 batch\) or an "
-                          r"integer >= 1 \(that many\)\. Fix: pass fast_dev_run=True"),
-    ({"fast_dev_run": -1}, r"^fast_dev_run=-1 is invalid; "),
-    ({"fast_dev_run": 0.5}, r"^fast_dev_run=0\.5 is invalid; "),
-    ({"fast_dev_run": "yes"}, r"^fast_dev_run='yes' is invalid; "),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("settings", "pattern"),
+    [
+        ({"limit_train_batches": 0}, r"^limit_train_batches=0 is invalid; " + LIMIT_ALLOWED),
+        ({"limit_train_batches": -2}, r"^limit_train_batches=-2 is invalid; " + LIMIT_ALLOWED),
+        ({"limit_train_batches": True}, r"^limit_train_batches=True is invalid; " + LIMIT_ALLOWED),
+        ({"limit_val_batches": 1.5}, r"^limit_val_batches=1\.5 is invalid; " + LIMIT_ALLOWED),
+        ({"limit_val_batches": "3"}, r"^limit_val_batches='3' is invalid; "),
+        ({"limit_val_batches": float("nan")}, r"^limit_val_batches=nan is invalid; "),
+        ({"limit_train_batches": 4.0}, r"Fix: an int counts batches: limit_train_batches=4\.$"),
+        ({"limit_val_batches": 0}, r"Fix: to skip validation, pass val_every_n_epochs=None"),
+        (
+            {"fast_dev_run": 0},
+            r"^fast_dev_run=0 is invalid; allowed: False, True \(1 batch\) or an "
+            r"integer >= 1 \(that many\)\. Fix: pass fast_dev_run=True",
+        ),
+        ({"fast_dev_run": -1}, r"^fast_dev_run=-1 is invalid; "),
+        ({"fast_dev_run": 0.5}, r"^fast_dev_run=0\.5 is invalid; "),
+        ({"fast_dev_run": "yes"}, r"^fast_dev_run='yes' is invalid; "),
+    ],
+)
 def test_bad_values_raise_a_config_error_naming_field_value_allowed_and_fix(
     settings: dict[str, Any], pattern: str
 ) -> None:
@@ -356,8 +397,14 @@ def test_bad_values_raise_a_config_error_naming_field_value_allowed_and_fix(
 
 
 def test_fast_dev_run_wins_over_max_epochs_max_steps_and_the_limits() -> None:
-    run = RunConfig(fast_dev_run=4, max_epochs=7, max_steps=3, limit_train_batches=0.5,
-                    val_every_n_epochs=None, val_every_n_steps=5).for_run()  # fmt: skip
+    run = RunConfig(
+        fast_dev_run=4,
+        max_epochs=7,
+        max_steps=3,
+        limit_train_batches=0.5,
+        val_every_n_epochs=None,
+        val_every_n_steps=5,
+    ).for_run()
     assert (run.max_epochs, run.max_steps, run.limit_train_batches, run.limit_val_batches) == (
         1,
         None,
@@ -371,10 +418,15 @@ def test_fast_dev_run_wins_over_max_epochs_max_steps_and_the_limits() -> None:
 async def test_flat_keywords_reach_the_run_section(log_dir: Path) -> None:
     train = Counted(80)
     run = create_optimized_training_optimizer(
-        model=make_model(), train_loader=DataLoader(train, batch_size=BATCH), log_dir=log_dir,
-        fast_dev_run=2, limit_val_batches=0.5, limit_train_batches=3, progress=False,
+        model=make_model(),
+        train_loader=DataLoader(train, batch_size=BATCH),
+        log_dir=log_dir,
+        fast_dev_run=2,
+        limit_val_batches=0.5,
+        limit_train_batches=3,
+        progress=False,
         reports=False,
-    )  # fmt: skip
+    )
     assert run.config.run.fast_dev_run == 2 and run.config.run.limit_train_batches == 2
     results = await run.train()
     assert (train.batches, results.global_step) == (2, 2)
@@ -392,11 +444,28 @@ def test_the_command_line_flags_set_the_run_section(tmp_path: Path) -> None:
     assert resolve_config(parser.parse(["--fast-dev-run", "3"]), parser).run.fast_dev_run == 3
     kept = parser.parse(["--fast-dev-run", "--keep-fast-dev-run-files"])
     assert resolve_config(kept, parser).run.keep_fast_dev_run_files is True
-    outcome = run_fit([
-        "--model", "tests.test_cli:tiny_model", "--data", "tests.test_cli:tiny_data",
-        "--batch-size", "16", "--epochs", "4", "--scheduler", "onecycle", "--fast-dev-run",
-        "--num-workers", "0", "--log-dir", str(tmp_path), "--no-progress", "--experiment", "cli",
-    ])  # fmt: skip
+    outcome = run_fit(
+        [
+            "--model",
+            "tests.test_cli:tiny_model",
+            "--data",
+            "tests.test_cli:tiny_data",
+            "--batch-size",
+            "16",
+            "--epochs",
+            "4",
+            "--scheduler",
+            "onecycle",
+            "--fast-dev-run",
+            "--num-workers",
+            "0",
+            "--log-dir",
+            str(tmp_path),
+            "--no-progress",
+            "--experiment",
+            "cli",
+        ]
+    )
     assert outcome.exit_code == 0 and outcome.results is not None
     assert (outcome.results.global_step, outcome.results.epochs_completed) == (1, 1)
     assert outcome.results.run_dir is None and everything_in(tmp_path) == []  # no results.json
@@ -405,11 +474,19 @@ def test_the_command_line_flags_set_the_run_section(tmp_path: Path) -> None:
 async def test_a_fast_dev_run_in_a_training_process_leaves_nothing(log_dir: Path) -> None:
     seen = Hooks()
     run = create_optimized_training_optimizer(
-        model=isolation_parts.make_model(), train_loader=isolation_parts.make_loader(),
-        val_loader=isolation_parts.make_val_loader(), log_dir=log_dir, experiment_name="smoke",
-        isolation="process", fast_dev_run=True, max_epochs=3, checkpoint_every_n_steps=1,
-        progress=False, reports=True, callbacks=[seen],
-    )  # fmt: skip
+        model=isolation_parts.make_model(),
+        train_loader=isolation_parts.make_loader(),
+        val_loader=isolation_parts.make_val_loader(),
+        log_dir=log_dir,
+        experiment_name="smoke",
+        isolation="process",
+        fast_dev_run=True,
+        max_epochs=3,
+        checkpoint_every_n_steps=1,
+        progress=False,
+        reports=True,
+        callbacks=[seen],
+    )
     results = await run.train()
     assert (results.global_step, results.epochs_completed) == (1, 1)
     assert [r["samples"] for r in seen.named("validation")] == [BATCH]

@@ -85,12 +85,18 @@ def make_loop(
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loop = StepLoop(
-        model=model, optimizer=optimizer, scheduler=LoggingScheduler(optimizer, log),
+        model=model,
+        optimizer=optimizer,
+        scheduler=LoggingScheduler(optimizer, log),
         precision=PrecisionPolicy(MixedPrecisionConfig(dtype="fp32"), CPU),
         accumulation=Accumulation(GradientAccumulationConfig(accumulation_steps)),
-        strategy=strategy or Strategy(CPU), objective=LoggingObjective(log, bad),
-        errors=ErrorHandler(), max_grad_norm=1.0, emit=emit, **wiring,
-    )  # fmt: skip
+        strategy=strategy or Strategy(CPU),
+        objective=LoggingObjective(log, bad),
+        errors=ErrorHandler(),
+        max_grad_norm=1.0,
+        emit=emit,
+        **wiring,
+    )
     return loop, DataLoader(make_classification(8 * batches), batch_size=8), records
 
 
@@ -111,10 +117,15 @@ def test_step_n_is_read_back_after_step_n_plus_1_forward_and_before_its_update()
     run_epoch(loop, loader)
     assert log == [
         ("loss", 1),
-        ("loss", 2), ("scheduler", None), ("train_step", 1),
-        ("loss", 3), ("scheduler", None), ("train_step", 2),
-        ("scheduler", None), ("train_step", 3),  # the epoch's end settles the last step
-    ]  # fmt: skip
+        ("loss", 2),
+        ("scheduler", None),
+        ("train_step", 1),
+        ("loss", 3),
+        ("scheduler", None),
+        ("train_step", 2),
+        ("scheduler", None),
+        ("train_step", 3),  # the epoch's end settles the last step
+    ]
     # Each step ran at the LR the scheduler set after the step before it.
     assert [r["lr"] for r in records] == [0.1, 0.05, 0.025]
 
@@ -124,8 +135,11 @@ def test_a_skipped_step_does_not_step_the_scheduler() -> None:
     loop, loader, records = make_loop(batches=4, log=log, bad=frozenset({2}))
     run_epoch(loop, loader)
     assert [r["skipped"] for r in records if r["event"] == "train_step"] == [
-        False, True, False, False,
-    ]  # fmt: skip
+        False,
+        True,
+        False,
+        False,
+    ]
     assert [r["lr"] for r in records if r["event"] == "train_step"] == [0.1, 0.05, 0.05, 0.025]
     assert [e for e, _ in log].count("scheduler") == 3
     assert [r["step"] for r in records if r["event"] == "nonfinite_skipped"] == [2]
@@ -151,9 +165,12 @@ def test_without_device_fields_the_record_fields_are_null() -> None:
 def recorder(emit: Callable[..., None]) -> StepRecorder:
     precision = PrecisionPolicy(MixedPrecisionConfig(dtype="fp32"), CPU)
     return StepRecorder(
-        scheduler=None, precision=precision, errors=ErrorHandler(), device=device_of(CPU),
+        scheduler=None,
+        precision=precision,
+        errors=ErrorHandler(),
+        device=device_of(CPU),
         emit=emit,
-    )  # fmt: skip
+    )
 
 
 def outcome(step: int, losses: Iterator[float]) -> StepOutcome:

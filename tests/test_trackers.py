@@ -83,9 +83,15 @@ def tracked(tmp_path_factory: pytest.TempPathFactory) -> Tracked:
     trackers = CSVLogger(), TensorBoardLogger(root / "tb"), MLflowLogger(), Broken()
     train, val = loaders(n=128)
     job = create_optimized_training_optimizer(
-        model=make_model(), train_loader=train, val_loader=val, log_dir=log_dir, max_epochs=2,
-        progress=False, reports=False, callbacks=list(trackers),
-    )  # fmt: skip
+        model=make_model(),
+        train_loader=train,
+        val_loader=val,
+        log_dir=log_dir,
+        max_epochs=2,
+        progress=False,
+        reports=False,
+        callbacks=list(trackers),
+    )
     results = anyio.run(job.train)
     lines = (results.run_dir / "events.jsonl").read_text().splitlines()
     return Tracked(results.run_dir, [json.loads(line) for line in lines], *trackers)
@@ -242,8 +248,9 @@ async def test_mlflow_uploads_reports_and_a_reused_tracker_opens_a_new_run(
     await replay(tracker, FakeRun(run_dir=None), "r2")
     client = mlflow_client(uri)  # type: ignore[arg-type]
     assert sorted(a.path for a in client.list_artifacts(first)) == [
-        "performance_summary.txt", "training_metrics.png",
-    ]  # fmt: skip
+        "performance_summary.txt",
+        "training_metrics.png",
+    ]
     second = client.get_run(tracker.run_id)
     assert tracker.run_id != first and second.info.run_name == "r2"
     assert second.info.status == "FINISHED"
@@ -280,8 +287,16 @@ async def test_a_cancelled_tracker_still_closes_its_backend(tmp_path: Path) -> N
 
 
 def test_records_become_scalars_and_params() -> None:
-    step = {"event": "train_step", "step": 4, "epoch": 1, "loss": 0.5, "grad_norm": None,
-            "lr": 0.1, "loss_scale": float("inf"), "ts": "2026-01-01T00:00:00.000000Z"}  # fmt: skip
+    step = {
+        "event": "train_step",
+        "step": 4,
+        "epoch": 1,
+        "loss": 0.5,
+        "grad_norm": None,
+        "lr": 0.1,
+        "loss_scale": float("inf"),
+        "ts": "2026-01-01T00:00:00.000000Z",
+    }
     assert scalars_of(step) == [
         Scalar("train/loss", 0.5, 4, 1, 1767225600.0),
         Scalar("train/lr", 0.1, 4, 1, 1767225600.0),

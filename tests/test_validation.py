@@ -26,9 +26,14 @@ def run(tmp_path: Path, **settings: Any) -> tuple[Any, list[dict[str, Any]]]:
     train_loader, val_loader = loaders(n=256, batch_size=32)  # 8 steps per epoch
     settings.setdefault("val_loader", val_loader)
     optimizer = create_optimized_training_optimizer(
-        model=make_model(), train_loader=train_loader, log_dir=tmp_path, seed=0,
-        progress=False, reports=False, **settings,
-    )  # fmt: skip
+        model=make_model(),
+        train_loader=train_loader,
+        log_dir=tmp_path,
+        seed=0,
+        progress=False,
+        reports=False,
+        **settings,
+    )
     results = anyio.run(optimizer.train)
     optimizer.close()
     events = results.run_dir / "events.jsonl"
@@ -70,9 +75,13 @@ def test_max_steps_ends_the_run_mid_epoch_and_counts_that_epoch(tmp_path: Path) 
 
 def test_the_best_checkpoint_is_kept_apart_and_holds_the_best_weights(tmp_path: Path) -> None:
     results, records = run(
-        tmp_path, max_epochs=4, save_best=True, keep_last_n=1, learning_rate=0.05,
+        tmp_path,
+        max_epochs=4,
+        save_best=True,
+        keep_last_n=1,
+        learning_rate=0.05,
         metrics={"f1": F1Score(num_classes=2)},
-    )  # fmt: skip
+    )
     validations = of(records, "validation")
     losses = [v["val_loss"] for v in validations]
     best_index = min(range(len(losses)), key=losses.__getitem__)
@@ -103,9 +112,13 @@ def test_the_best_checkpoint_is_kept_apart_and_holds_the_best_weights(tmp_path: 
 
 def test_save_best_on_a_metric_with_mode_max(tmp_path: Path) -> None:
     results, records = run(
-        tmp_path, max_epochs=3, save_best=True, monitor="val_f1", mode="max",
+        tmp_path,
+        max_epochs=3,
+        save_best=True,
+        monitor="val_f1",
+        mode="max",
         metrics={"f1": F1Score(num_classes=2)},
-    )  # fmt: skip
+    )
     scores = [v["metrics"]["f1"] for v in of(records, "validation")]
     assert results.best_value == pytest.approx(max(scores))
 
@@ -149,9 +162,12 @@ async def test_evaluate_and_predict_after_training(tmp_path: Path) -> None:
         {"run.log_dir": str(tmp_path), "run.max_epochs": 2, "logging.reports": False}
     )
     async with OptimizedTrainingOptimizer(
-        config, model=make_model(), train_loader=train_loader, val_loader=val_loader,
+        config,
+        model=make_model(),
+        train_loader=train_loader,
+        val_loader=val_loader,
         metrics={"f1": F1Score(num_classes=2)},
-    ) as job:  # fmt: skip
+    ) as job:
         results = await job.train()
         scores = await job.evaluate()
         assert scores["loss"] == pytest.approx(results.val_loss)

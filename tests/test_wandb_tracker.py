@@ -81,8 +81,9 @@ class WandbRun:
         return [(row["_step"], row[name]) for row in rows if name in row]
 
     def summary(self, name: str) -> Any:
-        values = [json.loads(u.value_json) for s in self.of("summary") for u in s.update
-                  if key(u) == name]  # fmt: skip
+        values = [
+            json.loads(u.value_json) for s in self.of("summary") for u in s.update if key(u) == name
+        ]
         return values[-1]
 
     def files(self) -> set[str]:
@@ -138,9 +139,14 @@ def tracked(tmp_path_factory: pytest.TempPathFactory) -> Tracked:
     tracker = WandbLogger()
     train, val = loaders(n=128)
     job = create_optimized_training_optimizer(
-        model=make_model(), train_loader=train, val_loader=val, log_dir=log_dir, max_epochs=2,
-        progress=False, callbacks=[tracker],
-    )  # fmt: skip
+        model=make_model(),
+        train_loader=train,
+        val_loader=val,
+        log_dir=log_dir,
+        max_epochs=2,
+        progress=False,
+        callbacks=[tracker],
+    )
     results = anyio.run(job.train)
     lines = (results.run_dir / "events.jsonl").read_text().splitlines()
     return Tracked(results.run_dir, [json.loads(line) for line in lines], tracker)
@@ -176,8 +182,11 @@ def test_the_offline_run_holds_the_config_history_files_and_a_clean_exit(
     assert wandb_services() == []  # the service stopped with the process's last wandb run
     sync = subprocess.run(
         [sys.executable, "-m", "wandb", "sync", "--dry-run", str(tracker.path)],
-        check=False, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "Would sync 1 run(s)" in sync.stderr + sync.stdout, sync.stderr  # the later upload
 
 
@@ -196,9 +205,13 @@ class Started(Callback):
 def test_a_failed_run_exits_non_zero_and_a_cancelled_one_is_killed(tmp_path: Path) -> None:
     failing = WandbLogger(project="faults")
     job = create_optimized_training_optimizer(
-        model=FailsAtCall(call=3), train_loader=DataLoader(make_classification(64), batch_size=16),
-        log_dir=tmp_path / "failed", max_epochs=1, progress=False, callbacks=[failing],
-    )  # fmt: skip
+        model=FailsAtCall(call=3),
+        train_loader=DataLoader(make_classification(64), batch_size=16),
+        log_dir=tmp_path / "failed",
+        max_epochs=1,
+        progress=False,
+        callbacks=[failing],
+    )
     with pytest.raises(TrainingStepError):
         anyio.run(job.train)
     failed = read_run(failing)
@@ -208,9 +221,13 @@ def test_a_failed_run_exits_non_zero_and_a_cancelled_one_is_killed(tmp_path: Pat
     cancelled, started = WandbLogger(project="faults"), Started()
     train, _ = loaders(n=4096, batch_size=8)
     job = create_optimized_training_optimizer(
-        model=make_model(), train_loader=train, log_dir=tmp_path / "cancelled", max_epochs=50,
-        progress=False, callbacks=[cancelled, started],
-    )  # fmt: skip
+        model=make_model(),
+        train_loader=train,
+        log_dir=tmp_path / "cancelled",
+        max_epochs=50,
+        progress=False,
+        callbacks=[cancelled, started],
+    )
 
     async def cancel_after_a_step() -> None:
         task = asyncio.ensure_future(job.train())
@@ -310,7 +327,12 @@ def test_bad_arguments_and_a_missing_wandb_are_named(monkeypatch: pytest.MonkeyP
 def test_importing_core_does_not_import_wandb() -> None:
     check = "import sys, core; assert 'wandb' not in sys.modules, 'wandb was imported'"
     result = subprocess.run(
-        [sys.executable, "-c", check], check=False, cwd=ROOT, capture_output=True, text=True,
-        timeout=120, env={**os.environ, "PYTHONPATH": pythonpath()},
-    )  # fmt: skip
+        [sys.executable, "-c", check],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": pythonpath()},
+    )
     assert result.returncode == 0, result.stderr

@@ -15,11 +15,28 @@ from tests.helpers import pythonpath
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = ROOT / "tests" / "distributed_jobs.py"
 SCENARIOS = (
-    "ddp_fp32", "seed004_train", "ddp_bf16", "ddp_accum", "ddp_oom_rank1", "ddp_auto_batch",
-    "ddp_tokens", "ddp_shuffle", "fsdp_fp32", "fsdp_bf16_policy", "fsdp_resume", "early_stop",
-    "cancel_rank1", "uneven_stream", "slow_rank_heartbeat",
-    "ep_fp32", "ep_all_gather", "ep_accum", "ep_bf16", "ep_fp16", "ep_resume",
-)  # fmt: skip
+    "ddp_fp32",
+    "seed004_train",
+    "ddp_bf16",
+    "ddp_accum",
+    "ddp_oom_rank1",
+    "ddp_auto_batch",
+    "ddp_tokens",
+    "ddp_shuffle",
+    "fsdp_fp32",
+    "fsdp_bf16_policy",
+    "fsdp_resume",
+    "early_stop",
+    "cancel_rank1",
+    "uneven_stream",
+    "slow_rank_heartbeat",
+    "ep_fp32",
+    "ep_all_gather",
+    "ep_accum",
+    "ep_bf16",
+    "ep_fp16",
+    "ep_resume",
+)
 """What the session's one torchrun launch (the ``jobs`` fixture) runs."""
 
 

@@ -39,9 +39,12 @@ class DigitsMLP(nn.Module):
     def __init__(self, hidden: int = 128, dropout: float = 0.1) -> None:
         super().__init__()
         self.net = nn.Sequential(
-            nn.Flatten(), nn.Linear(64, hidden), nn.ReLU(), nn.Dropout(dropout),
+            nn.Flatten(),
+            nn.Linear(64, hidden),
+            nn.ReLU(),
+            nn.Dropout(dropout),
             nn.Linear(hidden, 10),
-        )  # fmt: skip
+        )
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.net(images)  # type: ignore[no-any-return]

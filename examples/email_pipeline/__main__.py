@@ -35,13 +35,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--simulate", action="store_true", help="post synthetic traffic")
     parser.add_argument("--recipients-per-tick", type=int, default=100)
     parser.add_argument("--tick-s", type=float, default=1.0)
-    parser.add_argument("--retrain-every", type=int, default=10_000,
-                        help="new events between runs; 0: only on POST /retrain")  # fmt: skip
+    parser.add_argument(
+        "--retrain-every",
+        type=int,
+        default=10_000,
+        help="new events between runs; 0: only on POST /retrain",
+    )
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--log-dir", default="logs")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--torch-threads", type=int, default=1,
-                        help="intra-op threads per thread (see main())")  # fmt: skip
+    parser.add_argument(
+        "--torch-threads", type=int, default=1, help="intra-op threads per thread (see main())"
+    )
     parser.add_argument(
         "--isolation",
         choices=("process", "thread"),
@@ -58,16 +63,23 @@ async def main(args: argparse.Namespace) -> None:
     # cores. One intra-op thread each keeps a score near a millisecond during training.
     torch.set_num_threads(args.torch_threads)
     settings = RetrainSettings(
-        log_dir=args.log_dir, retrain_every=args.retrain_every or None,
-        max_epochs=args.epochs, seed=args.seed, isolation=args.isolation,
-    )  # fmt: skip
+        log_dir=args.log_dir,
+        retrain_every=args.retrain_every or None,
+        max_epochs=args.epochs,
+        seed=args.seed,
+        isolation=args.isolation,
+    )
     async with serving(create_app(settings), port=args.port) as server:
         print(f"serving on {server.url}", flush=True)
         async with httpx.AsyncClient(base_url=server.url, timeout=30.0) as client:
             simulator = None
             if args.simulate:
-                traffic = simulate(client, recipients_per_tick=args.recipients_per_tick,
-                                   interval_s=args.tick_s, seed=args.seed + 1_000)  # fmt: skip
+                traffic = simulate(
+                    client,
+                    recipients_per_tick=args.recipients_per_tick,
+                    interval_s=args.tick_s,
+                    seed=args.seed + 1_000,
+                )
                 simulator = asyncio.create_task(traffic)
             try:
                 await server.wait_closed()  # until Ctrl-C

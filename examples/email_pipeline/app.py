@@ -46,10 +46,11 @@ MAX_EVENTS_PER_POST = 50_000
 EventList = Annotated[
     list[Event],
     Body(
-        max_length=MAX_EVENTS_PER_POST, examples=[[EXAMPLE_EVENT]],
+        max_length=MAX_EVENTS_PER_POST,
+        examples=[[EXAMPLE_EVENT]],
         description="A JSON list of events (see the Event schema: recipient, campaign, kind, t).",
     ),
-]  # fmt: skip
+]
 
 
 def _run_of(run_id: str, request: Request) -> RunHandle:
@@ -57,8 +58,9 @@ def _run_of(run_id: str, request: Request) -> RunHandle:
     runs: dict[str, RunHandle] = request.app.state.retrainer.runs
     handle = runs.get(run_id)
     if handle is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND,
-                            f"no run {run_id!r}; recent runs: {list(runs)[-5:]}")  # fmt: skip
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND, f"no run {run_id!r}; recent runs: {list(runs)[-5:]}"
+        )
     return handle
 
 
@@ -88,10 +90,12 @@ def create_app(settings: RetrainSettings | None = None) -> FastAPI:
     async def health() -> dict[str, Any]:
         current, served = retrainer.current, retrainer.served
         return {
-            "status": "ok", "events": store.total, "recipients": len(store),
+            "status": "ok",
+            "events": store.total,
+            "recipients": len(store),
             "model_version": None if served is None else served.version,
             "training": None if current is None else (current.run_id or "starting"),
-        }  # fmt: skip
+        }
 
     @app.post("/events", status_code=status.HTTP_202_ACCEPTED)
     async def ingest(events: EventList) -> dict[str, Any]:
@@ -105,22 +109,29 @@ def create_app(settings: RetrainSettings | None = None) -> FastAPI:
     @app.get("/score/{recipient}")
     async def score(recipient: str) -> dict[str, Any]:
         if recipient not in store:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown recipient {recipient!r}: "
-                                "POST its events first")  # fmt: skip
+            raise HTTPException(
+                status.HTTP_404_NOT_FOUND, f"unknown recipient {recipient!r}: POST its events first"
+            )
         served = retrainer.served  # one version for the whole request
         if served is None:
-            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
-                                "no model yet: POST /retrain once events are in")  # fmt: skip
+            raise HTTPException(
+                status.HTTP_503_SERVICE_UNAVAILABLE,
+                "no model yet: POST /retrain once events are in",
+            )
         probability = conversion_probability(served.model, store.features(recipient))
-        return {"recipient": recipient, "probability": probability,
-                "model_version": served.version}  # fmt: skip
+        return {"recipient": recipient, "probability": probability, "model_version": served.version}
 
     @app.get("/model")
     async def model() -> dict[str, Any]:
         served = retrainer.served
         if served is None:
-            return {"version": 0, "run_id": None, "checkpoint": None, "metrics": None,
-                    "trained_on": None}  # fmt: skip
+            return {
+                "version": 0,
+                "run_id": None,
+                "checkpoint": None,
+                "metrics": None,
+                "trained_on": None,
+            }
         return served.describe()
 
     @app.post("/retrain", status_code=status.HTTP_202_ACCEPTED)
@@ -133,8 +144,10 @@ def create_app(settings: RetrainSettings | None = None) -> FastAPI:
             raise HTTPException(status.HTTP_409_CONFLICT, str(short)) from None
         await handle.started.wait()  # the run's id comes with its run_start record
         if handle.run_id is None:
-            raise HTTPException(status.HTTP_500_INTERNAL_SERVER_ERROR,
-                                f"the run failed before it started: {handle.error}")  # fmt: skip
+            raise HTTPException(
+                status.HTTP_500_INTERNAL_SERVER_ERROR,
+                f"the run failed before it started: {handle.error}",
+            )
         return handle.describe()
 
     @app.get("/runs")

@@ -55,8 +55,10 @@ def percentiles(seconds: list[float]) -> tuple[float, float, float]:
 def stats(seconds: list[float]) -> str:
     ms = sorted(1000 * s for s in seconds)
     p99 = ms[min(len(ms) - 1, math.ceil(0.99 * len(ms)) - 1)]
-    return (f"{len(ms)} requests: p50 {statistics.median(ms):.2f} ms, p99 {p99:.2f} ms, "
-            f"worst {ms[-1]:.2f} ms")  # fmt: skip
+    return (
+        f"{len(ms)} requests: p50 {statistics.median(ms):.2f} ms, p99 {p99:.2f} ms, "
+        f"worst {ms[-1]:.2f} ms"
+    )
 
 
 async def timed_scores(
@@ -118,9 +120,11 @@ async def measure(url: str, args: argparse.Namespace) -> float:
         )
         p50, p99, worst = percentiles(busy)
         steps_per_s = float(run["global_step"]) / wall_s  # type: ignore[arg-type]
-        print(f"while training: p50 {p50:.2f} ms, p99 {p99:.2f} ms, worst {worst:.2f} ms; "
-              f"{steps_per_s:.1f} steps/s from POST /retrain to the run's end "
-              f"({wall_s:.1f} s)")  # fmt: skip
+        print(
+            f"while training: p50 {p50:.2f} ms, p99 {p99:.2f} ms, worst {worst:.2f} ms; "
+            f"{steps_per_s:.1f} steps/s from POST /retrain to the run's end "
+            f"({wall_s:.1f} s)"
+        )
         return steps_per_s
 
 
@@ -136,10 +140,23 @@ def main(args: argparse.Namespace) -> None:
 
 def one_service(args: argparse.Namespace, isolation: str) -> float:
     with tempfile.TemporaryDirectory() as logs:
-        command = [sys.executable, "-m", "examples.email_pipeline", "--port", "0",
-                   "--retrain-every", "0", "--epochs", str(args.epochs), "--log-dir", logs,
-                   "--torch-threads", str(args.torch_threads),
-                   "--isolation", isolation]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "examples.email_pipeline",
+            "--port",
+            "0",
+            "--retrain-every",
+            "0",
+            "--epochs",
+            str(args.epochs),
+            "--log-dir",
+            logs,
+            "--torch-threads",
+            str(args.torch_threads),
+            "--isolation",
+            isolation,
+        ]
         server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
         try:
             assert server.stdout is not None

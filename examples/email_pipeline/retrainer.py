@@ -95,8 +95,12 @@ class RetrainSettings:
 
     def __post_init__(self) -> None:
         if self.retrain_every is not None and not self.retrain_every >= 1:
-            raise config_error("retrain_every", self.retrain_every, "None or an integer >= 1",
-                               "e.g. retrain_every=2000 (new events between runs).")  # fmt: skip
+            raise config_error(
+                "retrain_every",
+                self.retrain_every,
+                "None or an integer >= 1",
+                "e.g. retrain_every=2000 (new events between runs).",
+            )
         for name in ("max_epochs", "batch_size", "min_recipients", "keep_runs", "keep_retrains"):
             if not getattr(self, name) >= 1:
                 raise config_error(name, getattr(self, name), "an integer >= 1")
@@ -105,13 +109,19 @@ class RetrainSettings:
         """The run's config tree: the best checkpoint (by val_loss) is kept for the swap, in
         ``checkpoint_dir`` (None: the experiment's shared directory)."""
         return TrainingConfig(
-            run=RunConfig(experiment_name=self.experiment_name, max_epochs=self.max_epochs,
-                          seed=self.seed, log_dir=self.log_dir, isolation=self.isolation),
+            run=RunConfig(
+                experiment_name=self.experiment_name,
+                max_epochs=self.max_epochs,
+                seed=self.seed,
+                log_dir=self.log_dir,
+                isolation=self.isolation,
+            ),
             optim=OptimConfig(learning_rate=self.learning_rate, max_grad_norm=1.0),
-            checkpoint=CheckpointConfig(save_best=True, monitor="val_loss", keep_last_n=1,
-                                        checkpoint_dir=checkpoint_dir),
+            checkpoint=CheckpointConfig(
+                save_best=True, monitor="val_loss", keep_last_n=1, checkpoint_dir=checkpoint_dir
+            ),
             logging=LoggingConfig(progress=False, reports=False),
-        )  # fmt: skip
+        )
 
 
 class Retrainer:
@@ -206,10 +216,11 @@ class Retrainer:
         directory = self.retention.new_retrain(handle.number)
         await self._prune()  # the retrains a cancelled or failed one left behind
         run = OptimizedTrainingOptimizer(
-            settings.training_config(directory), model=build_model(settings.seed),
+            settings.training_config(directory),
+            model=build_model(settings.seed),
             train_loader=DataLoader(split.train, batch_size=settings.batch_size, shuffle=True),
             val_loader=DataLoader(split.val, batch_size=512),
-        )  # fmt: skip
+        )
         stream = run.events()  # subscribed before train(): sees run_start
         pump = asyncio.create_task(self._pump(handle, stream))
         try:
@@ -228,13 +239,20 @@ class Retrainer:
         swapped = served is None or new["val_loss"] < old["val_loss"]
         if served is None or swapped:
             served = ServedModel(
-                version=1 if served is None else served.version + 1, model=candidate,
-                run_id=handle.run_id or "", checkpoint=checkpoint, metrics=new,
+                version=1 if served is None else served.version + 1,
+                model=candidate,
+                run_id=handle.run_id or "",
+                checkpoint=checkpoint,
+                metrics=new,
                 trained_on=handle.trained_on,
-            )  # fmt: skip
+            )
             self.served = served  # the swap: requests see the old model or the new, whole
-        handle.decision = {"swapped": swapped, "candidate": new, "served": old or None,
-                           "serving_version": served.version}  # fmt: skip
+        handle.decision = {
+            "swapped": swapped,
+            "candidate": new,
+            "served": old or None,
+            "serving_version": served.version,
+        }
         log.info("retrain_decided", run_id=handle.run_id, **handle.decision)
         await self._prune()
 

@@ -94,9 +94,15 @@ class RunHandle:
     def describe(self) -> dict[str, Any]:
         """What ``GET /runs/{id}``, ``POST /retrain`` and ``DELETE /runs/{id}`` answer."""
         return {
-            "run_id": self.run_id, "number": self.number, "status": self.status,
-            "finished": self.finished.is_set(), "records": len(self.records),
-            "trained_on": self.trained_on, "decision": self.decision, "error": self.error,
-            "last_checkpoint": self.last_checkpoint, "global_step": self.global_step,
+            "run_id": self.run_id,
+            "number": self.number,
+            "status": self.status,
+            "finished": self.finished.is_set(),
+            "records": len(self.records),
+            "trained_on": self.trained_on,
+            "decision": self.decision,
+            "error": self.error,
+            "last_checkpoint": self.last_checkpoint,
+            "global_step": self.global_step,
             "elapsed_s": self.elapsed_s,
-        }  # fmt: skip
+        }

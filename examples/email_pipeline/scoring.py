@@ -38,9 +38,14 @@ def build_model(seed: int = 0) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return EmailSequenceModel(
-            vocab_size=VOCAB_SIZE, max_emails=MAX_EMAILS, subject_len=SUBJECT_LEN,
-            d_model=32, n_heads=2, n_layers=2, dropout=0.1,
-        )  # fmt: skip
+            vocab_size=VOCAB_SIZE,
+            max_emails=MAX_EMAILS,
+            subject_len=SUBJECT_LEN,
+            d_model=32,
+            n_heads=2,
+            n_layers=2,
+            dropout=0.1,
+        )
 
 
 def conversion_probability(model: nn.Module, features: torch.Tensor) -> float:
@@ -72,8 +77,11 @@ def evaluate(model: nn.Module, data: TensorDataset, batch_size: int = 512) -> di
             count += len(labels)
     if count == 0:
         return {"val_loss": math.nan, "val_accuracy": math.nan, "samples": 0.0}
-    return {"val_loss": total_loss / count, "val_accuracy": correct / count,
-            "samples": float(count)}  # fmt: skip
+    return {
+        "val_loss": total_loss / count,
+        "val_accuracy": correct / count,
+        "samples": float(count),
+    }
 
 
 @dataclass(frozen=True)
@@ -91,9 +99,12 @@ class ServedModel:
     def describe(self) -> dict[str, Any]:
         """What ``GET /model`` shows."""
         return {
-            "version": self.version, "run_id": self.run_id, "checkpoint": self.checkpoint,
-            "metrics": self.metrics, "trained_on": self.trained_on,
-        }  # fmt: skip
+            "version": self.version,
+            "run_id": self.run_id,
+            "checkpoint": self.checkpoint,
+            "metrics": self.metrics,
+            "trained_on": self.trained_on,
+        }
 
 
 def load_served(checkpoint: str, seed: int = 0) -> nn.Module:

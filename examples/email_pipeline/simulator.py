@@ -93,9 +93,12 @@ def synthetic_events(num_recipients: int, *, seed: int, prefix: str = "r") -> Sy
 
 
 async def simulate(
-    client: httpx.AsyncClient, *, recipients_per_tick: int = 50, interval_s: float = 1.0,
+    client: httpx.AsyncClient,
+    *,
+    recipients_per_tick: int = 50,
+    interval_s: float = 1.0,
     seed: int = 1_000,
-) -> None:  # fmt: skip
+) -> None:
     """Post a tick of new recipients' events to ``client``'s service every ``interval_s``
     until cancelled (``python -m examples.email_pipeline --simulate`` runs it).
 

@@ -76,8 +76,11 @@ EventKind = Literal["sent", "open", "click", "convert"]
 
 #: An event as ``POST /events`` takes it (in a JSON list), shown in the service's ``/docs``.
 EXAMPLE_EVENT: dict[str, str | float] = {
-    "recipient": "r42", "campaign": "spring-sale", "kind": "sent", "t": 1700000000.0
-}  # fmt: skip
+    "recipient": "r42",
+    "campaign": "spring-sale",
+    "kind": "sent",
+    "t": 1700000000.0,
+}
 
 
 class Event(BaseModel):
@@ -94,21 +97,24 @@ class Event(BaseModel):
     )
 
     recipient: str = Field(
-        min_length=1, max_length=128,
+        min_length=1,
+        max_length=128,
         description="Who the email went to: any stable id of 1-128 characters.",
-    )  # fmt: skip
+    )
     campaign: str = Field(
-        min_length=1, max_length=128,
+        min_length=1,
+        max_length=128,
         description="The campaign the email belongs to: any name of 1-128 characters.",
-    )  # fmt: skip
+    )
     kind: EventKind = Field(
         description="'sent': an email went out; 'open', 'click': the recipient engaged with "
         "this campaign's latest earlier email; 'convert': the recipient converted (the label).",
     )
     t: float = Field(
-        ge=0.0, allow_inf_nan=False,
+        ge=0.0,
+        allow_inf_nan=False,
         description="When it happened, in Unix seconds (UTC): finite and >= 0.",
-    )  # fmt: skip
+    )
 
 
 def is_validation(recipient: str) -> bool:
@@ -165,8 +171,11 @@ class Split:
 
     def describe(self) -> dict[str, int]:
         """Sizes for ``GET /model`` and the runs' summaries."""
-        return {"events": self.events, "train_recipients": len(self.train),
-                "val_recipients": len(self.val)}  # fmt: skip
+        return {
+            "events": self.events,
+            "train_recipients": len(self.train),
+            "val_recipients": len(self.val),
+        }
 
 
 def build_split(snapshot: Mapping[str, Sequence[Event]]) -> Split:
@@ -183,8 +192,10 @@ def build_split(snapshot: Mapping[str, Sequence[Event]]) -> Split:
     def dataset(held_out: bool) -> TensorDataset:
         inputs, labels = parts[held_out]
         if not inputs:
-            return TensorDataset(torch.zeros(0, MAX_EMAILS, SUBJECT_LEN + 2, dtype=torch.long),
-                                 torch.zeros(0, dtype=torch.long))  # fmt: skip
+            return TensorDataset(
+                torch.zeros(0, MAX_EMAILS, SUBJECT_LEN + 2, dtype=torch.long),
+                torch.zeros(0, dtype=torch.long),
+            )
         return TensorDataset(torch.stack(inputs), torch.tensor(labels))
 
     total = sum(len(events) for events in snapshot.values())

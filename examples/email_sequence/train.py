@@ -59,19 +59,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--checkpoint-every-n-steps", type=int, default=None)
     parser.add_argument("--resume", default=None, help="'auto' or a checkpoint directory")
     switch = argparse.BooleanOptionalAction
-    parser.add_argument("--compile", action=switch, default=False,
-                        help="torch.compile before the first step (default: off)")  # fmt: skip
-    parser.add_argument("--compile-mode", default="default",
-                        help="default, reduce-overhead, max-autotune")  # fmt: skip
-    parser.add_argument("--channels-last", action=switch, default=None,
-                        help="NHWC memory format (default: on for conv nets on CUDA)")  # fmt: skip
-    parser.add_argument("--activation-checkpointing", action="store_true",
-                        help="recompute each transformer block in backward")  # fmt: skip
-    parser.add_argument("--auto-batch-size", action="store_true",
-                        help="split batches that do not fit the device's free memory")  # fmt: skip
-    parser.add_argument("--profile-steps", type=int, nargs=3, default=None,
-                        metavar=("WAIT", "WARMUP", "ACTIVE"),
-                        help="trace ACTIVE steps into <run_dir>/profile/")  # fmt: skip
+    parser.add_argument(
+        "--compile",
+        action=switch,
+        default=False,
+        help="torch.compile before the first step (default: off)",
+    )
+    parser.add_argument(
+        "--compile-mode", default="default", help="default, reduce-overhead, max-autotune"
+    )
+    parser.add_argument(
+        "--channels-last",
+        action=switch,
+        default=None,
+        help="NHWC memory format (default: on for conv nets on CUDA)",
+    )
+    parser.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        help="recompute each transformer block in backward",
+    )
+    parser.add_argument(
+        "--auto-batch-size",
+        action="store_true",
+        help="split batches that do not fit the device's free memory",
+    )
+    parser.add_argument(
+        "--profile-steps",
+        type=int,
+        nargs=3,
+        default=None,
+        metavar=("WAIT", "WARMUP", "ACTIVE"),
+        help="trace ACTIVE steps into <run_dir>/profile/",
+    )
     return parser.parse_args(argv)
 
 

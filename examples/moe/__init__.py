@@ -40,8 +40,13 @@ __all__ = (
 DOMAINS = 4
 SEQ_LEN = 16
 MODEL_DEFAULTS: dict[str, Any] = {
-    "seq_len": SEQ_LEN, "d_model": 32, "heads": 4, "layers": 2, "experts": 4, "top_k": 1,
-}  # fmt: skip
+    "seq_len": SEQ_LEN,
+    "d_model": 32,
+    "heads": 4,
+    "layers": 2,
+    "experts": 4,
+    "top_k": 1,
+}
 """``build_model``'s settings: small enough for a CPU epoch in a couple of seconds."""
 
 

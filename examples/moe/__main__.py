@@ -36,11 +36,14 @@ def show(report: RoutingReport) -> None:
     """Print the last layer's tables before and after, every layer's purity, the accuracy."""
     last = list(report.after["class"])[-1]
     for when, tables in (("before", report.before), ("after", report.after)):
-        print(f"\n{last} {when} training: share of each class's tokens whose first choice "
-              "is each expert")  # fmt: skip
+        print(
+            f"\n{last} {when} training: share of each class's tokens whose first choice "
+            "is each expert"
+        )
         print(format_table(tables["class"][last], by="class"))
-    print(f"\n{last} after training, by domain (a domain's two classes may share an expert "
-          "or not):")  # fmt: skip
+    print(
+        f"\n{last} after training, by domain (a domain's two classes may share an expert or not):"
+    )
     print(format_table(report.after["domain"][last]))
     print("\npurity (mean over rows of the largest share; 1.0 = one expert per row):")
     for by in ("class", "domain"):
@@ -54,9 +57,13 @@ def show(report: RoutingReport) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     report = train_example(
-        epochs=args.epochs, seed=args.seed, train_samples=args.train_samples,
-        experts=args.experts, log_dir=args.log_dir, progress=not args.no_progress,
-    )  # fmt: skip
+        epochs=args.epochs,
+        seed=args.seed,
+        train_samples=args.train_samples,
+        experts=args.experts,
+        log_dir=args.log_dir,
+        progress=not args.no_progress,
+    )
     show(report)
     return 0
 

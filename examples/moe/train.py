@@ -67,9 +67,16 @@ def train_example(
     probe = probe_set()
     before = _tables(model, probe)
     optimizer = create_optimized_training_optimizer(
-        model=model, train_loader=train_loader, val_loader=val_loader, max_epochs=epochs,
-        seed=seed, log_dir=log_dir, experiment_name="moe", progress=progress, **SETTINGS,
-    )  # fmt: skip
+        model=model,
+        train_loader=train_loader,
+        val_loader=val_loader,
+        max_epochs=epochs,
+        seed=seed,
+        log_dir=log_dir,
+        experiment_name="moe",
+        progress=progress,
+        **SETTINGS,
+    )
     try:
         results = anyio.run(optimizer.train)
     finally:
