@@ -62,7 +62,7 @@ def summary(path: Path) -> str:
     """The first sentence of a module's docstring, without reST markup."""
     text = ast.get_docstring(ast.parse(path.read_text())) or ""
     paragraph = " ".join(text.split("\n\n")[0].split())
-    sentence = re.split(r"(?<=[.:])\s", paragraph, maxsplit=1)[0].rstrip(":.")
+    sentence = re.split(r"(?<=\.)\s", paragraph, maxsplit=1)[0].rstrip(":.")
     return re.sub(r":\w+:`~?([^`]+)`", r"\1", sentence).replace("``", "")
 
 

@@ -1,5 +1,5 @@
 """``core-train`` (and ``python -m core``): train from the command line with flags generated
-from the config tree, the seeds' switches, TOML configs and the commands around a run.
+from the config tree, shorthand switches, TOML configs and the commands around a run.
 
 Example::
 
