@@ -36,7 +36,8 @@ class RunConfig:
     end; past that the run is abandoned (``run_end`` status ``abandoned``, naming the last
     good checkpoint). A stop that finds the step thread waiting for the train loader (outside
     any step) waits at most ``loader_grace_s`` for it, then parks the thread at that step
-    boundary and writes the stop checkpoint from there (several ranks: abandoned instead). A
+    boundary and writes the stop checkpoint from there (several ranks, which must vote and
+    checkpoint together: the loader gets ``stop_grace_s`` as a step does). A
     loader that has not delivered a batch for ``data_stall_warn_s`` gets a ``data_stall``
     warning record, repeated with backoff.
 

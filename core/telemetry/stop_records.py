@@ -20,8 +20,9 @@ class SignalReceived(Common):
 
 
 class StepThreadAbandoned(Common):
-    """Error: at a stop, the step thread did not reach a step boundary in time (a step past
-    stop_grace_s, or, with several ranks, the train loader past loader_grace_s)."""
+    """Error: at a stop, the step thread did not reach a step boundary within stop_grace_s
+    (inside a step or, with several ranks, where parking is not possible, waiting for the train
+    loader)."""
 
     stop_grace_s: Annotated[float, "the most a stop waits for a running step"]
     waited_s: Annotated[float, "the seconds this stop waited"]

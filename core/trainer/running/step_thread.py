@@ -14,8 +14,11 @@ step, optimizer state and weights agree. How long it waits depends on where the 
 - waiting for its loader (outside any step), at most ``loader_grace_s``: then the thread is
   *parked* (``core.loop.data_wait``): it will never step again, the run's state is that of
   the last boundary, and later jobs (the stop checkpoint, closing) run on a helper thread.
-  Where parking is not possible (several ranks: a checkpoint is a collective the stuck rank
-  cannot join), the thread is abandoned instead;
+  Where parking is not possible (several ranks: the stop vote and the checkpoint are
+  collectives a parked rank cannot join), a wait for data is given ``grace_s`` like a step:
+  a slow loader (workers starting an epoch on a loaded machine) then delivers, the ranks
+  vote and stop together with their checkpoint, and only a loader hung past ``grace_s``
+  leaves the thread abandoned;
 - inside a step, at most ``grace_s``: then the thread is *abandoned* (a stuck collective, a
   kernel that never returns): ``call`` lets the interruption through,
   :attr:`StepThread.abandoned` turns true, and no later job is accepted.
@@ -162,11 +165,11 @@ class StepThread:
             deadline = began + self.grace_s
             if self._hurried_at is not None:
                 deadline = min(deadline, self._hurried_at + HURRY_S)
-            if self._waiting_for_data():
+            if self._park is not None and self._waiting_for_data():
                 data_since = now if data_since is None else data_since
                 if self._hurried_at is not None or now - data_since >= self.loader_grace_s:
                     self.waited_for_data = True
-                    if self._park is not None and self._park():
+                    if self._park():
                         self.parked = True
                     else:
                         self.abandoned = True
@@ -174,6 +177,7 @@ class StepThread:
             else:
                 data_since = None
             if now >= deadline:
+                self.waited_for_data = self._waiting_for_data()
                 self.abandoned = True
                 return
             try:

@@ -85,9 +85,9 @@ class Stopping:
             last_checkpoint=self.checkpointer.last_path,
             step=self._global_step(),
             reason=(
-                "the step thread still waited for its train loader after loader_grace_s, and "
-                "with several ranks it cannot be parked there (the stop checkpoint is a "
-                "collective)"
+                "the step thread still waited for its train loader after stop_grace_s, and "
+                "with several ranks it cannot be parked there (the stop vote and checkpoint "
+                "are collectives)"
                 if in_data
                 else "the step thread did not reach a step boundary within stop_grace_s (a "
                 "collective or a kernel that never returns)"

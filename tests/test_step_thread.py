@@ -1,0 +1,88 @@
+"""How long a stop waits for the step thread: a wait for data is parked after
+``loader_grace_s`` where one rank can be parked, and given ``grace_s`` like a step where
+several ranks must vote and checkpoint together."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from core.loop.data_wait import DataWait
+from core.trainer.running.step_thread import StepThread
+
+
+def slow_loader_job(
+    wait: DataWait, stop: threading.Event, delivers_after_s: float, outcome: list[str]
+) -> None:
+    """A step thread's epoch: it waits for a batch that arrives ``delivers_after_s`` later,
+    then stops at that boundary unless it was parked meanwhile."""
+    wait.since = time.perf_counter()
+    time.sleep(delivers_after_s)
+    if not wait.end():
+        outcome.append("parked")
+    else:
+        outcome.append("stopped at the boundary" if stop.is_set() else "stepped")
+
+
+async def stop_during(thread: StepThread, wait: DataWait, delivers_after_s: float) -> str:
+    """Start the job, cancel the caller while the thread waits for data, and return what the
+    job ended with (the cancellation is the stop)."""
+    outcome: list[str] = []
+    task = asyncio.ensure_future(
+        thread.call(slow_loader_job, wait, thread.stop, delivers_after_s, outcome)
+    )
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    return outcome[0] if outcome else "still waiting"
+
+
+def test_one_rank_waiting_for_data_is_parked_after_loader_grace_s() -> None:
+    wait, stop = DataWait(), threading.Event()
+    thread = StepThread(
+        stop,
+        grace_s=10.0,
+        loader_grace_s=0.2,
+        waiting_for_data=lambda: wait.since is not None,
+        park=wait.park,
+    )
+    started = time.monotonic()
+    assert asyncio.run(stop_during(thread, wait, delivers_after_s=1.5)) == "still waiting"
+    assert thread.parked and not thread.abandoned and thread.waited_for_data
+    assert time.monotonic() - started < 1.5  # the stop did not wait for the loader
+    thread.close()
+
+
+def test_several_ranks_wait_for_a_slow_loader_and_stop_together_at_the_boundary() -> None:
+    # No park (several ranks): a loader slower than loader_grace_s but within grace_s
+    # delivers, and the thread reaches its boundary, where the ranks vote and checkpoint.
+    wait, stop = DataWait(), threading.Event()
+    thread = StepThread(
+        stop,
+        grace_s=10.0,
+        loader_grace_s=0.2,
+        waiting_for_data=lambda: wait.since is not None,
+        park=None,
+    )
+    assert asyncio.run(stop_during(thread, wait, delivers_after_s=1.0)) == (
+        "stopped at the boundary"
+    )
+    assert not thread.parked and not thread.abandoned and not thread.waited_for_data
+    thread.close()
+
+
+def test_several_ranks_abandon_a_loader_hung_past_grace_s_and_say_it_waited_for_data() -> None:
+    wait, stop = DataWait(), threading.Event()
+    thread = StepThread(
+        stop,
+        grace_s=0.5,
+        loader_grace_s=0.1,
+        waiting_for_data=lambda: wait.since is not None,
+        park=None,
+    )
+    assert asyncio.run(stop_during(thread, wait, delivers_after_s=3.0)) == "still waiting"
+    assert thread.abandoned and thread.waited_for_data and not thread.parked
