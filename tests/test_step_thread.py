@@ -27,6 +27,19 @@ def slow_loader_job(
         outcome.append("stopped at the boundary" if stop.is_set() else "stepped")
 
 
+def step_thread(
+    wait: DataWait, *, grace_s: float, loader_grace_s: float, parks: bool
+) -> StepThread:
+    """A step thread whose stops see ``wait``; ``parks``: one rank (a wait may be parked)."""
+    return StepThread(
+        threading.Event(),
+        grace_s=grace_s,
+        loader_grace_s=loader_grace_s,
+        waiting_for_data=lambda: wait.since is not None,
+        park=wait.park if parks else None,
+    )
+
+
 async def stop_during(thread: StepThread, wait: DataWait, delivers_after_s: float) -> str:
     """Start the job, cancel the caller while the thread waits for data, and return what the
     job ended with (the cancellation is the stop)."""
@@ -42,14 +55,8 @@ async def stop_during(thread: StepThread, wait: DataWait, delivers_after_s: floa
 
 
 def test_one_rank_waiting_for_data_is_parked_after_loader_grace_s() -> None:
-    wait, stop = DataWait(), threading.Event()
-    thread = StepThread(
-        stop,
-        grace_s=10.0,
-        loader_grace_s=0.2,
-        waiting_for_data=lambda: wait.since is not None,
-        park=wait.park,
-    )
+    wait = DataWait()
+    thread = step_thread(wait, grace_s=10.0, loader_grace_s=0.2, parks=True)
     started = time.monotonic()
     assert asyncio.run(stop_during(thread, wait, delivers_after_s=1.5)) == "still waiting"
     assert thread.parked and not thread.abandoned and thread.waited_for_data
@@ -60,14 +67,8 @@ def test_one_rank_waiting_for_data_is_parked_after_loader_grace_s() -> None:
 def test_several_ranks_wait_for_a_slow_loader_and_stop_together_at_the_boundary() -> None:
     # No park (several ranks): a loader slower than loader_grace_s but within grace_s
     # delivers, and the thread reaches its boundary, where the ranks vote and checkpoint.
-    wait, stop = DataWait(), threading.Event()
-    thread = StepThread(
-        stop,
-        grace_s=10.0,
-        loader_grace_s=0.2,
-        waiting_for_data=lambda: wait.since is not None,
-        park=None,
-    )
+    wait = DataWait()
+    thread = step_thread(wait, grace_s=10.0, loader_grace_s=0.2, parks=False)
     assert asyncio.run(stop_during(thread, wait, delivers_after_s=1.0)) == (
         "stopped at the boundary"
     )
@@ -76,13 +77,7 @@ def test_several_ranks_wait_for_a_slow_loader_and_stop_together_at_the_boundary(
 
 
 def test_several_ranks_abandon_a_loader_hung_past_grace_s_and_say_it_waited_for_data() -> None:
-    wait, stop = DataWait(), threading.Event()
-    thread = StepThread(
-        stop,
-        grace_s=0.5,
-        loader_grace_s=0.1,
-        waiting_for_data=lambda: wait.since is not None,
-        park=None,
-    )
+    wait = DataWait()
+    thread = step_thread(wait, grace_s=0.5, loader_grace_s=0.1, parks=False)
     assert asyncio.run(stop_during(thread, wait, delivers_after_s=3.0)) == "still waiting"
     assert thread.abandoned and thread.waited_for_data and not thread.parked
