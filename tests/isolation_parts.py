@@ -34,6 +34,24 @@ def make_val_loader() -> DataLoader[Any]:
     return DataLoader(make_data(32), batch_size=8)
 
 
+class SlowData(TensorDataset):
+    """``make_data()``, taking ``delay_s`` per sample."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__(*make_data().tensors)
+        self.delay_s = delay_s
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
+        time.sleep(self.delay_s)
+        return super().__getitem__(index)
+
+
+def shuffled_by_its_generator(delay_s: float = 0.0) -> DataLoader[Any]:
+    """``make_loader()``'s batches, shuffled by a generator of the loader's own."""
+    generator = torch.Generator().manual_seed(5)
+    return DataLoader(SlowData(delay_s), batch_size=8, shuffle=True, generator=generator)
+
+
 def sgd(parameters: Any) -> torch.optim.Optimizer:
     return torch.optim.SGD(parameters, lr=0.05, momentum=0.9)
 

@@ -212,6 +212,24 @@ def test_every_native_cancellation_stops_the_child_at_a_boundary_and_resume_is_e
     assert results.global_step == 48 and same_weights(done.model, reference.model)
 
 
+@pytest.mark.slow
+def test_a_loader_s_own_generator_crosses_and_resumes_exactly_in_a_process(
+    tmp_path: Path,
+) -> None:
+    reference = build(tmp_path / "ref", "thread", train_loader=parts.shuffled_by_its_generator())
+    asyncio.run(reference.train())
+    job = build(tmp_path, "process", train_loader=parts.shuffled_by_its_generator(0.01))
+    reached = functools.partial(lambda j: j.global_step >= 14, job)  # 12 steps per epoch
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(cancel_when(job, "task.cancel", reached))
+    assert 14 <= job.global_step < 24
+    done = build(tmp_path, "process", resume="auto", train_loader=parts.shuffled_by_its_generator())
+    results = asyncio.run(done.train())
+    assert results.global_step == 24 and same_weights(done.model, reference.model)
+    (resumed,) = [r for r in records(tmp_path, "iso")[-1] if r["event"] == "resumed"]
+    assert resumed["data_order"] == "restored"
+
+
 def test_two_trainings_at_once_each_in_its_own_process(tmp_path: Path) -> None:
     jobs = [build(tmp_path, "process"), build(tmp_path, "process")]
 

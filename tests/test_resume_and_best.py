@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
 from core import (
     CheckpointConfig,
@@ -34,16 +35,16 @@ from core import (
 from core.checkpointing.ranking import offer
 from core.checkpointing.store import CheckpointStore
 from core.console.banner import format_banner, format_retention
-from tests.helpers import loaders, make_model
+from tests.helpers import loaders, make_classification, make_model
 
 
 def train(log_dir: Path, **kwargs: Any) -> Any:
     """A 3-epoch, 8-steps-per-epoch job of the quick start's shape; returns the run."""
     train_loader, val_loader = loaders(n=256, batch_size=32)
     kwargs.setdefault("model", make_model())
+    kwargs.setdefault("train_loader", train_loader)
     kwargs.setdefault("val_loader", val_loader)
     run = create_optimized_training_optimizer(
-        train_loader=train_loader,
         log_dir=log_dir,
         seed=0,
         max_epochs=kwargs.pop("max_epochs", 3),
@@ -113,6 +114,78 @@ def test_strict_continues_a_finished_run_and_refuses_an_edited_one(log_dir: Path
     assert strict.results.global_step == 24 and not records(strict, "train_step")
     with pytest.raises(IncompatibleCheckpointError, match=r"learning_rate \(checkpoint 0.001"):
         train(log_dir, resume="strict", learning_rate=3e-3)
+
+
+# -- the batches after a resume ------------------------------------------------------------
+def shuffled(where: str) -> DataLoader[Any]:
+    """A loader shuffled by a generator of its own (a program's, made anew by each start),
+    given to the DataLoader or to its sampler."""
+    data, generator = make_classification(256), torch.Generator().manual_seed(5)
+    if where == "loader":
+        return DataLoader(data, batch_size=32, shuffle=True, generator=generator)
+    return DataLoader(data, batch_size=32, sampler=RandomSampler(data, generator=generator))
+
+
+class StopsAt(torch.nn.Module):
+    """The quick start's model, asking its run to stop after its ``call``-th training forward."""
+
+    def __init__(self, call: int) -> None:
+        super().__init__()
+        self.net, self.call, self.calls = make_model(), call, 0
+        self.run: Any = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += self.training
+        if self.calls == self.call and self.training:
+            self.run.request_stop("a test")  # honoured at the end of this step
+        out: torch.Tensor = self.net(x)
+        return out
+
+
+@pytest.mark.parametrize("where", ["loader", "sampler"])
+def test_a_loader_s_own_generator_resumes_onto_the_batches_of_an_uninterrupted_run(
+    log_dir: Path, where: str
+) -> None:
+    reference = train(log_dir / "ref", model=StopsAt(0), train_loader=shuffled(where))
+    model = StopsAt(13)  # epoch 1, its 5th batch
+    stopped = create_optimized_training_optimizer(
+        model=model,
+        train_loader=shuffled(where),
+        val_loader=loaders()[1],
+        log_dir=log_dir,
+        seed=0,
+        max_epochs=3,
+        progress=False,
+    )  # as train() builds it
+    model.run = stopped
+    assert anyio.run(stopped.train).global_step == 13
+    resumed = train(log_dir, model=StopsAt(0), train_loader=shuffled(where), resume="auto")
+    assert resumed.results.global_step == 24
+    for ours, theirs in zip(resumed.model.parameters(), reference.model.parameters(), strict=True):
+        assert torch.equal(ours, theirs)
+    (record,) = records(resumed, "resumed")
+    assert (record["step"], record["data_order"], record["data_order_detail"]) == (
+        13,
+        "restored",
+        None,
+    )
+
+
+class Stream(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Batches of a dataset that sets its own order."""
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        yield from make_classification(96)
+
+
+def test_a_resume_says_when_it_cannot_restore_the_order_of_the_batches(log_dir: Path) -> None:
+    stream = DataLoader(Stream(), batch_size=32)
+    train(log_dir, train_loader=stream, max_epochs=1)
+    resumed = train(log_dir, train_loader=stream, max_epochs=2, resume="auto")
+    (record,) = records(resumed, "resumed")
+    assert record["data_order"] == "not_restored"
+    detail = record["data_order_detail"]
+    assert "dataset is an IterableDataset (Stream), which sets its own order" in detail
 
 
 # -- best checkpoints you can trust -------------------------------------------------------

@@ -32,7 +32,6 @@ from core.checkpointing.store import CheckpointStore
 from core.distributed import Strategy
 from core.errors import CheckpointError, IncompatibleCheckpointError, resume_advice, resume_fix
 from core.factory import Factory
-from core.rng import capture_rng
 
 __all__ = ("CheckpointConfig", "Checkpointer", "TrainerState")  # (the config re-exported)
 
@@ -52,6 +51,10 @@ class TrainerState(Protocol):
     def fingerprint(self) -> dict[str, Any]: ...
 
     def rng_at_epoch_start(self) -> dict[str, Any]: ...
+
+    def rng_now(self) -> dict[str, Any]: ...
+
+    def data_order(self) -> dict[str, Any]: ...
 
     def finished(self, trainer: dict[str, Any]) -> str | None: ...
 
@@ -143,7 +146,7 @@ class Checkpointer:
         started = time.perf_counter()
         strategy = self.strategy
         rngs = strategy.gather_object(
-            {"now": capture_rng(), "epoch_start": self.state.rng_at_epoch_start()}
+            {"now": self.state.rng_now(), "epoch_start": self.state.rng_at_epoch_start()}
         )
         staging = Path(
             strategy.broadcast_object(str(self._stage(step)) if strategy.is_global_zero else "")
@@ -298,6 +301,7 @@ class Checkpointer:
             lineage=self.store.lineage,
             branched=not continued,
             passed_over=passed,
+            **self.state.data_order(),
         )
         rngs, rank = payload["rng"], self.strategy.rank
         mine: dict[str, Any] = rngs[rank] if rank < len(rngs) else rngs[0]

@@ -70,7 +70,8 @@ def format_epoch_line(record: Record, max_epochs: object = None) -> str:
 def _notable(record: Record) -> str | None:
     event = record.get("event")
     if event == "resumed":
-        return f"resumed from {record.get('path')} (step {record.get('step')}){_lineage(record)}"
+        where = f"resumed from {record.get('path')} (step {record.get('step')})"
+        return where + _lineage(record) + _data_order(record)
     if event == "fresh_start":
         passed = record.get("passed_over")
         older = len(passed) - 1 if isinstance(passed, list) and len(passed) > 1 else 0
@@ -134,6 +135,14 @@ def format_event_line(record: Record) -> str | None:
             message = f"{subject}: {message}"
             break
     return f"{head}{name}: {message}" if message else head + name
+
+
+def _data_order(record: Record) -> str:
+    """What a resume says when the batches it goes on with may differ from an
+    uninterrupted run's."""
+    if record.get("data_order") != "not_restored":
+        return ""
+    return f"; the data order is not restored: {record.get('data_order_detail')}"
 
 
 def _lineage(record: Record) -> str:

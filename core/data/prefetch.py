@@ -75,6 +75,8 @@ class DevicePrefetcher:
     (2, 4)
     """
 
+    wraps_in_order = True  # its batches are ``loader``'s, in its order (core.data.order)
+
     def __init__(self, loader: Iterable[Any], device: torch.device | str) -> None:
         self.loader = loader
         self.device = torch.device(device)

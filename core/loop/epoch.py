@@ -7,7 +7,8 @@ run (``core.loop.step``), calls the step hooks on the steps they are due
 gradient norm, skip flag and loss scale are read back during step N+1, and the LR scheduler
 stepped then (``core.loop.recorder``); :meth:`StepLoop.flush` settles the last step. The
 loop knows where it is (epoch, loader batches consumed) so a checkpoint can resume
-mid-epoch.
+mid-epoch, with the RNG states (the global generators' and the train loader's own,
+``core.data.order``) at the epoch's start and now.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from core.data.order import LoaderOrder
 from core.distributed import Strategy
 from core.errors import EmptyLoaderError
 from core.hardware.device import device_of
@@ -119,6 +121,7 @@ class StepLoop:
         self.epoch = 0
         self.batches_done = 0
         self.epoch_rng: dict[str, Any] = {}
+        self.order = LoaderOrder(())  # the train loader's: set by order_of() or an epoch
         self.data_wait = DataWait()  # replaced every epoch: read by watchdogs and stops
 
     # -- an epoch -------------------------------------------------------------------------
@@ -208,22 +211,33 @@ class StepLoop:
     ) -> Iterator[Any]:
         """The epoch's batches; after ``resume``, the same order, consumed ones skipped."""
         self.epoch = epoch
+        order = self.order_of(loader)
         if resume is None or resume.batches_done == 0:
             if resume is not None:
-                restore_rng(resume.rng_now)
+                _restore(resume.rng_now, order)
             self.batches_done = 0
             self.recorder.stats = EpochStats(epoch=epoch)
-            self.epoch_rng = capture_rng()  # before the loader draws its shuffle seed
+            self.epoch_rng = _capture(order)  # before the loader draws its shuffle seed
             return iter(loader)
-        restore_rng(resume.rng_epoch_start)
+        _restore(resume.rng_epoch_start, order)
         self.epoch_rng = resume.rng_epoch_start
         iterator = iter(loader)
         for _ in itertools.islice(iterator, resume.batches_done):
             pass  # the same shuffle: consume what the interrupted run had trained on
-        restore_rng(resume.rng_now)
+        _restore(resume.rng_now, order)
         self.batches_done = resume.batches_done
         self.recorder.stats = replace(resume.stats, interrupted=False)
         return iterator
+
+    def order_of(self, loader: Iterable[Any]) -> LoaderOrder:
+        """What decides ``loader``'s order (:attr:`order` from now on, the train loader)."""
+        if self.order.loader is not loader:
+            self.order = LoaderOrder(loader)
+        return self.order
+
+    def rng_now(self) -> dict[str, Any]:
+        """The RNG states now: the global generators' and the train loader's own."""
+        return _capture(self.order)
 
     def _failure(self, exc: Exception, phase: str, batch_index: int) -> BaseException:
         timeout = getattr(self.strategy, "timeout_s", None)
@@ -267,3 +281,12 @@ class StepLoop:
         self.epoch = int(state["epoch"])
         self.batches_done = int(state["batches_done"])
         self.recorder.stats = EpochStats(**state["epoch_stats"])
+
+
+def _capture(order: LoaderOrder) -> dict[str, Any]:
+    return {**capture_rng(), "loader": order.capture()}
+
+
+def _restore(state: dict[str, Any], order: LoaderOrder) -> None:
+    restore_rng(state)
+    order.restore(state.get("loader"))  # absent from checkpoints written before it was saved

@@ -63,6 +63,8 @@ class LimitedStream:
     """Each pass over ``loader`` stops after its first ``limit`` batches (a loader without
     ``len()``: at most that many). The batch after the last is never drawn."""
 
+    wraps_in_order = True  # its batches are ``loader``'s, in its order (core.data.order)
+
     def __init__(self, loader: Iterable[Any], limit: Limit, field: str) -> None:
         self.loader = loader
         self.limit = limit

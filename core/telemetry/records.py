@@ -114,6 +114,11 @@ class Resumed(Common):
     passed_over: Annotated[
         list[dict[str, str]], 'newer lineages resume="auto" left alone: path, reason, detail'
     ]
+    data_order: Annotated[
+        Literal["restored", "not_restored"],
+        "whether the rest of the run trains on the batches an uninterrupted one would",
+    ]
+    data_order_detail: Annotated[str | None, "not_restored: what core cannot restore, and why"]
 
 
 class AmpCompatibility(Common):

@@ -250,6 +250,7 @@ def _build(
         ),
         max_epochs=config.run.max_epochs,
         max_steps=config.run.max_steps,
+        train_loader=train_loader,
     )
     # A fast_dev_run leaves nothing to resume: its checkpointer writes and reads none.
     checkpointer = (NoCheckpoints if config.run.fast_dev_run else Checkpointer)(

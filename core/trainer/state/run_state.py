@@ -7,6 +7,7 @@ state depends on) before resuming.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any
 
@@ -36,6 +37,7 @@ class RunState:
         fingerprint: dict[str, Any],
         max_epochs: int,
         max_steps: int | None,
+        train_loader: Iterable[Any] = (),
     ) -> None:
         self.loop = loop
         self.mixed_precision = mixed_precision
@@ -43,6 +45,7 @@ class RunState:
         self.scheduler = scheduler
         self.early_stopping = early_stopping
         self.errors = errors
+        loop.order_of(train_loader)  # the resumed record says whether its order is restored
         self._fingerprint = fingerprint
         self._max_epochs, self._max_steps = max_epochs, max_steps
         self.epochs_completed = 0
@@ -57,6 +60,15 @@ class RunState:
 
     def rng_at_epoch_start(self) -> dict[str, Any]:
         return self.loop.epoch_rng
+
+    def rng_now(self) -> dict[str, Any]:
+        return self.loop.rng_now()
+
+    def data_order(self) -> dict[str, Any]:
+        """Whether a resume continues onto the batches an uninterrupted run would train on
+        (the ``resumed`` record's ``data_order`` fields), from the epoch it resumes in."""
+        why = self.loop.order.unrestorable(epoch=self.epochs_completed)
+        return {"data_order": "not_restored" if why else "restored", "data_order_detail": why}
 
     def state_dict(self) -> dict[str, Any]:
         return {
