@@ -29,6 +29,8 @@ __all__ = (
     "UnevenLoadersError",
     "UnsafeCheckpointError",
     "config_error",
+    "note_raised_in",
+    "raised_in",
     "resume_advice",
     "resume_fix",
     "resume_phrased_for",
@@ -138,8 +140,10 @@ class OutOfMemoryError(CoreError, MemoryError):
 
 
 class TrainingStepError(CoreError, RuntimeError):
-    """Raised when the data loader or the user's model fails inside a step; names the epoch,
-    step and batch index, and chains the original exception."""
+    """Raised when the user's code or data fails in a run: inside a step (the data loader,
+    the model, ``loss_fn``, ``training_step``) or in a validation (the ``val_loader``, the
+    model, ``loss_fn``, ``validation_step``, a metric). Names the function where it can, the
+    epoch, the optimizer step and the batch index, and chains the original exception."""
 
 
 class DistributedTimeoutError(CoreError, RuntimeError):
@@ -244,6 +248,31 @@ class TrainingProcessDied(CoreError, RuntimeError):
         else:
             kept = f"no checkpoint was written yet; {resume} starts over"
         return f"{self.args[0]} {kept}."
+
+
+_RAISED_IN = "core_raised_in"
+
+
+def note_raised_in(exc: BaseException, function: str) -> None:
+    """Note that ``exc`` escaped the user's ``function`` (``loss_fn``, ``training_step``, a
+    metric), for the error core raises for it to name (:func:`raised_in`). A note from a
+    function called inside stands. The exception itself is unchanged: the out-of-memory
+    retry still recognises it."""
+    if raised_in(exc) is None:
+        with contextlib.suppress(AttributeError, TypeError):  # an exception without __dict__
+            setattr(exc, _RAISED_IN, function)
+
+
+def raised_in(exc: BaseException) -> str | None:
+    """The user's function ``exc`` escaped from, where :func:`note_raised_in` noted one.
+
+    >>> error = ValueError("bad")
+    >>> note_raised_in(error, "loss_fn"); note_raised_in(error, "training_step")
+    >>> raised_in(error)
+    'loss_fn'
+    """
+    noted = getattr(exc, _RAISED_IN, None)
+    return noted if isinstance(noted, str) else None
 
 
 def _short_repr(value: object) -> str:

@@ -76,10 +76,32 @@ def test_a_loader_exception_names_epoch_step_and_batch_and_checkpoints_first(log
     assert store.load_state(saved)["trainer"]["global_step"] == 5  # the last completed step
 
 
-def test_a_model_exception_names_where_it_happened(log_dir: Path) -> None:
-    optimizer = train(log_dir, model=FailsAtCall(call=3))
+def loss_failing_at(call: int) -> Any:
+    calls = [0]
+
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        if calls[0] == call:
+            raise ValueError("targets out of range")
+        return nn.functional.cross_entropy(outputs, targets)
+
+    return loss_fn
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        (lambda: {"model": FailsAtCall(call=3)}, "the step"),  # the model's forward
+        (lambda: {"loss_fn": loss_failing_at(3)}, "loss_fn"),
+    ],
+    ids=["model", "loss_fn"],
+)
+def test_a_model_exception_names_where_it_happened(
+    log_dir: Path, settings: Any, named: str
+) -> None:
+    optimizer = train(log_dir, **settings())
     with pytest.raises(
-        TrainingStepError, match=r"the step failed in epoch 0, step 3, batch 2: ValueError"
+        TrainingStepError, match=rf"^{named} failed in epoch 0, step 3, batch 2: ValueError"
     ):
         anyio.run(optimizer.train)
     log = [json.loads(x) for x in (optimizer.run_dir / "events.jsonl").read_text().splitlines()]

@@ -336,7 +336,7 @@ async def test_a_batch_that_is_not_a_pair_or_dict_is_named(log_dir: Path) -> Non
 async def test_a_loss_that_is_not_a_scalar_is_named(log_dir: Path) -> None:
     optimizer = build(log_dir, loss_fn=nn.CrossEntropyLoss(reduction="none"))
     with pytest.raises(
-        LossFormatError, match=r"the loss of batch 0 in epoch 0 is Tensor\(shape=\(32,\)"
+        LossFormatError, match=r"the loss in epoch 0, step 1, batch 0 is Tensor\(shape=\(32,\)"
     ):
         await optimizer.train()
     assert optimizer.global_step == 0

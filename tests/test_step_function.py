@@ -4,6 +4,7 @@ inside core's precision, accumulation, retry and guards, its logged values read 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core import create_optimized_training_optimizer
-from core.errors import LossFormatError
+from core import create_optimized_training_optimizer, load_weights
+from core.errors import LossFormatError, TrainingStepError
 from core.trackers.convert import scalars_of
 from tests import isolation_parts as parts
 from tests.helpers import loaders, make_model
@@ -144,3 +145,52 @@ def test_a_step_function_named_by_a_factory_trains_in_a_process(tmp_path: Path) 
     )
     assert results.global_step == 8
     assert all("double" in r["logged"] for r in of(records, "train_step"))
+
+
+def malformed_at(call: int, returned: Any) -> Any:
+    """A step function that returns ``returned(loss)`` (or raises it) at its ``call``-th call."""
+    calls = [0]
+
+    def step(model: nn.Module, batch: Any) -> Any:
+        calls[0] += 1
+        loss = F.cross_entropy(model(batch[0]), batch[1])
+        if calls[0] != call:
+            return loss
+        if isinstance(returned, Exception):
+            raise returned
+        return returned(loss)
+
+    return step
+
+
+@pytest.mark.parametrize(
+    ("returned", "error", "match"),
+    [
+        (lambda loss: None, LossFormatError, r"training_step returned NoneType in"),
+        (lambda loss: loss.expand(4), LossFormatError, r"training_step returned Tensor\(shape"),
+        (lambda loss: {"ce": loss}, LossFormatError, r"training_step returned a dict without"),
+        (ValueError("no such token"), TrainingStepError, r"training_step failed in"),
+    ],
+    ids=["none", "vector", "dict-without-loss", "raises"],
+)
+def test_a_failing_step_function_keeps_the_finished_steps_and_says_where(
+    tmp_path: Path, returned: Any, error: type[Exception], match: str
+) -> None:
+    settings = {"model": make_model(), "train_loader": loaders(n=64, batch_size=16)[0]}
+    job = create_optimized_training_optimizer(
+        **settings, training_step=malformed_at(7, returned), log_dir=tmp_path, progress=False
+    )  # 4 steps per epoch: the 7th call is epoch 1's 3rd batch
+    with pytest.raises(error, match=match + r".* epoch 1, step 7, batch 2\b"):
+        asyncio.run(job.train())
+    saved = job.checkpoints.latest
+    assert (saved.step, saved.reason) == (6, "error")  # the last completed step
+    loaded = make_model(seed=3)
+    load_weights(saved.path, loaded)  # the weights the run stopped with
+    for ours, theirs in zip(
+        loaded.state_dict().values(), job.model.state_dict().values(), strict=True
+    ):
+        assert torch.equal(ours, theirs)
+    lines = (Path(job.run_dir) / "events.jsonl").read_text().splitlines()
+    run_end = json.loads(lines[-1])
+    assert run_end["status"] == "failed" and run_end["global_step"] == 6
+    assert run_end["last_checkpoint"] == str(saved.path)

@@ -16,6 +16,7 @@ from core import (
     F1Score,
     OptimizedTrainingOptimizer,
     TrainingConfig,
+    TrainingStepError,
     create_optimized_training_optimizer,
     load_weights,
 )
@@ -182,3 +183,70 @@ async def test_evaluate_and_predict_after_training(tmp_path: Path) -> None:
             expected = model(torch.cat([x for x, _ in test]))
         assert torch.allclose(torch.cat(outputs), expected)
         assert model.training  # restored for the next train()
+
+
+def raising_at_validation_call(call: int, function: Any) -> Any:
+    """``function``, raising ValueError at its ``call``-th call under no_grad (a validation)."""
+    calls = [0]
+
+    def wrapped(*args: Any) -> Any:
+        calls[0] += not torch.is_grad_enabled()
+        if calls[0] == call and not torch.is_grad_enabled():
+            raise ValueError("cannot score this batch")
+        return function(*args)
+
+    return wrapped
+
+
+def cross_entropy_step(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(model(batch[0]), batch[1])
+
+
+@pytest.mark.parametrize(
+    ("settings", "function"),
+    [
+        (
+            {"validation_step": raising_at_validation_call(4, cross_entropy_step)},
+            "validation_step",
+        ),
+        (
+            {"loss_fn": raising_at_validation_call(4, torch.nn.functional.cross_entropy)},
+            "loss_fn",
+        ),
+        (
+            {"metrics": {"hits": raising_at_validation_call(4, lambda o, t: o.argmax(1) == t)}},
+            "metric 'hits'",
+        ),
+    ],
+    ids=["validation_step", "loss_fn", "metric"],
+)
+def test_a_validation_that_raises_keeps_the_finished_steps_and_says_where(
+    tmp_path: Path, settings: dict[str, Any], function: str
+) -> None:
+    train_loader, val_loader = loaders(n=256, batch_size=32)  # 2 validation batches
+    job = create_optimized_training_optimizer(
+        model=make_model(),
+        train_loader=train_loader,
+        val_loader=val_loader,
+        val_every_n_steps=3,  # the 4th call: the validation at step 6, its batch 1
+        log_dir=tmp_path,
+        progress=False,
+        reports=False,
+        **settings,
+    )
+    with pytest.raises(TrainingStepError) as caught:
+        anyio.run(job.train)
+    assert str(caught.value).startswith(
+        f"{function} failed in epoch 0, step 6, validation batch 1: ValueError: cannot score"
+    )
+    assert isinstance(caught.value.__cause__, ValueError)
+    saved = job.checkpoints.latest
+    assert (saved.step, saved.reason) == (6, "error")
+    loaded = make_model(seed=3)
+    load_weights(saved.path, loaded)
+    for ours, theirs in zip(
+        loaded.state_dict().values(), job.model.state_dict().values(), strict=True
+    ):
+        assert torch.equal(ours, theirs)
+    run_end = json.loads((job.run_dir / "events.jsonl").read_text().splitlines()[-1])
+    assert (run_end["status"], run_end["global_step"]) == ("failed", 6)

@@ -37,6 +37,7 @@ class BatchStep:
         self.objective = windows.objective
         self.logs = windows.objective.logs  # a step function's values, packed with the loss
         self.check_loss = windows.errors.check_loss
+        self.loss_source = windows.objective.loss_source  # named by a malformed loss
         self.prepare_batch = windows.prepare_batch
         self.update = windows.update
         self.recorder = windows.recorder
@@ -77,7 +78,13 @@ class BatchStep:
             batch = self.prepare_batch(window.batches[0])
             with self._autocast:
                 _, loss = self.objective(self.model, batch)
-            loss = self.check_loss(loss, epoch=epoch, batch_index=window.first_batch_index)
+            loss = self.check_loss(
+                loss,
+                epoch=epoch,
+                batch_index=window.first_batch_index,
+                step=step,
+                source=self.loss_source,
+            )
             self._backward(loss)
         except Exception as exc:
             if retry is None or not retry.recoverable(exc):

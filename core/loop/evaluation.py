@@ -5,6 +5,9 @@ Under a distributed strategy each rank evaluates its shard; samples that only pa
 still run forward (FSDP2 needs every rank in every all-gather) but are not counted, and the
 sums (loss, accuracy and every metric's state) are all-reduced together, once, so the
 metrics equal one process's. Nothing waits for the device before that all-reduce.
+
+A failure names what failed (``validation_step``, ``loss_fn``, a metric), the epoch, the
+optimizer step and the validation batch (``ErrorHandler.step_error``).
 """
 
 from __future__ import annotations
@@ -84,9 +87,12 @@ def evaluate(
     errors: ErrorHandler,
     prepare_batch: Callable[[Any], Any] | None = None,
     metrics: MetricSet | None = None,
+    step: int | None = None,
 ) -> EvalStats:
     """Mean loss (accuracy, ``metrics``) of ``model`` over ``loader``; ``prepare_batch``
-    moves a batch to the device (and into channels_last where the model is).
+    moves a batch to the device (and into channels_last where the model is). ``step``: the
+    optimizer steps the model has taken, in a run. An exception raised on the way becomes
+    the error ``errors.step_error`` makes of it, naming where (the original chained).
 
     Example::
 
@@ -96,6 +102,60 @@ def evaluate(
                          metrics=MetricSet({"f1": F1Score(num_classes=3)}))
         stats.loss, stats.accuracy, stats.metrics["f1"]
     """
+    current = _Batch()
+    try:
+        return _evaluate(
+            model,
+            loader,
+            current,
+            epoch=epoch,
+            stop=stop,
+            precision=precision,
+            strategy=strategy,
+            objective=objective,
+            errors=errors,
+            step=step,
+            prepare_batch=prepare_batch,
+            metrics=metrics,
+        )
+    except Exception as exc:
+        error = errors.step_error(
+            exc,
+            epoch=epoch,
+            step=step,
+            batch_index=current.index,
+            rank=strategy.rank,
+            timeout_s=getattr(strategy, "timeout_s", None),
+            phase="the validation",
+            validation=True,
+        )
+        if error is exc:
+            raise
+        raise error from exc
+
+
+class _Batch:
+    """Which validation batch is evaluated, for a failure to name (None: after the last)."""
+
+    def __init__(self) -> None:
+        self.index: int | None = 0
+
+
+def _evaluate(
+    model: nn.Module,
+    loader: Iterable[Any],
+    current: _Batch,
+    *,
+    epoch: int,
+    stop: threading.Event,
+    precision: Precision,
+    strategy: Strategy,
+    objective: Objective,
+    errors: ErrorHandler,
+    step: int | None,
+    prepare_batch: Callable[[Any], Any] | None,
+    metrics: MetricSet | None,
+) -> EvalStats:
     model.eval()
     device = strategy.device
     if metrics is not None:
@@ -116,7 +176,14 @@ def evaluate(
             batch, size = take_samples(batch, keep), keep
         with precision.autocast():
             outputs, loss = objective(model, batch)
-        loss = errors.check_loss(loss, epoch=epoch, batch_index=index)
+        loss = errors.check_loss(
+            loss,
+            epoch=epoch,
+            batch_index=index,
+            step=step,
+            source=objective.loss_source,
+            validation=True,
+        )
         if keep:
             loss_sum += loss.detach().double() * size
             samples += size
@@ -133,6 +200,8 @@ def evaluate(
         if strategy.should_stop(stop.is_set()):
             interrupted = True
             break
+        current.index = index + 1  # the next: a loader that fails fetching it names it
+    current.index = None
     interrupted |= strategy.settle_stop_votes()
     local = torch.stack([loss_sum, correct, counted, zero + samples, zero + accuracy_applies])
     if metrics is not None:

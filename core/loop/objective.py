@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from core.data.batches import describe
-from core.errors import LossFormatError
+from core.errors import LossFormatError, note_raised_in
 from core.metrics import logits_of
 
 __all__ = ("DefaultObjective", "LossFn", "Objective")
@@ -55,6 +55,11 @@ class Objective:
     """Whether a call may leave values to log in :attr:`logged` (a user's step function)."""
     logged: Mapping[str, Any] = MappingProxyType({})
     """The values the last call returned to be logged with its step (none here)."""
+    function: str = "loss_fn"
+    """The user's function an error escaping it is named by (``core.errors.raised_in``)."""
+    loss_source: str | None = None
+    """Whose return value the loss is, as a malformed loss is named (a ``training_step``);
+    None: the loss of ``loss_fn``, or the model's own."""
 
     def __init__(self, loss_fn: LossFn) -> None:
         self.loss_fn = loss_fn
@@ -71,7 +76,11 @@ class Objective:
 
     def loss(self, outputs: Any, targets: Any) -> Any:
         """The loss of an ``(inputs, targets)`` batch."""
-        return self.loss_fn(outputs, targets)
+        try:
+            return self.loss_fn(outputs, targets)
+        except Exception as exc:
+            note_raised_in(exc, self.function)
+            raise
 
     _evaluation: Objective | None = None
 
@@ -125,6 +134,8 @@ def _hits(
 class DefaultObjective(Objective):
     """``CrossEntropyLoss()`` over integer class indices, used when no ``loss_fn`` is given."""
 
+    function = "loss_fn (the default nn.CrossEntropyLoss())"
+
     def __init__(self) -> None:
         super().__init__(nn.CrossEntropyLoss())
 
@@ -140,4 +151,4 @@ class DefaultObjective(Objective):
                 "convert class labels with targets.long(); for class probabilities pass "
                 "loss_fn=nn.CrossEntropyLoss() explicitly."
             )
-        return self.loss_fn(outputs, targets)
+        return super().loss(outputs, targets)

@@ -6,7 +6,8 @@ Recover where it is safe, stop clearly where it is not:
 failure                                decision
 =====================================  ===================================================
 a batch that is not a pair or dict,    stop before the step (BatchFormatError /
-a loss that is not a scalar            LossFormatError), naming epoch and batch index
+a loss that is not a scalar (a         LossFormatError), naming the function that
+malformed training_step return)        returned it, epoch, step and batch index
 out of memory in a step                free the step, halve the micro-batch (the window's
                                        result is unchanged), retry; at one sample stop
                                        with OutOfMemoryError naming the batch size
@@ -15,8 +16,11 @@ non-finite loss or gradients           skip the step (weights, optimizer state a
                                        NonFiniteLossError after max_consecutive_nonfinite
 fp16 overflows with the scale already  switch to bf16 (else fp32) from the next step
 at min_scale                           (a ``precision_fallback`` record), once
-an exception from the loader or model  stop with TrainingStepError naming epoch, step and
-                                       batch index (the orchestrator checkpoints first)
+an exception from the loader, model,   stop with TrainingStepError naming the function
+loss_fn, training_step, or in a        it escaped (``loss_fn``, ``validation_step``, a
+validation validation_step or a        metric...), epoch, step and batch index; after
+metric                                 this and the row above, a run in one process
+                                       checkpoints its last completed step first
 a collective that timed out            stop with DistributedTimeoutError naming the
                                        collective and the rank
 =====================================  ===================================================
@@ -43,9 +47,10 @@ from core.errors import (
     OutOfMemoryError,
     TrainingStepError,
     config_error,
+    raised_in,
 )
 
-__all__ = ("ErrorHandler", "ErrorHandlerConfig")
+__all__ = ("ErrorHandler", "ErrorHandlerConfig", "Place")
 
 _OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
 _TIMEOUT_MESSAGES = ("timed out", "timeout", "connection closed by peer", "connection reset")
@@ -97,6 +102,29 @@ def is_collective_failure(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in _TIMEOUT_MESSAGES)
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where in a run something failed, as messages name it: ``epoch 0, step 3, batch 2``;
+    in a validation ``epoch 0, step 8, validation batch 1`` (``step``: the optimizer steps
+    the model had taken; None outside a run). Built only once something failed."""
+
+    epoch: int
+    step: int | None = None
+    batch_index: int | None = None
+    validation: bool = False
+
+    def __str__(self) -> str:
+        named = [f"epoch {self.epoch}"]
+        if self.step is not None:
+            named.append(f"step {self.step}")
+        batch = "validation batch" if self.validation else "batch"
+        if self.batch_index is not None:
+            named.append(f"{batch} {self.batch_index}")
+        elif self.validation:
+            named.append("after the last validation batch")
+        return ", ".join(named)
+
+
 class ErrorHandler:
     """Checks, classifications and the counters behind the decisions above."""
 
@@ -121,15 +149,39 @@ class ErrorHandler:
             "or pass a collate_fn that builds one of these forms."
         )
 
-    def check_loss(self, loss: Any, *, epoch: int, batch_index: int) -> torch.Tensor:
-        """Return ``loss`` if it is a 0-d floating tensor; else raise naming what it was."""
+    def check_loss(
+        self,
+        loss: Any,
+        *,
+        epoch: int,
+        batch_index: int,
+        step: int | None = None,
+        source: str | None = None,
+        validation: bool = False,
+    ) -> torch.Tensor:
+        """Return ``loss`` if it is a 0-d floating tensor; else raise naming what it was,
+        where (:class:`Place`), and ``source``, the user's function that returned it (a
+        ``training_step``; None: the loss of ``loss_fn`` or the model)."""
         if isinstance(loss, torch.Tensor) and loss.ndim == 0 and loss.is_floating_point():
             return loss
+        place = Place(epoch, step, batch_index, validation)
+        if source is None:
+            raise LossFormatError(
+                f"the loss in {place} is {describe(loss)}; allowed: a scalar (0-d) "
+                "floating-point tensor. Fix: use a loss_fn with reduction='mean' (or 'sum'), "
+                "or for dict batches make the model return the loss, a dict with 'loss', or "
+                "an object with a .loss attribute."
+            )
+        if isinstance(loss, Mapping):  # a step function's dict has no 'loss'
+            raise LossFormatError(
+                f"{source} returned a dict without 'loss' (keys: {sorted(map(str, loss))}) "
+                f"in {place}; allowed: a scalar loss tensor, or a dict with 'loss' and other "
+                "scalar values. Fix: return {'loss': loss, ...}."
+            )
         raise LossFormatError(
-            f"the loss of batch {batch_index} in epoch {epoch} is {describe(loss)}; allowed: "
-            "a scalar (0-d) floating-point tensor. Fix: use a loss_fn with reduction='mean' "
-            "(or 'sum'), or for dict batches make the model return the loss, a dict with "
-            "'loss', or an object with a .loss attribute."
+            f"{source} returned {describe(loss)} in {place}; allowed: a scalar (0-d) "
+            "floating-point loss tensor, or a dict with 'loss' (and scalars to log). Fix: "
+            "return the loss of the batch, reduced to one value (e.g. loss.mean())."
         )
 
     # -- decisions after a step (from the lagged readback) -------------------------------
@@ -193,19 +245,29 @@ class ErrorHandler:
         exc: BaseException,
         *,
         epoch: int,
-        step: int,
-        batch_index: int,
+        step: int | None,
+        batch_index: int | None,
         rank: int,
         timeout_s: float | None,
         phase: str,
+        validation: bool = False,
     ) -> BaseException:
-        """The error to raise for an exception escaping a step (the original is chained)."""
+        """The error to raise for an exception escaping a step, or a validation (the
+        original is chained); it names the user's function the exception escaped from
+        (``core.errors.raised_in``), else ``phase``."""
         if isinstance(exc, CoreError):
             return exc
+        place = Place(epoch, step, batch_index, validation)
+        if is_out_of_memory(exc) and validation:
+            return OutOfMemoryError(
+                f"rank {rank} ran out of memory in {place}; a validation batch is not "
+                "re-split. Fix: a smaller val_loader batch size, bf16, or "
+                "activation_checkpointing; the last checkpoint is intact."
+            )
         if is_out_of_memory(exc):  # here only where re-splitting is off
             return OutOfMemoryError(
-                f"rank {rank} ran out of memory in epoch {epoch}, step {step}, batch "
-                f"{batch_index}, and oom_recovery={self.config.oom_recovery!r} does not "
+                f"rank {rank} ran out of memory in {place}, and "
+                f"oom_recovery={self.config.oom_recovery!r} does not "
                 "re-split here ('auto' re-splits in one process only). Fix: "
                 "oom_recovery='on' (DDP: ranks agree and halve together), a smaller batch "
                 "size or micro_batch_size, bf16, or activation_checkpointing; the last "
@@ -217,10 +279,10 @@ class ErrorHandler:
                 f"finish within timeout_s={timeout_s:g}: another rank stopped making progress "
                 f"(stuck, crashed or killed). Original error: {str(exc).splitlines()[0]}"
             )
+        kept = " The last completed step is checkpointed when checkpointing is on."
         return TrainingStepError(
-            f"{phase} failed in epoch {epoch}, step {step}, batch {batch_index}: "
-            f"{type(exc).__name__}: {exc}. The last completed step is checkpointed when "
-            "checkpointing is on."
+            f"{raised_in(exc) or phase} failed in {place}: {type(exc).__name__}: {exc}."
+            + (kept if step is not None else "")
         )
 
     def state_dict(self) -> dict[str, Any]:

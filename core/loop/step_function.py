@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from core.data.batches import describe
-from core.errors import LossFormatError
+from core.errors import LossFormatError, note_raised_in
 from core.loop.objective import DefaultObjective, Objective
 from core.loop.terms import StepTermsLike
 
@@ -58,17 +58,22 @@ class StepFunction(Objective):
 
     def __init__(self, step: StepFn, *, name: str = "training_step") -> None:
         self.step = step
-        self.name = name
+        self.name = self.function = self.loss_source = name
         self.loss_fn = None  # type: ignore[assignment]  # the memory trials' synthetic loss
         self.ignore_index = None
         self.logged: Mapping[str, Any] = MappingProxyType({})
 
     def __call__(self, model: nn.Module, batch: Any) -> tuple[Any, Any]:
-        result = self.step(model, batch)
-        if isinstance(result, Mapping):
+        try:
+            result = self.step(model, batch)
+        except Exception as exc:
+            note_raised_in(exc, self.name)
+            raise
+        if isinstance(result, Mapping) and "loss" in result:
             self.logged = _logged(result, self.name)
-            return result.get("outputs"), result.get("loss")
+            return result.get("outputs"), result["loss"]
         self.logged = MappingProxyType({})
+        # Not a loss (a dict without one, None...): the loss check names what it was, where.
         return None, result
 
     @property
@@ -107,12 +112,6 @@ def objective_for(
 
 def _logged(result: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     """The entries of a step's dict that are logged, checked (metadata only: no sync)."""
-    if "loss" not in result:
-        raise LossFormatError(
-            f"{name} returned a dict without 'loss' (keys: {sorted(map(str, result))}); "
-            "allowed: a scalar loss tensor, or a dict with 'loss' and other scalar values. "
-            "Fix: return {'loss': loss, ...}."
-        )
     logged: dict[str, Any] = {}
     for key, value in result.items():
         if key in _NOT_LOGGED:

@@ -95,7 +95,7 @@ class WindowStep:
         data_time_s: float,
     ) -> None:
         """The step of :meth:`__call__` once it has begun (precision chosen, RNG noted)."""
-        while (done := self._forward_backward(window, precision, epoch)) is None:
+        while (done := self._forward_backward(window, precision, epoch, step)) is None:
             self.recover(window, step, epoch)  # all ranks, together
         losses, sizes, logged = done
         if not self.retry.sync_in_backward:  # ranks voting: backward did not sync
@@ -124,7 +124,7 @@ class WindowStep:
         return Readback(losses, sizes, extra, *scalars)
 
     def _forward_backward(
-        self, window: Window, precision: Precision, epoch: int
+        self, window: Window, precision: Precision, epoch: int, step: int
     ) -> tuple[list[torch.Tensor], list[int], list[tuple[Mapping[str, Any], int]]] | None:
         """Forward and backward of every micro-batch, each loss weighted by the micro-batch's
         share of the window; None when a micro-batch ran out of memory (on any rank)."""
@@ -147,7 +147,11 @@ class WindowStep:
                     if objective.logs and objective.logged:
                         logged.append((objective.logged, micro.samples))
                     loss = self.errors.check_loss(
-                        loss, epoch=epoch, batch_index=window.first_batch_index
+                        loss,
+                        epoch=epoch,
+                        batch_index=window.first_batch_index,
+                        step=step,
+                        source=objective.loss_source,
                     )
                     aux = None if self.terms is None else self.terms.auxiliary_loss()
                     total = loss if aux is None else loss + aux

@@ -9,12 +9,13 @@ applies on that rank, and the metrics of the evaluation are None on every rank.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
-from core.errors import config_error
+from core.errors import config_error, note_raised_in
 from core.metrics.base import MeanOf, Metric, MetricFn
 
 __all__ = ("MetricSet", "check_metrics", "logits_of")
@@ -137,14 +138,16 @@ class MetricSet:
                 self._missed[name] = True
                 continue
             metric.classes_last = classes_last
-            metric.update(predictions, targets)
+            with _named(name):
+                metric.update(predictions, targets)
 
     def state(self) -> torch.Tensor:
         """Every metric's state and its "did not apply" flag, as one 1-D float64 tensor on
         the device; sum it over ranks and hand the sum to :meth:`compute`."""
         parts: list[torch.Tensor] = []
         for name, metric in self._metrics.items():
-            state = metric.state()
+            with _named(name):
+                state = metric.state()
             missed = torch.full(
                 (1,), float(self._missed[name]), dtype=state.dtype, device=state.device
             )
@@ -166,10 +169,21 @@ class MetricSet:
         for name, metric in self._metrics.items():
             end = offset + metric.size
             missed = float(summed[end]) > 0
-            values[name] = None if missed else metric.compute(summed[offset:end])
+            with _named(name):
+                values[name] = None if missed else metric.compute(summed[offset:end])
             offset = end + 1
         return values
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{name!r}: {metric!r}" for name, metric in self._metrics.items())
         return f"MetricSet({{{inner}}})"
+
+
+@contextlib.contextmanager
+def _named(name: str) -> Iterator[None]:
+    """An exception escaping the metric ``name`` names it (``core.errors.raised_in``)."""
+    try:
+        yield
+    except Exception as exc:
+        note_raised_in(exc, f"metric {name!r}")
+        raise

@@ -94,6 +94,7 @@ class Validation:
             errors=parts.errors,
             prepare_batch=parts.prepared.prepare_batch,
             metrics=parts.metrics,
+            step=step,
         )
         if evaluation.interrupted:
             return evaluation

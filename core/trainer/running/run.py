@@ -16,7 +16,14 @@ import anyio
 import anyio.abc
 
 from core.config import TrainingConfig
-from core.errors import NonFiniteLossError, OutOfMemoryError, SignalReceived, TrainingStepError
+from core.errors import (
+    BatchFormatError,
+    LossFormatError,
+    NonFiniteLossError,
+    OutOfMemoryError,
+    SignalReceived,
+    TrainingStepError,
+)
 from core.loop.epoch import ResumePoint
 from core.telemetry.events import EventHub
 from core.trainer.assembly.build import Parts
@@ -31,7 +38,15 @@ from core.trainer.state.results import RunEnding, TrainingResults
 
 __all__ = ("Run",)
 
-_CHECKPOINT_AFTER = (TrainingStepError, NonFiniteLossError, OutOfMemoryError)
+# What a step or a validation raises where the last completed step is sound: its checkpoint
+# keeps the work (user code that failed, malformed data or losses, memory, non-finite steps).
+_CHECKPOINT_AFTER = (
+    TrainingStepError,
+    NonFiniteLossError,
+    OutOfMemoryError,
+    LossFormatError,
+    BatchFormatError,
+)
 
 
 class Run:
