@@ -17,6 +17,7 @@ from torch import nn
 
 from core.data.batches import count_samples, to_device
 from core.loop.objective import Objective
+from core.loop.recovery import ErrorHandler
 from core.memory.meter import meter_for
 from core.memory.trial import preserved
 from core.precision.plugins import FP32, Precision
@@ -51,6 +52,9 @@ def measure_amp_savings(
     def one_pass(chosen: Precision) -> None:
         with chosen.autocast():
             _, loss = objective(model, prepared)
+        loss = ErrorHandler().check_loss(
+            loss, epoch=0, batch_index=0, source=objective.loss_source
+        )  # a step function's malformed return, named
         loss.float().backward()
 
     peaks: dict[str, int] = {}

@@ -108,6 +108,9 @@ def benchmark_performance(
                 start = clock()
                 with precision.autocast():
                     _, loss = parts.objective(model, batch)
+                loss = parts.errors.check_loss(
+                    loss, epoch=0, batch_index=index, source=parts.objective.loss_source
+                )
                 forward = clock()
                 precision.backward(loss)
                 backward = clock()
