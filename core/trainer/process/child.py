@@ -9,7 +9,8 @@ final weights as a verified checkpoint under ``<run_dir>/final_weights/`` (a smo
 whose directory is gone: in a temporary folder the parent removes), which the parent
 loads into its own model. A ``"cancel"`` from the parent, or the parent's end (the control
 pipe reads end-of-file: the service was killed), cancels the run: the stop checkpoint is
-written as under a cancelled ``train()`` in thread mode.
+written as under a cancelled ``train()`` in thread mode. A ``("stop", reason)`` becomes the
+job's ``request_stop``, held by the job until its run has begun if it comes that early.
 """
 
 from __future__ import annotations
