@@ -194,8 +194,9 @@ class TrainingJob(JobViews):
         ``stop_reason="requested: <reason>"``. Under ``isolation="process"`` and
         ``devices=N`` the request crosses to the training process. A request made while
         ``train()`` still starts (the parts or the training process not built yet) is held
-        and honoured at the first step boundary. False when no run is in progress, or it
-        has ended (nothing happens)."""
+        and honoured at the first step boundary. False where it will not be honoured (nothing
+        happens): no ``train()`` in progress, or its training process has ended or is being
+        cancelled."""
         if not self._running:
             return False
         if self._process is not None:
