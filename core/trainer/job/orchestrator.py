@@ -18,7 +18,7 @@ with ``status="cancelled"``) and the cancellation propagates. With
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -122,6 +122,8 @@ class TrainingJob(JobViews):
         self._cycle: RunCycle | None = None
         self._process: TrainingProcess | None = None
         self._running = False
+        self._held_stop: str | None = None  # requested before this train()'s run existed
+        self._stop_target: Callable[[str], None] | None = None  # the run in progress's
 
     # -- the resource ---------------------------------------------------------------------
     async def __aenter__(self) -> Self:
@@ -190,15 +192,19 @@ class TrainingJob(JobViews):
         from any hook, or any code on the event loop's thread): the stop checkpoint is
         written, ``train()`` returns, ``run_end`` has ``status="stopped"`` and
         ``stop_reason="requested: <reason>"``. Under ``isolation="process"`` and
-        ``devices=N`` the request crosses to the training process. False when no run is in
-        progress (nothing happens)."""
+        ``devices=N`` the request crosses to the training process. A request made while
+        ``train()`` still starts (the parts or the training process not built yet) is held
+        and honoured at the first step boundary. False where it will not be honoured (nothing
+        happens): no ``train()`` in progress, or its training process has ended or is being
+        cancelled."""
         if not self._running:
             return False
         if self._process is not None:
             return self._process.request_stop(reason)
-        if self._cycle is None:
-            return False
-        self._cycle.request_stop(reason)
+        if self._stop_target is None:  # this train()'s run does not exist yet: held for it
+            self._held_stop = self._held_stop or reason
+            return True
+        self._stop_target(reason)
         return True
 
     # -- using the trained model ----------------------------------------------------------
@@ -257,11 +263,16 @@ class TrainingJob(JobViews):
             parts, cycle = self._built, self._cycle
             assert cycle is not None
             run = Run(self._config, parts, cycle, self._hub, self._observers())
+            self._stop_target = cycle.request_stop  # the run's own stop flag exists from here
+            if self._held_stop is not None:
+                cycle.request_stop(self._held_stop)
             results = await run.execute(self.describe(), on_open=self._opened)
             self._run_dir = results.run_dir  # None: a smoke run's directory, removed
             return results
         finally:
             self._running = False
+            self._held_stop = None
+            self._stop_target = None
 
     async def _train_in_a_process(self, crossing: Crossing) -> TrainingResults:
         self._child = ChildState()

@@ -9,12 +9,14 @@ final weights as a verified checkpoint under ``<run_dir>/final_weights/`` (a smo
 whose directory is gone: in a temporary folder the parent removes), which the parent
 loads into its own model. A ``"cancel"`` from the parent, or the parent's end (the control
 pipe reads end-of-file: the service was killed), cancels the run: the stop checkpoint is
-written as under a cancelled ``train()`` in thread mode.
+written as under a cancelled ``train()`` in thread mode. A ``("stop", reason)`` becomes the
+job's ``request_stop``, held by the job until its run has begun if it comes that early.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import tempfile
@@ -127,9 +129,12 @@ def _listen(
             while (message := control.recv()) != "cancel":
                 if isinstance(message, tuple) and message[0] == "stop":
                     loop.call_soon_threadsafe(request_stop, message[1])
+            loop.call_soon_threadsafe(task.cancel)
         except (EOFError, OSError):
+            with contextlib.suppress(RuntimeError):  # the run ended: its event loop is closed
+                loop.call_soon_threadsafe(task.cancel)
+        except RuntimeError:  # the run ended and its event loop closed meanwhile
             pass
-        loop.call_soon_threadsafe(task.cancel)
 
     threading.Thread(target=wait, name="core-pipe-control", daemon=True).start()
 
@@ -142,6 +147,8 @@ async def _train(
     job: Any = None
 
     def request_stop(reason: str) -> None:
+        # Called on this event loop, so never before train() below has begun (nothing awaits
+        # before it): the job holds the request until its run takes it at its first step.
         if job is not None:
             job.request_stop(reason)
 
@@ -151,9 +158,11 @@ async def _train(
         objects = Crossing.unpack(packed)
         job = job_class(training_config(config), callbacks=[Relay(sender)], **objects)
         job.isolation = crossed(packed, "process")
-        async with job:
-            results = await job.train()
+        try:
+            results = await job.train()  # this process's first await (see request_stop)
             final = await asyncio.to_thread(hand_back, packed, job, results)
+        finally:
+            await job.aclose()
         sender.put(("ended", "completed", (results, final)))
     except asyncio.CancelledError:
         last = job.last_checkpoint if job is not None and job.run_dir is not None else None

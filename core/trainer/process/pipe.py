@@ -5,7 +5,8 @@ loop ever blocks on a pipe: ``("records", [record, ...])``, ``("opened", run_dir
 ``("alive",)`` every second (a child that sends nothing is frozen) and one
 ``("ended", how, detail)`` last (``how``: ``completed`` with ``(results, final_weights)``,
 ``failed`` with the exception, ``cancelled`` with the last checkpoint). Parent to child:
-``"cancel"``. A pipe that reads end-of-file means the other process is gone.
+``("stop", reason)`` (``request_stop``, possibly sent before the child started: it waits in
+the pipe) and ``"cancel"``. A pipe that reads end-of-file means the other process is gone.
 """
 
 from __future__ import annotations

@@ -86,12 +86,14 @@ async def _train_rank(
         callbacks = [child.Relay(sender)] if sender is not None else []
         job = job_class(child.training_config(config), callbacks=callbacks, **objects)
         job.isolation = child.crossed(packed, f"rank {rank} of {config.distributed.devices}")
-        if rank == 0:
+        if rank == 0:  # requests reach the job on this event loop, once train() has begun
             _take_stop_requests(stops, loop, job.request_stop)
-        async with job:
-            results = await job.train()
+        try:
+            results = await job.train()  # the first await: the job holds an early request
             final = await asyncio.to_thread(child.hand_back, packed, job, results)
-            return (results, final) if rank == 0 else None
+        finally:
+            await job.aclose()
+        return (results, final) if rank == 0 else None
     finally:
         if sender is not None:
             sender.close()

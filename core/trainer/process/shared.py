@@ -104,6 +104,9 @@ class SharedBlock:
             libc = ctypes.CDLL(None, use_errno=True)  # a foreign call: the lock is released
             libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
             libc.madvise(start, end - start, _MADV_REMOVE)
+        # Unmapped and its file descriptor closed now, not whenever the last object that
+        # refers to this block is collected (views of it, if any, keep the mapping).
+        self._storage = torch.UntypedStorage(0)
 
     def private_copy(self) -> SharedBlock:
         """A copy in this process's own memory (a rank of several must not train on the

@@ -13,10 +13,12 @@ How each ending reaches the caller of ``train()``:
 - completed: the final weights are verified and loaded into the service's model, in place
   (a worker thread), and the child's :class:`~core.trainer.state.results.TrainingResults` returned;
 - failed (bad input, non-finite loss, a signal the child received): the child's error, raised;
-- cancelled (``task.cancel()``, a timeout, Ctrl-C under ``asyncio.run``): the child is told
-  to cancel, its stop checkpoint is written at a step boundary, then the cancellation
-  propagates; a child that then sends nothing (not even its heartbeat) for ``stop_grace_s``
-  is frozen, and killed;
+- cancelled (``task.cancel()``, a timeout, Ctrl-C under ``asyncio.run``, an anyio scope), at
+  any moment (``core.trainer.running.placement``): before the child is started, it never is;
+  after, it is told to cancel, its stop checkpoint is written at a step boundary, then the
+  cancellation propagates; a child that then sends nothing (not even its heartbeat) for
+  ``stop_grace_s`` is frozen, and killed. Either way the child has exited and its pidfd,
+  pipes and shared memory are released before the caller sees the cancellation;
 - died (the OOM killer, a segfault, ``os._exit``): :class:`~core.errors.TrainingProcessDied`
   naming the exit code or signal and the last good checkpoint.
 
@@ -26,7 +28,7 @@ run stops as a signalled one does in thread mode (the first stops, the second hu
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.forkserver
@@ -34,8 +36,8 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
 
 import anyio
 import anyio.abc
@@ -55,8 +57,8 @@ from core.trainer.process.postmortem import last_good_checkpoint, why_it_ended
 from core.trainer.process.ranks import entry_point
 from core.trainer.process.shared import Packed
 from core.trainer.process.watch import ExitStatus, WatchedProcess, subreaper
-from core.trainer.running.async_tools import to_the_end
 from core.trainer.running.observers import Observers
+from core.trainer.running.placement import escalate, kill_if_silent, until_released
 from core.trainer.state.results import TrainingResults
 
 __all__ = ("TrainingProcess", "start_method", "warm_up")
@@ -91,6 +93,30 @@ def warm_up() -> None:
     multiprocessing.forkserver.ensure_running()
 
 
+class _Child:
+    """A started training process as its supervisor reaches it: watched by its pidfd,
+    heard through its inbox, told through its control pipe (``Stoppable``)."""
+
+    def __init__(self, process: WatchedProcess, inbox: Inbox, control: Connection) -> None:
+        self.process, self.inbox, self.control = process, inbox, control
+
+    def ask_to_cancel(self) -> bool:
+        try:
+            self.control.send("cancel")
+        except OSError:
+            return False  # already gone
+        return True
+
+    def silent_s(self) -> float:
+        return time.monotonic() - self.inbox.last_heard
+
+    def is_alive(self) -> bool:
+        return self.process.is_alive()
+
+    def kill(self) -> None:
+        self.process.kill()
+
+
 class TrainingProcess:
     """Runs one job's ``train()`` in a child process and relays it to this event loop.
 
@@ -121,85 +147,120 @@ class TrainingProcess:
         self.signals: list[int] = []
         self.killed_why = ""
         self.packed: Packed | None = None
-        self.control: Any = None
+        self.control: Connection | None = None
         """The pipe to the child while it runs (``"cancel"``, ``("stop", reason)``)."""
+        self.held_stop: str | None = None
+        """The reason of the stop requested (``request_stop``), sent once the pipe exists."""
+        self.cancelled: anyio.Event | None = None
+        """Set once this ``train()`` is cancelled (``core.trainer.running.placement``)."""
 
     async def execute(self) -> TrainingResults:
-        """Start the child, relay it to its end, and return or raise as it ended."""
+        """Start the child, relay it to its end, and return or raise as it ended. Cancelled,
+        however and whenever, the child is never started or is stopped and waited for, and
+        everything opened is released, before the cancellation propagates
+        (``core.trainer.running.placement``)."""
+        return await until_released(self._lifecycle)
+
+    async def _lifecycle(self, cancelled: anyio.Event) -> TrainingResults | None:
+        """One ``train()``, from nothing opened to everything released; None once
+        ``cancelled``. Each resource is handed to ``opened`` as it is opened, and released,
+        in reverse, by the one ``finally`` (in a worker thread: it may wait for the child)."""
+        opened = contextlib.ExitStack()
+        self.cancelled = cancelled
         TrainingProcess.running += 1  # before any await: jobs started together count together
         try:
-            return await self._execute()
-        finally:
-            TrainingProcess.running -= 1
-            if self.packed is not None:  # the child is gone and the weights are back
-                packed, self.packed = self.packed, None
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(packed.release)
-
-    async def _execute(self) -> TrainingResults:
-        context = start_method()
-        control_in, control_out = context.Pipe(duplex=False)
-        records_in, records_out = context.Pipe(duplex=False)
-        self.packed = await anyio.to_thread.run_sync(self.crossing.pack, self.model)
-        threads = max(1, torch.get_num_threads() // TrainingProcess.running)
-        process = context.Process(
-            target=entry_point(self.config),
-            name="core-training",
-            args=(self.job_class, self.config, self.packed, control_in, records_out, threads),
-        )
-        subreaper.acquire()  # before the start: a fork server that dies leaves its child here
-        try:
+            if cancelled.is_set():
+                return None
+            self.packed = packed = await anyio.to_thread.run_sync(self.crossing.pack, self.model)
+            opened.callback(packed.release)  # last: once the child that maps it is gone
+            if cancelled.is_set():
+                return None  # cancelled before the start: the child is never started
+            context = start_method()
+            control_in, control_out = context.Pipe(duplex=False)
+            records_in, records_out = context.Pipe(duplex=False)
+            for end in (control_in, control_out, records_in, records_out):
+                opened.callback(end.close)
+            self._open_control(control_out)
+            threads = max(1, torch.get_num_threads() // TrainingProcess.running)
+            process = context.Process(
+                target=entry_point(self.config),
+                name="core-training",
+                args=(self.job_class, self.config, packed, control_in, records_out, threads),
+            )
+            subreaper.acquire()  # before the start: a fork server that dies leaves its child here
+            opened.callback(subreaper.release)
+            # Run to its end even when cancelled meanwhile: the child then exists, and is told.
             await anyio.to_thread.run_sync(process.start)
             watched = WatchedProcess(process)
+            opened.callback(watched.release)  # first: killed if still running, then let go
             self.state.pid = watched.pid
             control_in.close()  # the child's ends: end-of-file here once the child is gone
-            self.control = control_out
             records_out.close()
-            inbox = Inbox(records_in)
-            self.hub.reopen()
-            try:
-                async with anyio.create_task_group() as watchers:
-                    self.observers.start(watchers, self.hub)
-                    try:
-                        await self._supervise(watched, inbox)
-                    finally:  # in a task of its own: a repeated native cancel cannot cut it
-                        await to_the_end(
-                            watchers, functools.partial(self._finish, watched, inbox, control_out)
-                        )
-            finally:
-                self.control = None
-                records_in.close()
-                control_out.close()
+            child = _Child(watched, Inbox(records_in), control_out)
+            await self._relay_to_the_end(child, cancelled)
             status = await anyio.to_thread.run_sync(watched.exit_status)
+            if cancelled.is_set():
+                return None
+            return await self._outcome(status)
         finally:
-            subreaper.release()
-        return await self._outcome(status)
+            self.control = None  # no stop request reaches a pipe being closed
+            try:
+                await anyio.to_thread.run_sync(opened.close)
+            finally:
+                TrainingProcess.running -= 1
+
+    def _open_control(self, control: Connection) -> None:
+        """The pipe to the child exists: a stop requested meanwhile waits in it for the child."""
+        self.control = control
+        if self.held_stop is not None:
+            self._send_stop(self.held_stop)
 
     def request_stop(self, reason: str) -> bool:
-        """Ask the child's run to stop at its next step boundary (``request_stop``); False
-        when the child is not running."""
-        if self.control is None or self.ended is not None or self.eof:
+        """Ask the child's run to stop at its first step boundary from now (``request_stop``):
+        passed on at once, or held until the pipe to the child exists (the child's job holds
+        it until its run has begun). False when it will not be honoured: the child has
+        ended, or this ``train()`` is being cancelled."""
+        if self.ended is not None or self.eof:
+            return False
+        if self.cancelled is not None and self.cancelled.is_set():
+            return False
+        if self.held_stop is None:  # the first reason is the one the run keeps
+            self.held_stop = str(reason)
+            if self.control is not None:
+                return self._send_stop(self.held_stop)
+        return True
+
+    def _send_stop(self, reason: str) -> bool:
+        if self.control is None:
             return False
         try:
-            self.control.send(("stop", str(reason)))
+            self.control.send(("stop", reason))
         except OSError:
             return False
         return True
 
-    async def _supervise(self, process: WatchedProcess, inbox: Inbox) -> None:
-        async with anyio.create_task_group() as tg:
-            if self.config.run.handle_signals:
-                tg.start_soon(self._forward_signals, process, inbox)
-            await self._relay(inbox)
-            tg.cancel_scope.cancel()
+    async def _relay_to_the_end(self, child: _Child, cancelled: anyio.Event) -> None:
+        """Publish what the child sends until it has ended, beside its stop once
+        ``cancelled``; then wait for it to exit and let the callbacks see the last records."""
+        self.hub.reopen()
+        async with anyio.create_task_group() as watchers:
+            self.observers.start(watchers, self.hub)
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._stop_once, child, cancelled)
+                    if self.config.run.handle_signals:
+                        tg.start_soon(self._forward_signals, child)
+                    await self._relay(child.inbox)
+                    tg.cancel_scope.cancel()
+            finally:
+                await self._close(child)
 
-    async def _finish(self, process: WatchedProcess, inbox: Inbox, control: Any) -> None:
-        """Stop a child that is still running (this train() was cancelled), wait for it to
-        exit, then let the callbacks see the last records."""
-        self._dispatch(inbox)
+    async def _stop_once(self, child: _Child, cancelled: anyio.Event) -> None:
+        """This train() cancelled: the child is told to cancel, and killed once silent."""
+        await cancelled.wait()
+        self._dispatch(child.inbox)
         if self.ended is None and not self.eof:
-            await self._stop_child(process, inbox, control)
-        await self._close(process)
+            self.killed_why = await escalate(child, self.config.run.stop_grace_s)
 
     async def _relay(self, inbox: Inbox) -> None:
         """Publish what arrives until the child's ``ended`` message or its end-of-file."""
@@ -223,30 +284,7 @@ class TrainingProcess:
             elif message[0] == "eof":
                 self.eof = True
 
-    async def _stop_child(self, process: WatchedProcess, inbox: Inbox, control: Any) -> None:
-        try:
-            control.send("cancel")
-        except OSError:
-            return  # already gone
-        async with anyio.create_task_group() as watchdog:
-            watchdog.start_soon(self._kill_if_silent, process, inbox)
-            await self._relay(inbox)
-            watchdog.cancel_scope.cancel()
-
-    async def _kill_if_silent(self, process: WatchedProcess, inbox: Inbox) -> None:
-        """Once asked to stop: kill a child that sent nothing, not even its once-a-second
-        heartbeat, for ``stop_grace_s`` (it is frozen; a stuck step alone is the child's own
-        stop's to give up on)."""
-        limit = self.config.run.stop_grace_s
-        while process.is_alive():
-            silent = time.monotonic() - inbox.last_heard
-            if silent > limit:
-                self.killed_why = f" after it sent nothing for stop_grace_s ({limit:g} s)"
-                process.kill()
-                return
-            await anyio.sleep(min(1.0, limit - silent + 0.05))
-
-    async def _forward_signals(self, process: WatchedProcess, inbox: Inbox) -> None:
+    async def _forward_signals(self, child: _Child) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
         stop = (signal.SIGTERM, signal.SIGINT)
@@ -255,16 +293,22 @@ class TrainingProcess:
                 with anyio.open_signal_receiver(*stop) as received:
                     async for signum in received:
                         self.signals.append(int(signum))
-                        process.send(signum)
+                        child.process.send(signum)
                         if len(self.signals) == 1:  # a frozen child is killed, as on a cancel
-                            deadline.start_soon(self._kill_if_silent, process, inbox)
+                            deadline.start_soon(self._kill_if_silent, child)
         finally:
             if self.signals:  # as in thread mode: the service is on its way out
                 for stop_signal in stop:
                     signal.signal(stop_signal, signal.SIG_IGN)
 
-    async def _close(self, process: WatchedProcess) -> None:
+    async def _kill_if_silent(self, child: _Child) -> None:
+        self.killed_why = await kill_if_silent(child, self.config.run.stop_grace_s)
+
+    async def _close(self, child: _Child) -> None:
         """Wait for the child to exit, then let the callbacks see the last records."""
+        process = child.process
+        if self.ended is None and not self.eof:  # only a failure of this relay leaves it so
+            process.kill()
         if not await anyio.to_thread.run_sync(process.join, _EXIT_MARGIN_S):
             process.kill()
             await anyio.to_thread.run_sync(process.join)

@@ -99,6 +99,7 @@ class WatchedProcess:
         with contextlib.suppress(AttributeError, OSError):  # not Linux, or already gone
             self._pidfd = os.pidfd_open(self.pid)
         self._status: ExitStatus | None = None
+        self._released = False
 
     def is_alive(self) -> bool:
         if self._status is not None:
@@ -138,11 +139,24 @@ class WatchedProcess:
         """How the process ended (call once it has: :meth:`join`)."""
         if self._status is None:
             self._status = self._reap() or self._reported()
-            if self._pidfd is not None:
-                os.close(self._pidfd)
-                self._pidfd = None
-            _Reaper(self.pid).start()
         return self._status
+
+    def release(self) -> None:
+        """Let go of the process (idempotent; a worker thread's call): killed and waited
+        for if it still runs, its pidfd closed, and what it left behind reaped."""
+        if self._released:
+            return
+        self._released = True
+        if not self.join(0):  # only a failure of its supervision leaves it running here
+            self.kill()
+            self.join()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+        _Reaper(self.pid).start()
+        self.process.join(_STATUS_WAIT_S)  # its fork server's report read: closable
+        with contextlib.suppress(ValueError):  # a report that never came: left to the collector
+            self.process.close()  # its status pipe, and multiprocessing's hold on its arguments
 
     def _reap(self) -> ExitStatus | None:
         """The status, where this process is now the parent (its fork server died)."""
