@@ -482,7 +482,7 @@ async def test_train_after_a_failed_start_is_not_already_running(tmp_path: Path)
     optimizer = build(tmp_path / "logs")
     (tmp_path / "logs").rename(tmp_path / "moved")
     (tmp_path / "logs").write_text("now a file")  # opening the run fails
-    with pytest.raises(OSError):
+    with pytest.raises(ConfigError, match=named("log_dir", tmp_path / "logs") + ".*is a file"):
         await optimizer.train()
     (tmp_path / "logs").unlink()
     results = await optimizer.train()  # not "already running"

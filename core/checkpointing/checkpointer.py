@@ -237,9 +237,10 @@ class Checkpointer:
         ``fresh_start`` record says why none was taken. ``"strict"`` continues the newest
         lineage's newest valid checkpoint, and a path that checkpoint, finished or not; both
         raise :class:`~core.errors.IncompatibleCheckpointError` where it differs or is not
-        readable by this version of core. A lineage another live run holds is not
-        continued: the run branches from it (``"auto"``, a path) or
-        :class:`~core.errors.LineageHeldError` refuses it (``"strict"``)."""
+        readable by this version of core. A lineage another live run holds is never
+        continued: ``"auto"`` passes it over for the next one it can continue, and branches
+        from it only when there is none; a path branches from it;
+        :class:`~core.errors.LineageHeldError` refuses it under ``"strict"``."""
         target, payload, passed = self.config.resume, None, list[dict[str, str]]()
         if target is None:
             return None
@@ -283,6 +284,7 @@ class Checkpointer:
                 self._invalid,
                 self.store.load_state,
                 self._why_not,
+                self._held,
             )
         chosen, passed = self.strategy.broadcast_object((str(found) if found else None, passed))
         if chosen is None and passed:
@@ -292,6 +294,10 @@ class Checkpointer:
     def _why_not(self, payload: dict[str, Any]) -> tuple[str, str] | None:
         model, state = self.strategy.unwrap(self.model), self.state
         return objection(payload, state.fingerprint(), model.state_dict, state.finished)
+
+    def _held(self, path: Path) -> str | None:
+        holder = self.store.held_by(path)
+        return None if holder is None else f"it is held by {holder.describe()}"
 
     def _invalid(self, path: Path) -> str | None:
         """Why ``path`` does not verify (an ``error`` record says so too); None: it does."""

@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ("Holder", "LineageLock", "sweep_locks")
+__all__ = ("Holder", "LineageLock", "holder_of", "sweep_locks")
 
 _PREFIX, _SUFFIX = ".lineage-", ".lock"
 _PLAIN = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")
@@ -205,6 +205,31 @@ class LineageLock:
                 _HELD.pop((os.path.realpath(self.directory), self.lineage), None)
                 _OPEN.discard(fd)
             os.close(fd)  # the lock goes with the last descriptor of the file
+
+
+def holder_of(directory: Path, lineage: str) -> Holder | None:
+    """Who holds ``lineage`` now; None when no one does (it is not taken here)."""
+    with _HELD_GUARD:
+        if (held := _HELD.get((os.path.realpath(directory), lineage))) is not None:
+            return held
+    path, holder = directory / lock_name(lineage), None
+    for _ in range(_ATTEMPTS):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            if not holder.is_gone():
+                return holder
+        else:
+            return None  # free: closing lets go of this probe
+        finally:
+            os.close(fd)
+        time.sleep(_PAUSE_S)
+    return holder
 
 
 def sweep_locks(directory: Path) -> list[Path]:

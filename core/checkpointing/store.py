@@ -46,7 +46,7 @@ import torch
 from core.checkpointing import atomic
 from core.checkpointing.atomic import fsync_path
 from core.checkpointing.dcp_metadata import check_metadata
-from core.checkpointing.lineage_lock import Holder, LineageLock, sweep_locks
+from core.checkpointing.lineage_lock import Holder, LineageLock, holder_of, sweep_locks
 from core.checkpointing.manifest import (
     MANIFEST,
     VERSION,
@@ -134,6 +134,13 @@ class CheckpointStore:
         if holder is None:
             self._lock = lock
         return holder
+
+    def held_by(self, path: Path) -> Holder | None:
+        """The live run that holds the lineage of checkpoint ``path``, if another one does."""
+        lineage = read_entry(path).lineage
+        if lineage is None or (self._lock is not None and self._lock.lineage == lineage):
+            return None
+        return holder_of(self.directory, lineage)
 
     def let_go(self) -> None:
         """Release the lineage this store holds, if any (never raises)."""

@@ -118,7 +118,9 @@ class Resumed(Common):
         str | None, "why: the lineage has newer checkpoints, or another run holds it (pid, host)"
     ]
     passed_over: Annotated[
-        list[dict[str, str]], 'newer lineages resume="auto" left alone: path, reason, detail'
+        list[dict[str, str]],
+        'newer lineages resume="auto" left alone: path, reason (incompatible, finished, '
+        "unreadable, held), detail",
     ]
 
 
