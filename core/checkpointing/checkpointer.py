@@ -250,6 +250,8 @@ class Checkpointer:
             chosen = self._newest()
         else:
             chosen = followed(Path(target))
+            if (other := self.store.other_version(chosen)) is not None:
+                raise IncompatibleCheckpointError(_cannot_resume(chosen, other))
             self.store.verify(chosen)
         if chosen is None:
             return None
