@@ -20,6 +20,7 @@ __all__ = (
     "DistributedTimeoutError",
     "EmptyLoaderError",
     "IncompatibleCheckpointError",
+    "LineageHeldError",
     "LossFormatError",
     "NonFiniteLossError",
     "OutOfMemoryError",
@@ -161,7 +162,13 @@ class UnsafeCheckpointError(CheckpointError):
 
 class IncompatibleCheckpointError(CheckpointError):
     """Raised when resuming with a configuration that differs in fields a checkpoint's
-    state depends on (named in the message)."""
+    state depends on (named in the message), or from a checkpoint this version of core does
+    not read (another checkpoint format or manifest version, a state without its parts)."""
+
+
+class LineageHeldError(CheckpointError):
+    """Raised by ``resume="strict"`` when the lineage it would continue is held by another
+    live run (one writer per lineage); the message names that run, its pid and its host."""
 
 
 class SignalReceived(CoreError):

@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -69,6 +70,31 @@ class SlowLoader:
         for batch in self.loader:
             time.sleep(self.delay_s)
             yield batch
+
+
+class GatedLoader:
+    """A loader that, before its ``at``-th batch, creates the file ``waiting`` and waits
+    until the file ``gate`` exists (files: the loader runs in the training process)."""
+
+    def __init__(self, waiting: Path, gate: Path, at: int) -> None:
+        self.loader, self.waiting, self.gate, self.at = make_loader(), waiting, gate, at
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        for index, batch in enumerate(self.loader):
+            if index == self.at:
+                self.waiting.touch()
+                while not self.gate.exists():
+                    time.sleep(0.01)
+            yield batch
+
+
+def other_model() -> nn.Module:
+    """Another model for the same data (its checkpoints are not the first one's)."""
+    torch.manual_seed(6)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))
 
 
 class Big(nn.Module):

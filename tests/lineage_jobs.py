@@ -7,25 +7,28 @@ job's run and writes what it trained to ``<out>/result.json`` and ``<out>/weight
 may SIGKILL itself at its ``kill_at_forward``-th forward call or right before its
 ``kill_at_op``-th filesystem operation in the checkpoint directory (every ``os.rename``,
 ``os.replace``, ``os.symlink``, ``os.unlink``, ``os.rmdir``, ``shutil.rmtree`` and directory
-swap, each recorded in ``<out>/ops.log`` before it runs). The server never trains itself, so
-every child starts from the same clean state.
+swap, each recorded in ``<out>/ops.log`` before it runs), or cancel its ``train()`` task
+(``task.cancel()``) at its ``cancel_at_forward``-th. Its wall clock (``time.time``,
+``time.time_ns``) can be stepped by ``clock_offset_s``, as NTP or another host's clock would.
+The server never trains itself, so every child starts from the same clean state.
 
     python -m tests.lineage_jobs < jobs.jsonl
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import anyio
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
@@ -99,28 +102,22 @@ def _optimizer(spec: dict[str, Any]) -> Callable[[Any], torch.optim.Optimizer]:
     return lambda params: kind(params, **settings)
 
 
-def _run(job: dict[str, Any]) -> dict[str, Any]:
-    out = Path(job["out"])
+def _shift_clock(offset_s: float) -> None:
+    """Step this process's wall clock by ``offset_s`` (monotonic clocks are left alone)."""
+    time_ns, time_s = time.time_ns, time.time
+    time.time_ns = lambda: time_ns() + int(offset_s * 1e9)
+    time.time = lambda: time_s() + offset_s
+
+
+def build(job: dict[str, Any], model: nn.Module | None = None) -> Any:
+    """The job's run (its model, data and settings), not started."""
     log_dir = Path(job["log_dir"])
-    checkpoints = log_dir / EXPERIMENT / "checkpoints"
-    trap = FilesystemTrap(checkpoints, job.get("kill_at_op"), out / "ops.log")
-    trap.install(job.get("no_exchange", False))
-    model = make_model()
-    forwards = {"n": 0}
-    if (kill_at := job.get("kill_at_forward")) is not None:
-
-        def count(module: nn.Module, args: Any) -> None:
-            forwards["n"] += 1
-            if forwards["n"] == kill_at:
-                _kill()
-
-        model.register_forward_pre_hook(count)
     train = DataLoader(  # shuffled by the global generator, which checkpoints restore
         make_classification(job.get("n", 64)), batch_size=job.get("batch_size", 8), shuffle=True
     )
     val = DataLoader(make_classification(32, seed=1), batch_size=16) if job.get("val") else None
-    run = create_optimized_training_optimizer(
-        model=model,
+    return create_optimized_training_optimizer(
+        model=model or make_model(),
         train_loader=train,
         val_loader=val,
         log_dir=log_dir,
@@ -131,8 +128,51 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
         reports=False,
         **job["run"],
     )
+
+
+def at_forward(model: nn.Module, calls: int, then: Callable[[], None]) -> None:
+    """Call ``then`` right before the ``calls``-th forward of ``model``."""
+    forwards = {"n": 0}
+
+    def count(module: nn.Module, args: Any) -> None:
+        forwards["n"] += 1
+        if forwards["n"] == calls:
+            then()
+
+    model.register_forward_pre_hook(count)
+
+
+async def _train(run: Any, cancel: threading.Event) -> Any:
+    """``run.train()`` as a task, cancelled natively once ``cancel`` is set."""
+    task = asyncio.ensure_future(run.train())
+    waiter = asyncio.ensure_future(asyncio.to_thread(cancel.wait))
     try:
-        results = anyio.run(run.train)
+        done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if waiter in done:
+            task.cancel()
+        return await task
+    finally:
+        cancel.set()  # the waiting thread returns
+        await waiter
+
+
+def _run(job: dict[str, Any]) -> dict[str, Any]:
+    out = Path(job["out"])
+    checkpoints = Path(job["log_dir"]) / EXPERIMENT / "checkpoints"
+    trap = FilesystemTrap(checkpoints, job.get("kill_at_op"), out / "ops.log")
+    trap.install(job.get("no_exchange", False))
+    if (offset := job.get("clock_offset_s")) is not None:
+        _shift_clock(offset)
+    model, cancel = make_model(), threading.Event()
+    if (kill_at := job.get("kill_at_forward")) is not None:
+        at_forward(model, kill_at, _kill)
+    if (cancel_at := job.get("cancel_at_forward")) is not None:
+        at_forward(model, cancel_at, cancel.set)
+    run = build(job, model)
+    try:
+        results = asyncio.run(_train(run, cancel))
+    except asyncio.CancelledError:
+        return {"cancelled": True, "run_dir": str(run.run_dir), "ops": trap.count}
     except Exception as exc:
         return {"error": type(exc).__name__, "message": str(exc), "ops": trap.count}
     torch.save(model.state_dict(), out / "weights.pt")
@@ -142,6 +182,7 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
         "epochs_completed": results.epochs_completed,
         "stopped_early": results.stopped_early,
         "run_dir": str(results.run_dir),
+        "best_checkpoint": results.best_checkpoint,
         "param_groups": json.loads(json.dumps(groups, default=str)),
         "ops": trap.count,
     }

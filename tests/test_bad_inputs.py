@@ -3,11 +3,13 @@ at creation, or a LossFormatError at the first step (findings of a fault-injecti
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 import os
 import re
-from collections.abc import Iterator
+import subprocess
+from collections.abc import Callable, Iterator
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -214,6 +216,38 @@ def test_read_only_log_dir_is_refused_at_creation(tmp_path: Path) -> None:
             build(read_only)
     finally:
         read_only.chmod(0o755)
+
+
+@pytest.fixture
+def read_only_later(tmp_path: Path) -> Iterator[tuple[Path, Callable[[], object]]]:
+    """A log directory, and how to make it read-only later: chmod, or for root (who writes
+    anywhere) a tmpfs remounted read-only (skipped where none can be mounted)."""
+    where = tmp_path / "logs"
+    where.mkdir()
+    if os.geteuid() != 0:
+        yield where, lambda: where.chmod(0o555)
+        where.chmod(0o755)
+        return
+    mount = ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)]
+    mounted = subprocess.run(mount, capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"root writes anywhere, and no tmpfs mounts here: {mounted.stderr.strip()}")
+    remount = ["mount", "-o", "remount,ro", str(where)]
+    try:
+        yield where, lambda: subprocess.run(remount, check=True)
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permissions and mounts")
+def test_a_log_dir_made_read_only_after_creation_is_refused_by_train(
+    read_only_later: tuple[Path, Callable[[], object]],
+) -> None:
+    where, make_read_only = read_only_later
+    job = build(where)
+    make_read_only()
+    with pytest.raises(ConfigError, match=named("log_dir", where) + ".*no file can be written"):
+        asyncio.run(job.train())
 
 
 def test_missing_log_dir_is_created_and_left_clean(log_dir: Path) -> None:
@@ -448,7 +482,7 @@ async def test_train_after_a_failed_start_is_not_already_running(tmp_path: Path)
     optimizer = build(tmp_path / "logs")
     (tmp_path / "logs").rename(tmp_path / "moved")
     (tmp_path / "logs").write_text("now a file")  # opening the run fails
-    with pytest.raises(OSError):
+    with pytest.raises(ConfigError, match=named("log_dir", tmp_path / "logs") + ".*is a file"):
         await optimizer.train()
     (tmp_path / "logs").unlink()
     results = await optimizer.train()  # not "already running"

@@ -1,9 +1,11 @@
 """Checkpoints as untrusted files, shared by several runs, on disks that fill up.
 
-Tampered manifests are rejected before any byte is loaded; runs of one experiment never
-clobber, prune or sweep each other's checkpoints and ``resume="auto"`` follows the run that
-committed last; a full disk under the checkpoints or the log says where, why, and which
-checkpoint is still good (a real tmpfs: skipped where it cannot be mounted).
+Tampered manifests are rejected before any byte is loaded; a checkpoint another version of
+core wrote is passed over by ``resume="auto"`` and refused clearly by ``"strict"``; runs of
+one experiment never clobber, prune or sweep each other's checkpoints and ``resume="auto"``
+follows the run that committed last; a full disk under the checkpoints or the log says
+where, why, and which checkpoint is still good (a real tmpfs: skipped where it cannot be
+mounted).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from core import CheckpointError, create_optimized_training_optimizer
+from core import CheckpointError, IncompatibleCheckpointError, create_optimized_training_optimizer
 from core.checkpointing.manifest import hash_file
 from core.checkpointing.store import CheckpointStore
 from tests.helpers import make_classification, make_model
@@ -136,6 +138,59 @@ def test_resume_auto_skips_a_tampered_newest_checkpoint_with_an_error(tmp_path: 
     (error,) = [r for r in records if r["event"] == "error"]
     assert error["kind"] == "checkpoint_invalid" and error["path"] == str(newest)
     assert next(r for r in records if r["event"] == "resumed")["path"] == str(previous)
+
+
+# Checkpoints this version of core cannot read ------------------------------------------
+def rewrite_state(checkpoint: Path, change: Any) -> None:
+    """Change ``state.pt`` and rehash the manifest, as another writer would."""
+    state = checkpoint / "state.pt"
+    payload = torch.load(state, weights_only=True)
+    change(payload)
+    torch.save(payload, state)
+    entry = {"sha256": hash_file(state), "bytes": state.stat().st_size}
+    rewrite_manifest(checkpoint, lambda m: m["files"].update({"state.pt": entry}))
+
+
+def _newer_format(checkpoints: list[Path]) -> None:
+    rewrite_state(checkpoints[0], lambda state: state.update(format=2))
+
+
+def _no_fingerprint(checkpoints: list[Path]) -> None:
+    rewrite_state(checkpoints[0], lambda state: state.pop("fingerprint"))
+
+
+def _older_manifests(checkpoints: list[Path]) -> None:
+    for checkpoint in checkpoints:
+        rewrite_manifest(checkpoint, lambda m: m.update(manifest_version=1))
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        (
+            _newer_format,
+            "its state has checkpoint format 2, and this version of core reads format 1",
+        ),
+        (_no_fingerprint, "its state.pt has no 'fingerprint'"),
+        (_older_manifests, "manifest_version 1, and this version of core reads manifest_version 2"),
+    ],
+    ids=["format 2", "no fingerprint", "manifest_version 1"],
+)
+def test_a_checkpoint_this_version_cannot_read_is_passed_over_or_refused_clearly(
+    tmp_path: Path, damage: Any, said: str
+) -> None:
+    first = build(tmp_path, max_epochs=1)
+    anyio.run(first.train)
+    damage([c.path for c in first.checkpoints])
+    strict = build(tmp_path, resume="strict")
+    with pytest.raises(IncompatibleCheckpointError, match=re.escape(said) + ".* Fix: "):
+        anyio.run(strict.train)
+    auto = build(tmp_path, resume="auto")
+    anyio.run(auto.train)
+    (fresh,) = [r for r in events(auto) if r["event"] == "fresh_start"]
+    assert fresh["reason"] == "unreadable" and said in fresh["detail"], fresh
+    assert [passed["reason"] for passed in fresh["passed_over"]] == ["unreadable"]
+    assert auto.global_step == 18
 
 
 # Runs that share an experiment (item 3) ------------------------------------------------

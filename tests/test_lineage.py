@@ -1,16 +1,20 @@
 """Checkpoint lineages across kills and restarts, with real processes and SIGKILL
 (``tests/lineage_jobs.py`` forks each job): a kill at every filesystem operation of every
 commit, retention over a hundred restarts, settings that are honoured or refused, the
-lineage ``resume="auto"`` takes, and a run that stopped early staying finished."""
+lineage ``resume="auto"`` takes, a run that stopped early staying finished, a wall clock
+stepped back between runs, and a lineage held by a live run."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +24,8 @@ import torch
 
 from core.checkpointing.manifest import followed
 from core.checkpointing.store import CheckpointStore
-from tests.helpers import ROOT, pythonpath
+from tests.helpers import ROOT, make_model, pythonpath
+from tests.lineage_jobs import at_forward, build
 
 CHECKPOINTS = Path("lineage") / "checkpoints"
 ADAMW = {"name": "AdamW", "lr": 0.01, "weight_decay": 0.01}
@@ -48,19 +53,24 @@ class Jobs:
             env={**os.environ, "PYTHONPATH": pythonpath()},
         )
 
-    def run(self, log_dir: Path, **job: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Run one job in a fresh child: (how it ended, what it wrote)."""
+    def spec(self, log_dir: Path, **job: Any) -> dict[str, Any]:
+        """The whole job: its settings over the defaults, and a fresh ``out`` folder."""
         self.count += 1
-        out = self.root / "out" / str(self.count)
         job = {
             "log_dir": str(log_dir),
-            "out": str(out),
+            "out": str(self.root / "out" / str(self.count)),
             "val": True,
             "optimizer": ADAMW,
             "n": 72,
             **job,
         }
         job["run"] = {**BASE, **job.get("run", {})}
+        return job
+
+    def run(self, log_dir: Path, **job: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Run one job in a fresh child: (how it ended, what it wrote)."""
+        job = self.spec(log_dir, **job)
+        out = Path(job["out"])
         assert self.server.stdin is not None and self.server.stdout is not None
         self.server.stdin.write(json.dumps(job) + "\n")
         self.server.stdin.flush()
@@ -311,3 +321,67 @@ def test_a_run_that_stopped_early_is_finished_and_resuming_it_trains_nothing(
     _, auto = jobs.run(tmp_path, max_epochs=5, optimizer=frozen, run={"resume": "auto", **stop})
     (fresh,) = records(auto, "fresh_start")
     assert fresh["reason"] == "finished" and "stopped early" in fresh["detail"]
+
+
+# -- order without the wall clock --------------------------------------------------------------
+def test_a_wall_clock_stepped_back_between_runs_loses_no_checkpoint(
+    jobs: Jobs, tmp_path: Path
+) -> None:
+    """Run 1's clock is 10 minutes ahead (cancelled at its 15th forward), run 2's is right
+    (cancelled at its 8th): run 2's checkpoints stay the newest of the lineage, and run 3
+    continues from run 2's stop checkpoint to the weights of a run never stopped."""
+    every = {"resume": "auto", "checkpoint_every_n_steps": 1, "keep_last_n": 2}
+    every |= {"save_top_k": None, "save_last": False}
+    _, reference = jobs.run(tmp_path / "reference", max_epochs=3, run=every)
+    _, first = jobs.run(tmp_path, max_epochs=3, clock_offset_s=600, cancel_at_forward=15, run=every)
+    _, second = jobs.run(tmp_path, max_epochs=3, cancel_at_forward=8, run=every)
+    assert first["cancelled"] and second["cancelled"]
+    (resumed,) = records(second, "resumed")
+    assert resumed["path"] == records(first, "checkpoint")[-1]["path"]
+    written = [r["path"] for r in records(second, "checkpoint")]
+    assert len(written) >= 3 and all(Path(path).is_dir() for path in written[-2:]), written
+    _, third = jobs.run(tmp_path, max_epochs=3, run=every)
+    (resumed,) = records(third, "resumed")
+    assert resumed["path"] == written[-1] and not resumed["branched"]
+    assert third["global_step"] == reference["global_step"] == 27
+    assert same_weights(third["weights"], reference["weights"])
+
+
+# -- one writer per lineage --------------------------------------------------------------------
+def test_a_lineage_held_by_a_live_run_is_branched_from_or_refused(
+    jobs: Jobs, tmp_path: Path
+) -> None:
+    """A (this process) continues a lineage and holds it, paused at its first forward; a
+    second run in another process branches from it under "auto", and is refused naming A's
+    pid and host under "strict". Both train to the end, each keeping its own best."""
+    ended, _ = jobs.run(tmp_path, kill_at_forward=20, run={"resume": "auto"})
+    assert ended["signal"] == 9
+    model, paused, go = make_model(), threading.Event(), threading.Event()
+    at_forward(model, 1, lambda: (paused.set(), go.wait(60)))
+    holder = build(jobs.spec(tmp_path, run={"resume": "auto"}), model)
+
+    async def both() -> tuple[Any, dict[str, Any], dict[str, Any]]:
+        task = asyncio.create_task(holder.train())
+        try:
+            assert await asyncio.to_thread(paused.wait, 60)
+            _, strict = await asyncio.to_thread(jobs.run, tmp_path, run={"resume": "strict"})
+            _, branch = await asyncio.to_thread(jobs.run, tmp_path, run={"resume": "auto"})
+        finally:
+            go.set()
+        return await task, strict, branch
+
+    results, strict, branch = asyncio.run(both())
+    named = f"run {holder.run_dir.name} (pid {os.getpid()} on host {socket.gethostname()})"
+    assert strict["error"] == "LineageHeldError" and named in strict["message"], strict
+    (resumed,) = records(branch, "resumed")
+    assert resumed["branched"] and named in resumed["branch_reason"], resumed
+    (held,) = records({"run_dir": results.run_dir}, "resumed")
+    assert not held["branched"] and resumed["lineage"] != held["lineage"]
+    assert results.global_step == branch["global_step"] == 18
+    assert Path(results.best_checkpoint).is_dir() and Path(branch["best_checkpoint"]).is_dir()
+    directory = tmp_path / CHECKPOINTS
+    kept = valid(directory)
+    for lineage in {CheckpointStore.lineage_of(p) for p in kept}:
+        members = [p for p in kept if CheckpointStore.lineage_of(p) == lineage]
+        assert len(members) <= BASE["keep_last_n"] + BASE["save_top_k"], kept
+    assert not list(directory.glob(".lineage-*"))  # every lock let go, its file removed

@@ -250,6 +250,35 @@ def test_a_full_disk_in_the_child_raises_the_same_checkpoint_error(
         asyncio.run(job.train())
 
 
+def test_a_dead_training_process_names_its_own_checkpoint_never_another_runs(
+    tmp_path: Path,
+) -> None:
+    """A (process mode) and B (another model) share an experiment; B finishes while A
+    waits for a batch; A's training process is SIGKILLed: the error names A's newest
+    checkpoint, which resume="auto" continues, never B's finished one."""
+    waiting = tmp_path / "waiting"
+    loader = parts.GatedLoader(waiting, tmp_path / "gate", at=5)
+    a = build(tmp_path, "process", checkpoint_every_n_steps=1, train_loader=loader)
+    b = build(tmp_path, "thread", model=parts.other_model(), max_epochs=1)
+
+    async def scenario() -> TrainingProcessDied:
+        task = asyncio.ensure_future(a.train())
+        while not waiting.exists():
+            await asyncio.sleep(0.02)
+        await b.train()  # its checkpoints are now the newest of the directory
+        os.kill(a._child.pid, signal.SIGKILL)
+        with pytest.raises(TrainingProcessDied) as died:
+            await task
+        return died.value
+
+    died = asyncio.run(scenario())
+    own = [c for c in b.checkpoints if c.run_id == a.run_dir.name]
+    assert own and died.checkpoint == str(max(own, key=lambda c: c.step).path), str(died)
+    assert a.last_checkpoint == died.checkpoint
+    assert died.finished is None and "resume='auto' continues from it" in str(died)
+    assert b.run_dir.name not in str(died)
+
+
 # The service and its child as real processes (tests/fault_jobs.py) --------------------
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:

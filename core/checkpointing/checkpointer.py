@@ -24,20 +24,31 @@ from torch import nn
 from torch.optim import Optimizer
 
 from core.checkpointing.choice import Passed, choose
-from core.checkpointing.compatibility import incompatibility, objection, recorded_difference
+from core.checkpointing.compatibility import (
+    FORMAT,
+    incompatibility,
+    objection,
+    recorded_difference,
+    unreadable,
+)
 from core.checkpointing.config import CheckpointConfig
 from core.checkpointing.disk import disk_error, free_bytes, is_write_failure
 from core.checkpointing.manifest import followed
 from core.checkpointing.store import CheckpointStore
 from core.distributed import Strategy
-from core.errors import CheckpointError, IncompatibleCheckpointError, resume_advice, resume_fix
+from core.errors import (
+    CheckpointError,
+    IncompatibleCheckpointError,
+    LineageHeldError,
+    resume_advice,
+    resume_fix,
+)
 from core.factory import Factory
 
 __all__ = ("CheckpointConfig", "Checkpointer", "TrainerState")  # (the config re-exported)
 
 _FREE_SPACE = "free space or point checkpoint_dir at a writable disk"
 
-FORMAT = 1
 Emit = Callable[..., None]
 
 
@@ -111,6 +122,10 @@ class Checkpointer:
         self.store.begin(run_id)
         if self.strategy.is_global_zero:
             self.store.sweep()
+
+    def end_run(self) -> None:
+        """Let go of the lineage the run held (its lock), however the run ended."""
+        self.store.let_go()
 
     def keep_best(self, paths: list[str]) -> None:
         """Keep ``paths`` apart from the newest ones as the run's best checkpoints; one that
@@ -207,20 +222,28 @@ class Checkpointer:
 
     def _stage(self, step: int) -> Path:
         try:
-            return self.store.stage(step)
+            holder = self.store.hold()  # the lineage this run began, or holds already
+            if holder is None:
+                return self.store.stage(step)
         except OSError as exc:
             message = disk_error(exc, self.store.directory, "a checkpoint", self.last_path)
             raise CheckpointError(f"{message}. {resume_fix(_FREE_SPACE)}") from exc
+        # Only a run of the same run id could hold a lineage this run began.
+        raise CheckpointError(f"the lineage {self.store.lineage} is held by {holder.describe()}")
 
     # -- resuming -------------------------------------------------------------------------
     def restore(self) -> dict[str, Any] | None:
         """Resume as ``resume`` says: this rank's RNG states, or None to start a new run.
 
-        ``"auto"`` continues the newest lineage this run can continue (same settings and
-        model, unfinished), passing over newer ones it cannot and saying so; a
+        ``"auto"`` continues the newest lineage this run can continue (readable, same
+        settings and model, unfinished), passing over newer ones it cannot and saying so; a
         ``fresh_start`` record says why none was taken. ``"strict"`` continues the newest
-        lineage's newest checkpoint, and a path that checkpoint, finished or not; both
-        raise :class:`~core.errors.IncompatibleCheckpointError` where it differs."""
+        lineage's newest valid checkpoint, and a path that checkpoint, finished or not; both
+        raise :class:`~core.errors.IncompatibleCheckpointError` where it differs or is not
+        readable by this version of core. A lineage another live run holds is never
+        continued: ``"auto"`` passes it over for the next one it can continue, and branches
+        from it only when there is none; a path branches from it;
+        :class:`~core.errors.LineageHeldError` refuses it under ``"strict"``."""
         target, payload, passed = self.config.resume, None, list[dict[str, str]]()
         if target is None:
             return None
@@ -230,14 +253,28 @@ class Checkpointer:
             chosen = self._newest()
         else:
             chosen = followed(Path(target))
+            if (other := self.store.other_version(chosen)) is not None:
+                raise IncompatibleCheckpointError(_cannot_resume(chosen, other))
             self.store.verify(chosen)
-        return None if chosen is None else self._load(chosen, payload, passed)
+        if chosen is None:
+            return None
+        return self._load(chosen, payload, passed, branch=str(target) != "strict")
 
     def _newest(self) -> Path | None:
-        found = None
+        """The newest valid checkpoint (``"strict"``); one of another manifest version is
+        refused, not passed for an older one."""
+        found, foreign = None, None
         if self.strategy.is_global_zero:
-            found = self.store.newest_valid(self._report_invalid)
-        chosen = self.strategy.broadcast_object(str(found) if found else None)
+            for path in self.store.committed():
+                if (other := self.store.other_version(path)) is not None:
+                    foreign = _cannot_resume(path, other)
+                    break
+                if self.store.verifies(path, self._report_invalid):
+                    found = path
+                    break
+        chosen, foreign = self.strategy.broadcast_object((str(found) if found else None, foreign))
+        if foreign is not None:
+            raise IncompatibleCheckpointError(foreign)
         return Path(chosen) if chosen else None
 
     def _choose(self) -> tuple[Path | None, dict[str, Any] | None, Passed]:
@@ -249,9 +286,10 @@ class Checkpointer:
             found, payload, passed = choose(
                 store.lineages(),
                 lambda path: recorded_difference(store.recorded_fingerprint(path), fingerprint),
-                lambda path: store.verifies(path, self._report_invalid),
-                self._read,
+                self._invalid,
+                self.store.load_state,
                 self._why_not,
+                self._held,
             )
         chosen, passed = self.strategy.broadcast_object((str(found) if found else None, passed))
         if chosen is None and passed:
@@ -262,22 +300,55 @@ class Checkpointer:
         model, state = self.strategy.unwrap(self.model), self.state
         return objection(payload, state.fingerprint(), model.state_dict, state.finished)
 
+    def _held(self, path: Path) -> str | None:
+        holder = self.store.held_by(path)
+        return None if holder is None else f"it is held by {holder.describe()}"
+
+    def _invalid(self, path: Path) -> str | None:
+        """Why ``path`` does not verify (an ``error`` record says so too); None: it does."""
+        try:
+            self.store.verify(path)
+        except CheckpointError as exc:
+            self._report_invalid(path, str(exc))
+            return str(exc)
+        return None
+
     def _read(self, path: Path) -> dict[str, Any]:
         payload = self.store.load_state(path)
-        if payload.get("format") != FORMAT:
-            raise CheckpointError(
-                f"checkpoint {path} has format {payload.get('format')!r}, expected {FORMAT}"
-            )
+        if (why := unreadable(payload)) is not None:
+            raise IncompatibleCheckpointError(_cannot_resume(path, why))
         return payload
 
     def _report_invalid(self, path: Path, reason: str) -> None:
         self.report_error("error", kind="checkpoint_invalid", path=str(path), reason=reason)
 
-    def _load(self, path: Path, payload: dict[str, Any] | None, passed: Passed) -> dict[str, Any]:
+    def _continue(self, path: Path, *, branch: bool) -> str | None:
+        """Join ``path``'s lineage, or say why the run branches from it (every rank learns
+        which); a lineage another run holds is :class:`~core.errors.LineageHeldError` unless
+        the run may ``branch``."""
+        why, refusal = None, None
+        if self.strategy.is_global_zero:
+            why, holder = self.store.continue_from(path)
+            if holder is not None and not branch:
+                refusal = (
+                    f"cannot continue {path}: {why}, which writes its checkpoints there now "
+                    "(one writer per lineage). Fix: stop that run or wait for it to end, then "
+                    f"resume; or resume with {resume_advice()}, which branches into a lineage "
+                    "of its own."
+                )
+        why, refusal = self.strategy.broadcast_object((why, refusal))
+        if refusal is not None:
+            raise LineageHeldError(refusal)
+        return why
+
+    def _load(
+        self, path: Path, payload: dict[str, Any] | None, passed: Passed, *, branch: bool
+    ) -> dict[str, Any]:
         """Restore model, optimizer and trainer state from ``path`` (``payload``: its state,
         when already read; ``passed``: the lineages "auto" passed over); return this rank's
-        RNG states. A checkpoint that differs from
-        this run raises :class:`~core.errors.IncompatibleCheckpointError`."""
+        RNG states. A checkpoint that differs from this run raises
+        :class:`~core.errors.IncompatibleCheckpointError`; one of a lineage another run
+        holds branches (``branch``) or raises :class:`~core.errors.LineageHeldError`."""
         payload, model = payload or self._read(path), self.strategy.unwrap(self.model)
         differ = incompatibility(payload, self.state.fingerprint(), model.state_dict)
         if differ is not None:
@@ -286,23 +357,30 @@ class Checkpointer:
                 f"a new run ({resume_advice()} starts one when they differ, no resume always "
                 "does; or another experiment_name/checkpoint_dir)."
             )
+        branched = self._continue(path, branch=branch)  # before the state: a refusal loads none
         self.strategy.load_checkpoint_state(self.model, self.optimizer, payload, path / "sharded")
         self.state.load_state_dict(payload["trainer"])
         self.last_saved_step = payload["trainer"]["global_step"]
         self.last_path = str(path)
-        continued = self.strategy.broadcast_object(
-            self.store.continue_from(path) if self.strategy.is_global_zero else None
-        )
         self.emit(
             "resumed",
             path=str(path),
             step=self.last_saved_step,
             epoch=payload["trainer"]["epoch"],
             lineage=self.store.lineage,
-            branched=not continued,
+            branched=branched is not None,
+            branch_reason=branched,
             passed_over=passed,
             **self.state.data_order(),
         )
         rngs, rank = payload["rng"], self.strategy.rank
         mine: dict[str, Any] = rngs[rank] if rank < len(rngs) else rngs[0]
         return mine
+
+
+def _cannot_resume(path: Path, why: str) -> str:
+    return (
+        f"cannot resume from {path}: {why}. Fix: resume it with the version of core that wrote "
+        f"it, or start a new run ({resume_advice()} passes it over; or another "
+        "experiment_name/checkpoint_dir)."
+    )

@@ -3,15 +3,20 @@ passed over each newer one.
 
 A lineage whose manifest already records other settings is passed over on that record
 alone: none of its files is hashed or loaded, so the lineages of edited scripts cost a
-manifest read each, whatever the model's size. The others are verified, newest first, and
-the first valid checkpoint's state decides (its settings again, the model, finished).
+manifest read each, whatever the model's size. So is one another live run holds
+(``"held"``: one writer per lineage), for the next one this run can continue; only when
+there is none does the run branch from the newest held one it could continue. The others
+are verified, newest first, and the first valid checkpoint's state decides (its settings
+again, the model, finished). A lineage nothing of which this version of core can read (no
+member verifies: another manifest version, damaged files; or a state that does not load)
+is passed over as ``"unreadable"``, with the reason.
 
 >>> from pathlib import Path
 >>> lineages = [[Path("step-000000009-b")], [Path("step-000000020-a")]]
 >>> recorded = {"step-000000009-b": "batch_size differs", "step-000000020-a": None}
 >>> chosen, _, passed = choose(
-...     lineages, lambda path: recorded[path.name], lambda path: True,
-...     lambda path: {}, lambda state: None,
+...     lineages, lambda path: recorded[path.name], lambda path: None,
+...     lambda path: {}, lambda state: None, lambda path: None,
 ... )
 >>> chosen.name, passed[0]["detail"]
 ('step-000000020-a', 'batch_size differs')
@@ -23,6 +28,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from core.errors import CheckpointError, UnsafeCheckpointError
+
 __all__ = ("Passed", "choose")
 
 Passed = list[dict[str, str]]
@@ -32,25 +39,62 @@ Passed = list[dict[str, str]]
 def choose(
     lineages: Sequence[Sequence[Path]],
     differs_on_record: Callable[[Path], str | None],
-    verifies: Callable[[Path], bool],
+    invalid: Callable[[Path], str | None],
     read: Callable[[Path], dict[str, Any]],
     why_not: Callable[[dict[str, Any]], tuple[str, str] | None],
+    held: Callable[[Path], str | None],
 ) -> tuple[Path | None, dict[str, Any] | None, Passed]:
     """The newest valid checkpoint of the first of ``lineages`` (the newest lineage first,
-    each newest first) that neither ``differs_on_record`` (its manifest) nor ``why_not``
-    (its state, as ``read``) has anything against; its state; and those passed over."""
+    each newest first) that neither ``differs_on_record`` (its manifest) nor ``held``
+    (another run's) nor ``why_not`` (its state, as ``read``) has anything against, else of
+    the first held one ``why_not`` has nothing against; its state; and those passed over.
+    ``invalid`` says why a checkpoint does not verify (None: it does)."""
     passed: Passed = []
+    held_ones: list[Sequence[Path]] = []
     for members in lineages:
         detail = differs_on_record(members[0])
         if detail is not None:
             passed.append({"path": str(members[0]), "reason": "incompatible", "detail": detail})
             continue
-        head = next((path for path in members if verifies(path)), None)
-        if head is None:
+        holder = held(members[0])
+        if holder is not None:
+            passed.append({"path": str(members[0]), "reason": "held", "detail": holder})
+            held_ones.append(members)
             continue
-        state = read(head)
-        why = why_not(state)
+        head, state, why = _judge(members, invalid, read, why_not)
         if why is None:
             return head, state, passed
-        passed.append({"path": str(head), "reason": why[0], "detail": why[1]})
+        passed.append(why)
+    for members in held_ones:  # none free to continue: branch from the newest held one
+        head, state, why = _judge(members, invalid, read, why_not)
+        mine = next(i for i, entry in enumerate(passed) if entry["path"] == str(members[0]))
+        if why is None:
+            return head, state, passed[:mine] + passed[mine + 1 :]
+        passed[mine] = why  # what keeps it from being continued at all
     return None, None, passed
+
+
+def _judge(
+    members: Sequence[Path],
+    invalid: Callable[[Path], str | None],
+    read: Callable[[Path], dict[str, Any]],
+    why_not: Callable[[dict[str, Any]], tuple[str, str] | None],
+) -> tuple[Path | None, dict[str, Any] | None, dict[str, str] | None]:
+    """A lineage's newest valid checkpoint and its state, or why it is passed over."""
+    failures = []
+    for path in members:
+        if (failure := invalid(path)) is None:
+            break
+        failures.append(failure)
+    else:
+        return None, None, {"path": str(members[0]), "reason": "unreadable", "detail": failures[0]}
+    try:
+        state = read(path)
+    except UnsafeCheckpointError:  # pickled code: refused loudly, never passed over
+        raise
+    except CheckpointError as exc:  # its state.pt does not load
+        return None, None, {"path": str(path), "reason": "unreadable", "detail": str(exc)}
+    why = why_not(state)
+    if why is not None:
+        return None, None, {"path": str(path), "reason": why[0], "detail": why[1]}
+    return path, state, None

@@ -1,8 +1,10 @@
-"""Whether a run may continue a checkpoint: the same settings, the same model, unfinished.
+"""Whether a run may continue a checkpoint: a state this version of core reads, the same
+settings, the same model, unfinished.
 
-``resume="auto"`` starts a new run when :func:`incompatibility` or :func:`finished` has
-something to say; ``resume="strict"`` (or a path) raises
-:class:`~core.errors.IncompatibleCheckpointError` with it, or continues a finished run.
+``resume="auto"`` passes a checkpoint over when :func:`unreadable`, :func:`incompatibility`
+or :func:`finished` has something to say; ``resume="strict"`` (or a path) raises
+:class:`~core.errors.IncompatibleCheckpointError` with the first two, or continues a
+finished run.
 
 >>> differences({"lr": 0.1, "seed": 0}, {"lr": 0.01, "seed": 0})
 ['lr (checkpoint 0.1, now 0.01)']
@@ -15,13 +17,43 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = (
+    "FORMAT",
     "differences",
     "finished",
     "incompatibility",
     "objection",
     "recorded_difference",
     "shape_difference",
+    "unreadable",
 )
+
+FORMAT = 1
+"""The format of the state (``state.pt``) this version of core writes and reads."""
+_STATE_PARTS: dict[str, type] = {"trainer": dict, "fingerprint": dict, "rng": list}
+
+
+def unreadable(payload: Mapping[str, Any]) -> str | None:
+    """What keeps this version of core from resuming a checkpoint's state (another format,
+    a part missing), in words; None when it reads.
+
+    >>> unreadable({"format": 2}).split(" (")[0]
+    'its state has checkpoint format 2, and this version of core reads format 1'
+    """
+    written = payload.get("format")
+    if written != FORMAT:
+        newer = isinstance(written, int) and written > FORMAT
+        by = "a newer version of core" if newer else "another version of core or another program"
+        return (
+            f"its state has checkpoint format {written!r}, and this version of core reads "
+            f"format {FORMAT} (it was written by {by})"
+        )
+    missing = [key for key, kind in _STATE_PARTS.items() if not isinstance(payload.get(key), kind)]
+    if missing:
+        return (
+            f"its state.pt has no {' nor '.join(map(repr, missing))} (not written by a training "
+            "run of core, or altered and its manifest rehashed)"
+        )
+    return None
 
 
 def differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
@@ -70,8 +102,11 @@ def objection(
     model_state: Callable[[], Mapping[str, Any]],
     finished: Callable[[dict[str, Any]], str | None],
 ) -> tuple[str, str] | None:
-    """Why ``resume="auto"`` leaves a checkpoint alone: ``("incompatible", what differs)``
-    or ``("finished", what ended it)``; None when the run continues it."""
+    """Why ``resume="auto"`` leaves a checkpoint alone: ``("unreadable", why)``,
+    ``("incompatible", what differs)`` or ``("finished", what ended it)``; None when the run
+    continues it."""
+    if (why := unreadable(payload)) is not None:
+        return "unreadable", why
     differ = incompatibility(payload, fingerprint, model_state)
     if differ is not None:
         return "incompatible", differ

@@ -31,12 +31,14 @@ class CheckpointConfig:
     - ``"auto"``: continue the newest lineage whose newest valid checkpoint is compatible
       (same model, optimizer and scheduler settings, data shape and seed) and unfinished
       (fewer epochs or steps than this run's ``max_epochs``/``max_steps``, not stopped
-      early), passing over newer lineages it cannot continue; when there is none, start a
-      new run and say why in one line (a ``fresh_start`` record naming the differing
-      settings). Re-running an edited script trains.
+      early), passing over newer lineages it cannot continue (or cannot read, or that
+      another live run holds: it branches from such a one only when none is left); when
+      there is none, start a new run and say why in one line (a ``fresh_start`` record
+      naming the differing settings). Re-running an edited script trains.
     - ``"strict"``: continue the newest lineage's newest valid checkpoint whatever it is: an
-      incompatible one is an :class:`~core.errors.IncompatibleCheckpointError`, a finished
-      run stays finished. For services that must never silently start over.
+      incompatible or unreadable one is an :class:`~core.errors.IncompatibleCheckpointError`,
+      one another live run holds a :class:`~core.errors.LineageHeldError`, a finished run
+      stays finished. For services that must never silently start over.
     - the path of a checkpoint directory (strict, that one), or None to start fresh.
 
     Retention (``keep_last_n``, ``save_top_k``, ``save_last``) counts over the lineage (every

@@ -2,10 +2,11 @@
 
 A read-only view of the checkpoint directory, read from the manifests each time it is
 asked (another run may commit meanwhile): every committed checkpoint, the last committed
-first, with ``latest`` (what ``resume="strict"`` would take: the last committed one that
-verifies), ``best`` (the run's best, with ``save_best``), :meth:`Checkpoints.verify`,
-:meth:`Checkpoints.load` (the weights into a model) and :meth:`Checkpoints.lineage` (the
-chain a checkpoint's weights came through, across resumed runs).
+first (``core.checkpointing.order``), with ``latest`` (what ``resume="strict"`` would take:
+the last committed one that verifies), ``best`` (the run's best, with ``save_best``),
+:meth:`Checkpoints.verify`, :meth:`Checkpoints.load` (the weights into a model) and
+:meth:`Checkpoints.lineage` (the chain a checkpoint's weights came through, across resumed
+runs).
 
 >>> run.checkpoints.latest.step  # doctest: +SKIP
 12
@@ -42,9 +43,10 @@ class CheckpointInfo:
     reason: str  # step, epoch, best, signal, cancel, stopped_by_peer, error
     run_id: str | None  # the run that wrote it
     parent: str | None  # the checkpoint (a name in the same directory) that run resumed from
-    committed_at_ns: int
+    committed_at_ns: int  # by the wall clock of the host that wrote it: for people, not order
     best: bool  # the current run's best checkpoint
     lineage: str | None = None  # the lineage it belongs to (its retention is counted there)
+    sequence: int | None = None  # its place in commit order (None: written before sequences)
 
     @property
     def name(self) -> str:
@@ -163,5 +165,6 @@ def _info(path: Path, best_name: str | None) -> CheckpointInfo | None:
             committed_at_ns=int(manifest["committed_at_ns"]),
             best=path.name == best_name,
             lineage=manifest.get("lineage", manifest.get("run_id")),
+            sequence=int(manifest["sequence"]) if "sequence" in manifest else None,
         )
     return None  # an unreadable manifest: listed by nobody, refused by verify and resume

@@ -10,7 +10,7 @@ Example of a manifest::
 
     {"manifest_version": 2, "step": 20, "epoch": 1, "reason": "step",
      "run_id": "20261122-031500.123-a1b2c3", "lineage": "20261122-031500.123-a1b2c3",
-     "parent": null, "committed_at_ns": 1795...,
+     "parent": null, "committed_at_ns": 1795..., "sequence": 7,
      "files": {"state.pt": {"sha256": "9f86d0...", "bytes": 48213}}}
 """
 
@@ -33,6 +33,7 @@ __all__ = (
     "followed",
     "hash_file",
     "is_checkpoint",
+    "other_version",
     "read_verified",
 )
 
@@ -43,6 +44,7 @@ _OPTIONAL: dict[str, tuple[type, ...]] = {
     "model_factory": (dict,),  # how the run made its model (core.load_model)
     "lineage": (str,),  # the lineage it belongs to (absent before lineages: its run_id)
     "fingerprint": (dict,),  # the settings its state depends on (a copy of state.pt's)
+    "sequence": (int,),  # its place in commit order (absent before: core.checkpointing.order)
 }
 _FIELDS: dict[str, tuple[type, ...]] = {
     "manifest_version": (int,),
@@ -107,9 +109,23 @@ def _invalid(path: Path, why: str) -> CheckpointError:
     return CheckpointError(f"checkpoint {path} is rejected: {why}")
 
 
+def other_version(manifest: Mapping[str, Any]) -> str | None:
+    """What is foreign about a manifest of another ``manifest_version`` (an older or a newer
+    core wrote it); None for one of this version (or without a readable version)."""
+    version = manifest.get("manifest_version")
+    if version == VERSION or not isinstance(version, int) or isinstance(version, bool):
+        return None
+    return (
+        f"manifest_version {version}, and this version of core reads manifest_version "
+        f"{VERSION} (it was written by another version of core)"
+    )
+
+
 def _check_schema(path: Path, manifest: object) -> dict[str, Any]:
     if not isinstance(manifest, dict):
         raise _invalid(path, f"its manifest is a {type(manifest).__name__}, not an object")
+    if (other := other_version(manifest)) is not None:  # before its keys: theirs differ
+        raise _invalid(path, other)
     missing = sorted(set(_FIELDS) - set(manifest))
     extra = sorted(set(manifest) - set(_FIELDS) - set(_OPTIONAL))
     if missing or extra:
@@ -121,8 +137,6 @@ def _check_schema(path: Path, manifest: object) -> dict[str, Any]:
     for key, types in _OPTIONAL.items():
         if key in manifest and not isinstance(manifest[key], types):
             raise _invalid(path, f"manifest field {key}={manifest[key]!r} has the wrong type")
-    if manifest["manifest_version"] != VERSION:
-        raise _invalid(path, f"manifest_version {manifest['manifest_version']}, expected {VERSION}")
     if not manifest["files"]:
         raise _invalid(path, "its manifest lists no file")
     for name, entry in manifest["files"].items():

@@ -3,19 +3,22 @@
 Layout: ``<checkpoint_dir>/step-000000123-<run_id>/`` holds ``state.pt`` (``torch.save``),
 for FSDP2 a ``sharded/`` ``torch.distributed.checkpoint`` directory (its ``.metadata``
 written last), and ``manifest.json`` (``core.checkpointing.manifest``: the run that wrote it,
-its lineage, the checkpoint it descends from, its commit time, every file's size and
-sha256). Writing happens in a hidden staging directory next to it, unique to the writer;
-every file and the staging directory are fsynced, then the staging directory is renamed
+its lineage, the checkpoint it descends from, its commit sequence and time, every file's
+size and sha256). Writing happens in a hidden staging directory next to it, unique to the
+writer; every file and the staging directory are fsynced, then the staging directory is renamed
 into place (or swapped with the checkpoint it replaces) and the parent directory fsynced:
 that is the commit. Then the ``last`` link moves, then old checkpoints are pruned, each
 step safe to be killed after (``core.checkpointing.atomic``).
 
 **Lineages.** A run that starts fresh begins a lineage (named after its run id); a run that
 resumes from the newest checkpoint of a lineage continues it, one that resumes from an older
-checkpoint of it branches into a lineage of its own. Retention counts over the lineage, not
-the run: a job restarted a thousand times keeps its newest ``keep_last_n`` checkpoints and
-its best ones (``kept``), like one that never stopped. Checkpoints of other lineages in the
-same directory are never touched. "Newest" is commit order, not step number.
+checkpoint of it branches into a lineage of its own, and so does one that would continue a
+lineage another live run holds (one writer per lineage: ``core.checkpointing.lineage_lock``).
+Retention counts over the lineage, not the run: a job restarted a thousand times keeps its
+newest ``keep_last_n`` checkpoints and its best ones (``kept``), like one that never
+stopped. Checkpoints of other lineages in the same directory are never touched. "Newest" is
+commit order, counted in the manifests (``core.checkpointing.order``), not the wall clock
+nor the step number.
 
 Loading uses ``torch.load(weights_only=True)`` only, and a sharded checkpoint's
 ``.metadata`` is read through an allow-list first
@@ -26,7 +29,6 @@ runs.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -44,7 +46,22 @@ import torch
 from core.checkpointing import atomic
 from core.checkpointing.atomic import fsync_path
 from core.checkpointing.dcp_metadata import check_metadata
-from core.checkpointing.manifest import MANIFEST, VERSION, file_entries, read_verified
+from core.checkpointing.lineage_lock import Holder, LineageLock, holder_of, sweep_locks
+from core.checkpointing.manifest import (
+    MANIFEST,
+    VERSION,
+    file_entries,
+    other_version,
+    read_verified,
+)
+from core.checkpointing.order import (
+    Entry,
+    by_lineage,
+    manifest_of,
+    newest_first,
+    next_sequence,
+    read_entry,
+)
 from core.errors import CheckpointError, UnsafeCheckpointError
 
 __all__ = ("CheckpointStore",)
@@ -93,31 +110,68 @@ class CheckpointStore:
         self._synced: dict[Path, dict[str, Any]] = {}  # hashed and fsynced as written
         self.kept: set[str] = set()
         """Names of the lineage's checkpoints kept apart from ``keep_last_n`` (its best)."""
+        self._lock: LineageLock | None = None
         self.before_commit: Callable[[Path], None] | None = None
         """Test hook: called with the staging directory after every file is written and
         synced, right before the commit rename (fault-injection tests stall here)."""
 
     def begin(self, run_id: str) -> None:
         """Write the checkpoints of run ``run_id``, which begins a lineage of its own."""
+        self.let_go()
         self.run_id = self.lineage = run_id
         self.parent = None
         self.kept = set()
 
-    def continue_from(self, path: Path) -> bool:
-        """After a resume from ``path``: join its lineage when it is the lineage's newest
-        valid checkpoint (True); otherwise the run branches, in a lineage of its own."""
+    def hold(self) -> Holder | None:
+        """Hold this store's lineage (its lock: one writer per lineage), once and until
+        :meth:`let_go`; None once held, else the run that holds it."""
+        if self._lock is not None and self._lock.lineage == self.lineage:
+            return None
+        self.let_go()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        lock = LineageLock(self.directory, self.lineage)
+        holder = lock.acquire(self.run_id)
+        if holder is None:
+            self._lock = lock
+        return holder
+
+    def held_by(self, path: Path) -> Holder | None:
+        """The live run that holds the lineage of checkpoint ``path``, if another one does."""
+        lineage = read_entry(path).lineage
+        if lineage is None or (self._lock is not None and self._lock.lineage == lineage):
+            return None
+        return holder_of(self.directory, lineage)
+
+    def let_go(self) -> None:
+        """Release the lineage this store holds, if any (never raises)."""
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
+
+    def continue_from(self, path: Path) -> tuple[str | None, Holder | None]:
+        """After a resume from ``path``: join its lineage, and hold it, when it is the
+        lineage's newest valid checkpoint and no other run holds the lineage: (None, None).
+        Otherwise the run branches, in a lineage of its own: why, and the run holding the
+        lineage when that is why."""
         self.parent = path.name
-        lineage = self.lineage_of(path)
-        stamp = self._commit_time(path)
+        resumed = read_entry(path)
+        if resumed.lineage is None:
+            return "its manifest names no lineage", None
+        own, self.lineage = self.lineage, resumed.lineage
+        holder = self.hold()
+        if holder is not None:
+            self.lineage = own
+            return f"its lineage {resumed.lineage} is held by {holder.describe()}", holder
         newer = [
-            other
-            for other in self.committed()
-            if self.lineage_of(other) == lineage and self._commit_time(other) > stamp
+            entry.path
+            for entry in self._entries()
+            if entry.lineage == resumed.lineage and entry.in_lineage > resumed.in_lineage
         ]
-        if lineage is None or any(self.verifies(other) for other in newer):
-            return False
-        self.lineage = lineage
-        return True
+        if any(self.verifies(other) for other in newer):
+            self.let_go()
+            self.lineage = own
+            return "its lineage has newer checkpoints", None
+        return None, None
 
     # -- writing --------------------------------------------------------------------------
     def final_path(self, step: int) -> Path:
@@ -166,7 +220,8 @@ class CheckpointStore:
             "run_id": self.run_id,
             "lineage": self.lineage,
             "parent": self.parent,
-            "committed_at_ns": time.time_ns(),
+            "committed_at_ns": time.time_ns(),  # for people: the order is the sequence
+            "sequence": next_sequence(self._entries()),
             "files": files,
         }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
@@ -178,7 +233,7 @@ class CheckpointStore:
             self.before_commit(staging)
         final = self.final_path(step)
         atomic.publish(staging, final, replace=replace)
-        if link_last:
+        if link_last and self._newer_than_last(final):
             atomic.link_last(self.directory, final)
         self.prune()
         return final
@@ -187,46 +242,36 @@ class CheckpointStore:
         """Remove a staging directory after a failed write (best effort)."""
         shutil.rmtree(staging, ignore_errors=True)
 
+    def _newer_than_last(self, final: Path) -> bool:
+        """Whether ``final`` is at least as new as the checkpoint ``last`` links to (another
+        lineage's writer may have moved it past this commit meanwhile)."""
+        target = atomic.last_target(self.directory)
+        if target is None or not (self.directory / target).is_dir():
+            return True
+        return read_entry(self.directory / target).overall <= read_entry(final).overall
+
     def prune(self) -> list[Path]:
         """Delete the lineage's committed checkpoints beyond its newest ``keep_last_n``,
         except those named in ``kept`` (its best) and the one ``last`` links to."""
-        ours = [p for p in self.committed() if self.lineage_of(p) == self.lineage]
+        lineages = by_lineage(self._entries())
+        ours = next((group for group in lineages if group[0].lineage == self.lineage), [])
         spared = self.kept | {atomic.last_target(self.directory)}
-        removed = [p for p in ours[self.keep_last_n :] if p.name not in spared]
+        removed = [e.path for e in ours[self.keep_last_n :] if e.path.name not in spared]
         for path in removed:
             atomic.retire(path)
         return removed
 
     def sweep(self) -> list[Path]:
-        """Clean up what killed writers left behind (``core.checkpointing.atomic.sweep``)."""
-        return atomic.sweep(self.directory)
+        """Clean up what killed writers left behind (``core.checkpointing.atomic.sweep``),
+        and the lock files of lineages no one holds any longer."""
+        swept = atomic.sweep(self.directory)
+        return swept + (sweep_locks(self.directory) if self.directory.exists() else [])
 
     # -- reading --------------------------------------------------------------------------
-    @staticmethod
-    def _manifest(path: Path) -> dict[str, Any]:
-        """The manifest of ``path`` as it reads (unverified), or {}."""
-        with contextlib.suppress(OSError, ValueError):
-            manifest = json.loads((path / MANIFEST).read_text())
-            if isinstance(manifest, dict):
-                return manifest
-        return {}
-
     @classmethod
     def lineage_of(cls, path: Path) -> str | None:
         """The lineage ``path`` belongs to, by its manifest (before lineages: its run)."""
-        manifest = cls._manifest(path)
-        lineage = manifest.get("lineage", manifest.get("run_id"))
-        return lineage if isinstance(lineage, str) else None
-
-    @classmethod
-    def _commit_time(cls, path: Path) -> int:
-        """When ``path`` was committed, by its manifest (unverified here), else its mtime."""
-        stamp = cls._manifest(path).get("committed_at_ns")
-        if isinstance(stamp, int):
-            return stamp
-        with contextlib.suppress(OSError):
-            return (path / MANIFEST).stat().st_mtime_ns
-        return 0
+        return read_entry(path).lineage
 
     def verifies(self, path: Path, on_invalid: Callable[[Path, str], None] | None = None) -> bool:
         """Whether ``path`` verifies; ``on_invalid`` hears why not."""
@@ -238,12 +283,24 @@ class CheckpointStore:
             return False
         return True
 
-    def committed(self) -> list[Path]:
-        """Committed checkpoint directories, the last committed first (not yet verified)."""
+    def _entries(self) -> list[Entry]:
+        """Every committed checkpoint directory's entry (its manifest read once, unverified)."""
         if not self.directory.exists():
             return []
-        found = [p for p in self.directory.iterdir() if _COMMITTED.match(p.name) and p.is_dir()]
-        return sorted(found, key=lambda p: (self._commit_time(p), p.name), reverse=True)
+        return [
+            read_entry(path)
+            for path in self.directory.iterdir()
+            if _COMMITTED.match(path.name) and path.is_dir()
+        ]
+
+    def committed(self) -> list[Path]:
+        """Committed checkpoint directories, the newest first (``core.checkpointing.order``;
+        not yet verified)."""
+        return [entry.path for entry in newest_first(self._entries())]
+
+    def written_by(self, run_id: str) -> list[Path]:
+        """The committed checkpoints run ``run_id`` wrote, the newest first (unverified)."""
+        return [entry.path for entry in newest_first(self._entries()) if entry.run_id == run_id]
 
     def verify(self, path: Path) -> dict[str, Any]:
         """The manifest of ``path`` once its schema, file list, sizes and hashes check out."""
@@ -256,14 +313,17 @@ class CheckpointStore:
     def lineages(self) -> list[list[Path]]:
         """The committed checkpoints grouped by lineage (not verified), the lineage
         committed to last first, each lineage's newest first."""
-        grouped: dict[str | None, list[Path]] = {}
-        for path in self.committed():
-            grouped.setdefault(self.lineage_of(path), []).append(path)
-        return list(grouped.values())
+        return [[entry.path for entry in group] for group in by_lineage(self._entries())]
+
+    @staticmethod
+    def other_version(path: Path) -> str | None:
+        """Why ``path`` is not read by this version of core: its manifest is of another
+        version (``core.checkpointing.manifest.other_version``); else None."""
+        return other_version(manifest_of(path))
 
     def recorded_fingerprint(self, path: Path) -> dict[str, Any] | None:
         """The settings fingerprint ``path``'s manifest records (unverified), if any."""
-        recorded = self._manifest(path).get("fingerprint")
+        recorded = manifest_of(path).get("fingerprint")
         return recorded if isinstance(recorded, dict) else None
 
     def load_state(self, path: Path) -> dict[str, Any]:

@@ -149,7 +149,8 @@ def _lineage(record: Record) -> str:
     """What a resume says about lineages: a branch, and the newer ones passed over."""
     said = ""
     if record.get("branched"):
-        said = ", in a new lineage: its own lineage has newer checkpoints"
+        why = record.get("branch_reason") or "its own lineage has newer checkpoints"
+        said = f", in a new lineage: {why}"
     passed = record.get("passed_over")
     if isinstance(passed, list) and passed and isinstance(passed[0], dict):
         said += f"; passed over {len(passed)} newer lineage(s): {passed[0].get('detail')}"

@@ -96,8 +96,11 @@ class FreshStart(Common):
     """Once, after run_start, when resume="auto" finds checkpoints but continues none."""
 
     path: Annotated[str, "the newest lineage's newest valid checkpoint, not continued"]
-    reason: Annotated[Literal["finished", "incompatible"], "its run ended, or it differs"]
-    detail: Annotated[str, "what ended it, or which settings or weights differ"]
+    reason: Annotated[
+        Literal["finished", "incompatible", "unreadable"],
+        "its run ended, it differs, or this version of core cannot read it",
+    ]
+    detail: Annotated[str, "what ended it, which settings or weights differ, or why unread"]
     passed_over: Annotated[
         list[dict[str, str]], "every lineage left alone, the newest first: path, reason, detail"
     ]
@@ -110,9 +113,14 @@ class Resumed(Common):
     step: Annotated[int, "optimizer steps the checkpoint had taken"]
     epoch: Annotated[int, "epochs the checkpoint had completed"]
     lineage: Annotated[str, "the lineage this run's checkpoints join (and are retained in)"]
-    branched: Annotated[bool, "true: an older checkpoint of its lineage, so a new lineage"]
+    branched: Annotated[bool, "true: its lineage was not continued, this run began a new one"]
+    branch_reason: Annotated[
+        str | None, "why: the lineage has newer checkpoints, or another run holds it (pid, host)"
+    ]
     passed_over: Annotated[
-        list[dict[str, str]], 'newer lineages resume="auto" left alone: path, reason, detail'
+        list[dict[str, str]],
+        'newer lineages resume="auto" left alone: path, reason (incompatible, finished, '
+        "unreadable, held), detail",
     ]
     data_order: Annotated[
         Literal["restored", "not_restored"],

@@ -15,6 +15,7 @@ from typing import Any
 import structlog
 import torch
 
+from core.checks import check_writable_dir
 from core.config import TrainingConfig
 from core.loop.epoch import EpochStats, ResumePoint
 from core.loop.schedule import next_multiple
@@ -85,14 +86,19 @@ class RunCycle:
         """Agree on a run id, create the run's directory and write ``run_start``."""
         run, parts = self.config.run, self.parts
         run_id = parts.strategy.broadcast_object(new_run_id())
-        log = RunLog.create(
-            Path(run.log_dir),
-            run.experiment_name,
-            run_id,
-            rank=parts.strategy.rank,
-            hub=self.hub,
-            temporary=not run.keeps_files,
-        )
+        try:
+            log = RunLog.create(
+                Path(run.log_dir),
+                run.experiment_name,
+                run_id,
+                rank=parts.strategy.rank,
+                hub=self.hub,
+                temporary=not run.keeps_files,
+            )
+        except OSError:
+            if run.keeps_files:  # made unwritable since the job was created: say it as then
+                check_writable_dir("log_dir", run.log_dir)
+            raise
         self.current.log = log
         self._opened_at = time.monotonic()
         self.validation.last_step = None
@@ -122,8 +128,9 @@ class RunCycle:
         return log
 
     def close(self, end: RunEnding, *, abandoned: bool) -> None:
-        """Write ``run_end`` and close the log and the event hub, whatever fails here: a
-        consumer of ``events()`` always sees its stream end."""
+        """Write ``run_end``, close the log and the event hub and let go of the lineage,
+        whatever fails here: a consumer of ``events()`` always sees its stream end, and the
+        next run may continue the lineage."""
         log, parts = self.log, self.parts
         try:
             if log is None:
@@ -164,6 +171,7 @@ class RunCycle:
                     if not abandoned:  # control goes back first: nothing more is started
                         self._write_reports(log)
             finally:
+                parts.checkpointer.end_run()  # its lock, whatever ended the run
                 self.hub.close()
 
     def _write_reports(self, log: RunLog) -> None:

@@ -1,5 +1,6 @@
 """What a training process that ended without a word left behind: why it ended, as far as
-its exit status and its records tell, and the last good checkpoint of its run."""
+its exit status and its records tell, and the last good checkpoint of its own run (its
+lineage and model, however many other runs share the checkpoint directory)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from pathlib import Path
 from core.checkpointing.compatibility import finished
 from core.checkpointing.store import CheckpointStore
 from core.config import TrainingConfig
+from core.errors import CheckpointError
 from core.trainer.process.child import FINAL_WEIGHTS
+from core.trainer.process.child_state import ChildState
 from core.trainer.process.crossing import MAIN_NOT_GUARDED
 from core.trainer.process.watch import ExitStatus
 
@@ -39,19 +42,30 @@ def why_it_ended(status: ExitStatus, *, opened: bool) -> str:
 
 
 def last_good_checkpoint(
-    config: TrainingConfig, run_dir: Path | None, recorded: str | None
+    config: TrainingConfig, state: ChildState
 ) -> tuple[str | None, str | None]:
-    """The checkpoint ``resume="auto"`` would take (the records, ``recorded``, may lag behind
-    it), and why its run had finished (None where it had not: ``resume="auto"`` continues
-    it). A hand-back through a checkpoint that was cut short leaves no staging behind."""
-    if run_dir is not None:
-        final = CheckpointStore(run_dir / FINAL_WEIGHTS, keep_last_n=1)
+    """The last good checkpoint of the process's own run, and why that run had finished
+    (None where it had not: ``resume="auto"`` continues it). Its own: the newest checkpoint
+    the run wrote that verifies (its records may lag behind it), else the one it resumed
+    from; never another run's or lineage's that shares the directory; None where it has
+    neither. A hand-back through a checkpoint that was cut short leaves no staging behind."""
+    if state.run_dir is not None:
+        final = CheckpointStore(state.run_dir / FINAL_WEIGHTS, keep_last_n=1)
         if final.directory.is_dir():
             final.sweep()
     store = CheckpointStore(config.checkpoint_directory, keep_last_n=1)
-    newest = store.newest_valid(lambda path, why: None) if store.directory.is_dir() else None
-    if newest is None:
-        return recorded, None
+    run_id = state.own_run_id
+    own = store.written_by(run_id) if run_id is not None else []
+    if state.resumed_from is not None:
+        own.append(Path(state.resumed_from))
+    last = next((path for path in own if store.verifies(path)), None)
+    if last is None:
+        return None, None
+    try:
+        trainer = store.load_state(last).get("trainer")
+    except CheckpointError:  # it verified, but its state does not load: no verdict
+        return str(last), None
+    if not isinstance(trainer, dict):
+        return str(last), None
     run = config.run
-    trainer = store.load_state(newest)["trainer"]
-    return str(newest), finished(trainer, max_epochs=run.max_epochs, max_steps=run.max_steps)
+    return str(last), finished(trainer, max_epochs=run.max_epochs, max_steps=run.max_steps)

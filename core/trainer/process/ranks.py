@@ -41,14 +41,15 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from core.checkpointing.store import CheckpointStore
 from core.config import TrainingConfig
 from core.distributed.devices import ranks_to_start
 from core.distributed.launch import launch_local_ranks, quiet_agent
 from core.errors import ConfigError, SignalReceived, TrainingProcessDied
 from core.trainer.process import child
+from core.trainer.process.child_state import ChildState
 from core.trainer.process.crossing import Crossing, exit_if_importing_main
 from core.trainer.process.pipe import Message, Sender
+from core.trainer.process.postmortem import last_good_checkpoint
 from core.trainer.process.rank import CANCEL, STOP_MARGIN_S, rank_main
 from core.trainer.process.shared import Packed
 
@@ -108,13 +109,16 @@ def main(
         after_in_child=functools.partial(_let_go, control, out, records_in, stops_out)
     )
     errors = Path(tempfile.mkdtemp(prefix="core-ranks-"))
-    forward = threading.Thread(target=_forward, args=(records_in, sender, done), daemon=True)
+    state = ChildState()  # the run as rank 0's records tell it: whose checkpoints are whose
+    forward = threading.Thread(target=_forward, args=(records_in, sender, done, state), daemon=True)
     forward.start()
     threading.Thread(target=_beat, args=(sender, done), daemon=True).start()
     listen = (control, cancelled, done, stops_out)
     threading.Thread(target=_listen, args=listen, daemon=True).start()
     try:
-        ended = _launch(job_class, config, packed, (records_out, stops_in), errors, cancelled)
+        ended = _launch(
+            job_class, config, packed, (records_out, stops_in), errors, (cancelled, state)
+        )
     finally:
         for stop in _STOPS:  # a late cancel must not cut the report short
             signal.signal(stop, signal.SIG_IGN)
@@ -132,10 +136,12 @@ def _launch(
     packed: Packed,
     pipes: tuple[Connection, Connection],
     errors: Path,
-    cancelled: threading.Event,
+    watched: tuple[threading.Event, ChildState],
 ) -> Message:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    cancelled, state = watched
 
     devices = int(config.distributed.devices or 1)
     # Torch's agent logs each failure too; here ``train()`` raises what happened.
@@ -150,7 +156,7 @@ def _launch(
         return ("ended", "completed", values[0])
     except SignalException:
         if cancelled.is_set():
-            return ("ended", "cancelled", _last_checkpoint(config))
+            return ("ended", "cancelled", last_good_checkpoint(config, state)[0])
         return ("ended", "failed", _kept(errors, [0]) or RuntimeError("the ranks were stopped"))
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
@@ -160,7 +166,10 @@ def _launch(
         name = failure.signal_name() if failure.exitcode < 0 else None
         why = f" (rank {rank} of {devices})"
         died = TrainingProcessDied(
-            None if name else failure.exitcode, name, _last_checkpoint(config), why=why
+            None if name else failure.exitcode,
+            name,
+            last_good_checkpoint(config, state)[0],
+            why=why,
         )
         return ("ended", "failed", died)
     except Exception as exc:  # the launch itself failed (a rendezvous error)
@@ -180,8 +189,9 @@ def _raise_signal(signum: int, frame: object) -> None:
     raise SignalException(f"process {os.getpid()} got signal {signum}", signal.Signals(signum))
 
 
-def _forward(records: Connection, sender: Sender, done: threading.Event) -> None:
-    """Rank 0's batches to the caller, until the ranks are gone and the pipe is drained."""
+def _forward(records: Connection, sender: Sender, done: threading.Event, state: ChildState) -> None:
+    """Rank 0's batches to the caller, until the ranks are gone and the pipe is drained;
+    ``state`` reads them on the way."""
     while True:
         if records.poll(0.1):
             try:
@@ -189,6 +199,7 @@ def _forward(records: Connection, sender: Sender, done: threading.Event) -> None
             except (EOFError, OSError):
                 return
             for message in batch:
+                _read(state, message)
                 sender.put(message)
         elif done.is_set():
             return
@@ -230,7 +241,9 @@ def _kept(errors: Path, ranks: list[int]) -> BaseException | None:
     return None
 
 
-def _last_checkpoint(config: TrainingConfig) -> str | None:
-    store = CheckpointStore(config.checkpoint_directory, keep_last_n=1)
-    newest = store.newest_valid(lambda path, why: None) if store.directory.is_dir() else None
-    return str(newest) if newest else None
+def _read(state: ChildState, message: Message) -> None:
+    if message[0] == "records":
+        for record in message[1]:
+            state.read(record)
+    elif message[0] == "opened":
+        state.run_dir = Path(message[1])

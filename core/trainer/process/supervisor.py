@@ -319,7 +319,7 @@ class TrainingProcess:
     async def _outcome(self, status: ExitStatus) -> TrainingResults:
         if self.ended is None:
             last, done = await anyio.to_thread.run_sync(
-                last_good_checkpoint, self.config, self.state.run_dir, self.state.last_checkpoint
+                last_good_checkpoint, self.config, self.state
             )
             self.state.last_checkpoint = last
             why = self.killed_why or why_it_ended(status, opened=self.state.run_dir is not None)

@@ -1,0 +1,111 @@
+"""What "newest" means among the checkpoints of one directory, without the wall clock.
+
+Every commit records a ``sequence`` in its manifest: one more than the highest the directory
+held when it committed (:func:`next_sequence`). A lineage has one writer at a time (its
+lock, ``core.checkpointing.lineage_lock``), which sees its own previous commit, so the
+sequence grows along a lineage whatever the clocks of the hosts that wrote it say; and a
+commit made after another one was seen is ordered after it, across lineages too.
+
+- Within a lineage (retention, ``last``, whether a resume continues it): by sequence;
+  manifests written before sequences existed come first, by step, then by commit time.
+- Across lineages (which one ``resume="auto"`` looks at first, what ``run.checkpoints``
+  lists first): by sequence; two lineages that committed at once (the same sequence) and
+  manifests without one, by commit time (``committed_at_ns``, the wall clock, kept in the
+  manifest for people).
+
+>>> old = Entry(Path("step-000000020-a"), "a", "a", step=20, sequence=None, committed_at_ns=9)
+>>> new = Entry(Path("step-000000021-b"), "a", "b", step=21, sequence=1, committed_at_ns=1)
+>>> [e.path.name for e in newest_first([old, new])]
+['step-000000021-b', 'step-000000020-a']
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from core.checkpointing.manifest import MANIFEST
+
+__all__ = ("Entry", "by_lineage", "manifest_of", "newest_first", "next_sequence", "read_entry")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A committed checkpoint as its manifest reads (not verified)."""
+
+    path: Path
+    lineage: str | None
+    run_id: str | None
+    step: int
+    sequence: int | None
+    committed_at_ns: int
+
+    @property
+    def in_lineage(self) -> tuple[bool, int, int, int, str]:
+        """Its place in its lineage (greater: newer)."""
+        sequenced = self.sequence is not None
+        return (sequenced, self.sequence or 0, self.step, self.committed_at_ns, self.path.name)
+
+    @property
+    def overall(self) -> tuple[bool, int, int, str]:
+        """Its place among every checkpoint of the directory (greater: newer)."""
+        sequenced = self.sequence is not None
+        return (sequenced, self.sequence or 0, self.committed_at_ns, self.path.name)
+
+
+def manifest_of(path: Path) -> dict[str, Any]:
+    """The manifest of ``path`` as it reads (unverified), or {}."""
+    with contextlib.suppress(OSError, ValueError):
+        manifest = json.loads((path / MANIFEST).read_text())
+        if isinstance(manifest, dict):
+            return manifest
+    return {}
+
+
+def _integer(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def read_entry(path: Path) -> Entry:
+    """``path``'s entry from its manifest; what it lacks is ordered first (a manifest that
+    does not read at all: by its file's modification time)."""
+    manifest = manifest_of(path)
+    lineage = manifest.get("lineage", manifest.get("run_id"))  # before lineages: its run
+    run_id = manifest.get("run_id")
+    stamp = _integer(manifest.get("committed_at_ns"))
+    if stamp is None:
+        stamp = 0
+        with contextlib.suppress(OSError):
+            stamp = (path / MANIFEST).stat().st_mtime_ns
+    return Entry(
+        path=path,
+        lineage=lineage if isinstance(lineage, str) else None,
+        run_id=run_id if isinstance(run_id, str) else None,
+        step=_integer(manifest.get("step")) or 0,
+        sequence=_integer(manifest.get("sequence")),
+        committed_at_ns=stamp,
+    )
+
+
+def next_sequence(entries: Iterable[Entry]) -> int:
+    """The sequence of the next commit: one more than the highest there."""
+    return 1 + max((entry.sequence or 0 for entry in entries), default=0)
+
+
+def newest_first(entries: Iterable[Entry]) -> list[Entry]:
+    """Every entry, the newest first."""
+    return sorted(entries, key=lambda entry: entry.overall, reverse=True)
+
+
+def by_lineage(entries: Iterable[Entry]) -> list[list[Entry]]:
+    """The entries grouped by lineage, each newest first, the lineage committed to last
+    first."""
+    grouped: dict[str | None, list[Entry]] = {}
+    for entry in entries:
+        grouped.setdefault(entry.lineage, []).append(entry)
+    groups = [sorted(group, key=lambda e: e.in_lineage, reverse=True) for group in grouped.values()]
+    return sorted(groups, key=lambda group: max(e.overall for e in group), reverse=True)
