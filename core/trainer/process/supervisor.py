@@ -30,6 +30,7 @@ import functools
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.forkserver
+import multiprocessing.process
 import signal
 import threading
 import time
@@ -57,6 +58,7 @@ from core.trainer.process.shared import Packed
 from core.trainer.process.watch import ExitStatus, WatchedProcess, subreaper
 from core.trainer.running.async_tools import to_the_end
 from core.trainer.running.observers import Observers
+from core.trainer.running.starts import run_starts
 from core.trainer.state.results import TrainingResults
 
 __all__ = ("TrainingProcess", "start_method", "warm_up")
@@ -89,6 +91,13 @@ def warm_up() -> None:
     """Start the fork server now (a worker thread's call; it imports in the background)."""
     start_method()
     multiprocessing.forkserver.ensure_running()
+
+
+def _start(process: multiprocessing.process.BaseProcess, inbox: Inbox) -> None:
+    """Start the training process, then the thread reading its records (in a worker thread:
+    see :meth:`Inbox.start`)."""
+    process.start()
+    inbox.start()
 
 
 class TrainingProcess:
@@ -140,22 +149,24 @@ class TrainingProcess:
         context = start_method()
         control_in, control_out = context.Pipe(duplex=False)
         records_in, records_out = context.Pipe(duplex=False)
-        self.packed = await anyio.to_thread.run_sync(self.crossing.pack, self.model)
+        self.packed = await anyio.to_thread.run_sync(
+            self.crossing.pack, self.model, limiter=run_starts()
+        )
         threads = max(1, torch.get_num_threads() // TrainingProcess.running)
         process = context.Process(
             target=entry_point(self.config),
             name="core-training",
             args=(self.job_class, self.config, self.packed, control_in, records_out, threads),
         )
+        inbox = Inbox(records_in)
         subreaper.acquire()  # before the start: a fork server that dies leaves its child here
         try:
-            await anyio.to_thread.run_sync(process.start)
+            await anyio.to_thread.run_sync(_start, process, inbox, limiter=run_starts())
             watched = WatchedProcess(process)
             self.state.pid = watched.pid
             control_in.close()  # the child's ends: end-of-file here once the child is gone
             self.control = control_out
             records_out.close()
-            inbox = Inbox(records_in)
             self.hub.reopen()
             try:
                 async with anyio.create_task_group() as watchers:
