@@ -480,6 +480,7 @@ async def test_a_nan_validation_loss_is_an_error_record_and_never_the_best(log_d
 
 async def test_train_after_a_failed_start_is_not_already_running(tmp_path: Path) -> None:
     optimizer = build(tmp_path / "logs")
+    await optimizer.start()  # built (inside a running loop the factory leaves that to here)
     (tmp_path / "logs").rename(tmp_path / "moved")
     (tmp_path / "logs").write_text("now a file")  # opening the run fails
     with pytest.raises(ConfigError, match=named("log_dir", tmp_path / "logs") + ".*is a file"):

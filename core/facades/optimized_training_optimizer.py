@@ -24,6 +24,7 @@ from typing_extensions import Unpack
 from core.callbacks import Callback
 from core.config import TrainingConfig
 from core.facades.flat import FlatSettings, config_from_flat
+from core.facades.integrated.sync import running_event_loop
 from core.factory import Factory
 from core.loop.objective import LossFn
 from core.loop.step_function import StepFn
@@ -70,7 +71,8 @@ def create_optimized_training_optimizer(
     config: TrainingConfig | None = None,
     **settings: Unpack[FlatSettings],
 ) -> OptimizedTrainingOptimizer:
-    """Validate every argument, build the parts and return the orchestrator, ready to train.
+    """Validate every argument, build the parts and return the orchestrator, ready to train
+    (inside a running event loop, the build is left to the run's start: see below).
 
     ``settings`` are flat keywords, each one leaf of the config tree (``max_epochs`` is
     ``run.max_epochs``, ``amp_dtype`` is ``precision.dtype``, ``keep_last_n`` is
@@ -92,12 +94,18 @@ def create_optimized_training_optimizer(
     (``True`` is not a number, ``'no'`` not a flag), a ``log_dir`` that cannot be created or
     written, a factory that raises, an optimizer over parameters that are not the model's,
     a ``ReduceLROnPlateau`` whose ``mode`` is not the monitored value's, a one-shot iterator as a
-    loader when ``max_epochs > 1``, and a setting given twice. Loaders without ``len()`` (a
+    loader when ``max_epochs > 1``, an object that cannot cross into the training process
+    (``isolation="process"``), and a setting given twice. Loaders without ``len()`` (a
     DataLoader over an ``IterableDataset``) are streamed.
 
-    Building blocks (joining a process group, placing the model): inside an event loop,
-    prefer ``async with OptimizedTrainingOptimizer(config, ...) as run:``, which builds in a
-    worker thread.
+    Called inside a running event loop (a service's handler, ``async def main``), it does
+    only the cheap checks there and returns the run unbuilt: building (hashing the weights,
+    placing the model, the directories' probe files, pickling what crosses) is left to
+    ``await run.train()`` (or ``await run.start()``, ``async with run:``), which does it in a
+    worker thread, so the loop's thread stays free. The errors of that work (a ``log_dir``
+    that cannot be written, a factory that raises, what does not pickle) are raised there,
+    with the same message. Reading a part first (``run.optimizer``) builds it then, on the
+    reading thread.
     """
     check_parts(settings)
     job = OptimizedTrainingOptimizer(
@@ -113,5 +121,8 @@ def create_optimized_training_optimizer(
         training_step=training_step,
         validation_step=validation_step,
     )
-    job.build()
+    if running_event_loop() is None:
+        job.build()  # a synchronous caller gets the run built, and its errors here
+    else:  # the loop's thread stays free: train() builds in a worker thread
+        job.build_on_demand()
     return job

@@ -32,7 +32,10 @@ def _libgomp() -> ctypes.CDLL | None:
         path = line.split()[-1]
         if "libgomp" in Path(path).name:
             try:
-                lib = ctypes.CDLL(path)  # already loaded: returns the same instance
+                # Called holding the interpreter lock (a PyDLL), for at most ~0.2 ms: released
+                # and taken back, the lock would cost the event loop's thread a switch
+                # interval (5 ms) whenever training threads hold it.
+                lib = ctypes.PyDLL(path)  # already loaded: returns the same instance
             except OSError:
                 return None
             return lib if hasattr(lib, "omp_pause_resource_all") else None

@@ -205,6 +205,11 @@ class RunLog:
     def error(self, event: str, **fields: Any) -> None:
         self._queue.append((event, "error", time.time(), fields))
 
+    @property
+    def queued(self) -> bool:
+        """Whether records wait for :meth:`drain` (any thread; a glance, no lock)."""
+        return bool(self._queue)
+
     def drain(self) -> int:
         """Render, publish, write and flush every queued record, in order; return how many."""
         with self._drain_lock:

@@ -24,6 +24,7 @@ from core.trainer.state.early_stopping import watched
 __all__ = (
     "built_by",
     "check_callable",
+    "check_directories",
     "check_loader",
     "check_loss_fn",
     "check_model",
@@ -274,7 +275,8 @@ def check_monitor(
 
 
 def check_runtime(runtime: Any, config: Any, callbacks: object) -> None:
-    """Every runtime object of a run, and the directories it will write, before building.
+    """Every runtime object of a run, before building: cheap checks only, made where the run
+    is created (the directories it writes are :func:`check_directories`'s, at its start).
 
     (``runtime`` is a :class:`~core.trainer.assembly.build.Runtime`, ``config`` the tree.)"""
     from core.callbacks import Callback
@@ -317,6 +319,12 @@ def check_runtime(runtime: Any, config: Any, callbacks: object) -> None:
         check_metrics(runtime.metrics)
     step_logs = runtime.training_step is not None or runtime.validation_step is not None
     check_monitor(config, runtime.val_loader is not None, runtime.metrics or {}, step_logs)
+
+
+def check_directories(config: Any) -> None:
+    """The directories a run writes (``config`` is the tree): each created if missing and
+    probed with a file, so that one that cannot be used fails before training. These are
+    filesystem writes: a run does this where it starts (a worker thread), not at creation."""
     if config.run.keeps_files:  # a smoke run writes nothing there
         check_writable_dir("log_dir", config.run.log_dir)
     if config.checkpoint.checkpoint_dir is not None:

@@ -5,9 +5,13 @@
     async with TrainingJob(config, model=model, train_loader=loader) as run:
         results = await run.train()
 
-Entering builds the parts (process group included) in a worker thread; leaving releases
-them (``aclose()``). ``train()`` runs epochs on the run's step thread
-(``core.trainer.running.step_thread``); the event loop only schedules. Cancelling ``train()`` in any
+Creating a job checks its arguments, cheaply; entering builds the parts (process group
+included) in a worker thread, where the directories it writes are checked first (under
+``isolation="process"``: and what crosses into the training process); leaving releases them
+(``aclose()``). ``train()`` enters a job not entered yet: creating and starting a run leave
+the event loop's thread nothing to hash, pickle, build or write. ``train()`` runs epochs on
+the run's step thread (``core.trainer.running.step_thread``); the event loop only schedules.
+Cancelling ``train()`` in any
 way (an anyio cancel scope, ``task.cancel()``, ``asyncio.wait_for``, ``asyncio.timeout``,
 Ctrl-C under ``asyncio.run``) sets a stop flag: the thread finishes its optimizer step, a
 checkpoint is written (shielded; ``core.trainer.running.stopping``), the run is closed (``run_end``
@@ -18,6 +22,7 @@ with ``status="cancelled"``) and the cancellation propagates. With
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -25,7 +30,7 @@ from typing import Any
 
 import anyio
 from torch import nn
-from typing_extensions import Self
+from typing_extensions import Self, override
 
 from core.callbacks import Callback
 from core.config import TrainingConfig
@@ -35,7 +40,7 @@ from core.loop.step_function import StepFn
 from core.metrics import Metric, MetricFn
 from core.telemetry.events import EventHub, EventStream
 from core.telemetry.run_log import CurrentLog
-from core.trainer.assembly.arguments import check_runtime
+from core.trainer.assembly.arguments import check_directories, check_runtime
 from core.trainer.assembly.build import Parts, Runtime, build
 from core.trainer.assembly.optimization import OptimizerArgument, SchedulerArgument
 from core.trainer.epochs.cycle import RunCycle
@@ -49,6 +54,7 @@ from core.trainer.process.ranks import ranks_crossing
 from core.trainer.process.supervisor import TrainingProcess, warm_up
 from core.trainer.running.observers import Observers, with_default_callbacks
 from core.trainer.running.run import Run
+from core.trainer.running.starts import run_starts
 from core.trainer.state.results import TrainingResults
 
 __all__ = ("TrainingJob",)
@@ -65,6 +71,11 @@ class TrainingJob(JobViews):
     the records; a :class:`~core.console.ProgressBar` is added on rank 0 unless
     ``config.logging.progress`` is False or one is given. Bad arguments raise
     :class:`~core.errors.ConfigError` here, before anything is built.
+
+    Creation does only the cheap checks. The directories the run writes (``log_dir``,
+    ``checkpoint_dir``) and, under ``isolation="process"``, whether every object pickles are
+    checked where the run starts (:meth:`start`, ``async with``, ``train()``: in a worker
+    thread) and refused there with the same :class:`~core.errors.ConfigError`.
 
     ``training_step(model, batch)`` computes the loss in place of ``loss_fn`` (and may return
     values to log with it: ``core.loop.step_function``); ``validation_step`` evaluates
@@ -124,6 +135,11 @@ class TrainingJob(JobViews):
         self._running = False
         self._held_stop: str | None = None  # requested before this train()'s run existed
         self._stop_target: Callable[[str], None] | None = None  # the run in progress's
+        self._checked = False  # the directories and what crosses, where the run starts
+        self._build_on_demand = False
+        # A part read on the event loop's thread (a run the factory left to build) must wait
+        # for a build that start() runs meanwhile, not build a second set of parts.
+        self._building = threading.Lock()
 
     # -- the resource ---------------------------------------------------------------------
     async def __aenter__(self) -> Self:
@@ -139,21 +155,45 @@ class TrainingJob(JobViews):
         await self.aclose()
 
     async def start(self) -> None:
-        """Build the parts in a worker thread (idempotent; ``train()`` calls it). Under
-        ``isolation="process"`` the training process builds them: this starts the fork server
-        it is started from (``core.trainer.process.supervisor``)."""
+        """Check the directories the run writes and build the parts, in a worker thread
+        (idempotent; ``train()`` calls it). Under ``isolation="process"`` the training
+        process builds them: this checks what crosses (pickling its structure) and starts
+        the fork server it is started from (``core.trainer.process.supervisor``)."""
         if self._isolated:  # the fork server imports torch and core meanwhile
-            await anyio.to_thread.run_sync(warm_up)
+            await anyio.to_thread.run_sync(self._prepare_crossing, limiter=run_starts())
         elif self._parts is None:
-            await anyio.to_thread.run_sync(self.build)
+            await anyio.to_thread.run_sync(self.build, limiter=run_starts())
 
     def build(self) -> None:
-        """Build the parts now, in this thread (the synchronous factory calls this)."""
-        if not self._isolated:
+        """Do what :meth:`start` does, but now, in this thread, without starting the fork
+        server (the synchronous factory calls this outside an event loop)."""
+        if self._isolated:
+            self._check_crossing()
+        else:
             self._build_here()
 
+    def build_on_demand(self) -> None:
+        """Leave the build to :meth:`start` or ``train()`` (a worker thread), or to the first
+        read of a part (``run.optimizer``, ``run.describe()``), which builds it then, in the
+        reading thread: what the synchronous factory does inside a running event loop."""
+        self._build_on_demand = True
+
+    def _prepare_crossing(self) -> None:
+        self._check_crossing()
+        warm_up()
+
+    def _check_crossing(self) -> None:
+        if not self._checked:
+            assert self._crossing is not None
+            check_directories(self._config)
+            self._crossing.check_objects()
+            self._checked = True
+
     def _build_here(self) -> None:
-        if self._parts is None:
+        with self._building:
+            if self._parts is not None:
+                return
+            check_directories(self._config)
             self._parts = build(
                 self._config, self._runtime, emit=self._log.emit, report_error=self._log.error
             )
@@ -161,6 +201,13 @@ class TrainingJob(JobViews):
             self._parts.loop.schedule.add(self._cycle)  # validation and checkpoints, when due
             if self._parts.monitor is not None:  # the distribution's gpu_monitor reads the run's
                 self._parts.distribution.attach_monitor(self._parts.monitor)
+
+    @property
+    @override
+    def _built(self) -> Parts:
+        if self._parts is None and self._build_on_demand and not self._isolated:
+            self._build_here()
+        return super()._built
 
     async def aclose(self) -> None:
         """Release the process group this job created (in a worker thread)."""
@@ -258,21 +305,31 @@ class TrainingJob(JobViews):
         self._running = True
         try:
             if self._crossing is not None:
+                await self.start()  # what crosses is checked off this thread, before a process
                 return await self._train_in_a_process(self._crossing)
-            await self.start()
-            parts, cycle = self._built, self._cycle
+            run, description = await anyio.to_thread.run_sync(
+                self._new_run, self._observers(), limiter=run_starts()
+            )
+            cycle = self._cycle
             assert cycle is not None
-            run = Run(self._config, parts, cycle, self._hub, self._observers())
             self._stop_target = cycle.request_stop  # the run's own stop flag exists from here
             if self._held_stop is not None:
                 cycle.request_stop(self._held_stop)
-            results = await run.execute(self.describe(), on_open=self._opened)
+            results = await run.execute(description, on_open=self._opened)
             self._run_dir = results.run_dir  # None: a smoke run's directory, removed
             return results
         finally:
             self._running = False
             self._held_stop = None
             self._stop_target = None
+
+    def _new_run(self, observers: Observers) -> tuple[Run, dict[str, Any]]:
+        """The parts built (where not yet), a run of them and its description: in a worker
+        thread, where building and starting the run's step thread hold the interpreter lock
+        (a thread started on the event loop's thread blocks it until the new one runs)."""
+        self._build_here()
+        assert self._cycle is not None
+        return Run(self._config, self._built, self._cycle, self._hub, observers), self.describe()
 
     async def _train_in_a_process(self, crossing: Crossing) -> TrainingResults:
         self._child = ChildState()
@@ -286,6 +343,8 @@ class TrainingJob(JobViews):
             state=self._child,
             on_open=self._opened,
         )
+        if self._held_stop is not None:  # requested while what crosses was checked
+            child.request_stop(self._held_stop)
         try:
             results = await child.execute()
         finally:

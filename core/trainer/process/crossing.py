@@ -1,4 +1,4 @@
-"""What crosses into a training process (``run.isolation="process"``), checked at creation.
+"""What crosses into a training process (``run.isolation="process"``), checked before it starts.
 
 Each runtime object crosses either pickled (a module, a ``DataLoader`` over a dataset, an
 optimizer over the model's parameters: pickled together, so the optimizer still holds the
@@ -13,7 +13,8 @@ imported and called in each process that needs it. A factory name stands for:
 
 Anything else (a lambda, a class defined inside a function or in a ``__main__`` the training
 process cannot import, an open file, a lock) is a :class:`~core.errors.ConfigError` naming
-the argument and the fix.
+the argument and the fix: a name that cannot be imported when the run is created, an object
+that does not pickle when it starts (pickling is work the event loop's thread is spared).
 
 Example::
 
@@ -94,16 +95,21 @@ class Crossing:
         self.names = {k: v for k, v in given.items() if isinstance(v, str)}
         self.objects = {k: v for k, v in given.items() if not isinstance(v, str)}
 
-    def check(self) -> None:
-        """Raise :class:`ConfigError` naming the first object that cannot cross. Only the
-        structure is pickled (no tensor data: about 2 ms for a 58M-parameter model and its
-        optimizer), so creating a run stays cheap wherever it is created."""
+    def check_names(self) -> None:
+        """Raise :class:`ConfigError` naming the first factory name that cannot be imported
+        (cheap: where the run is created)."""
         for field, name in self.names.items():
             if not is_factory_name(name):
                 raise config_error(field, name, FORMAT)
             module = name.partition(":")[0]
             if importlib.util.find_spec(module.partition(".")[0]) is None:
                 raise config_error(field, name, FORMAT, f"no module {module!r} is importable.")
+
+    def check_objects(self) -> None:
+        """Raise :class:`ConfigError` naming the first object that cannot cross. Only the
+        structure is pickled (no tensor data: 2-15 ms for a 58M-parameter model and its
+        optimizer), but that holds the interpreter lock: a run does this where it starts (a
+        worker thread), not at creation."""
         for field, value in self.objects.items():
             if value is None:
                 continue
@@ -156,7 +162,8 @@ def _in_main(field: str, value: object, name: str) -> ConfigError:
 
 
 def crossing_for(config: Any, given: Mapping[str, Any]) -> Crossing | None:
-    """The checked crossing of a job with ``run.isolation="process"`` (None in thread mode).
+    """The crossing of a job with ``run.isolation="process"`` (None in thread mode), its
+    names checked (its objects are checked at the run's start: :meth:`Crossing.check_objects`).
 
     Under torchrun every rank is already a process of its own, started by torchrun; a second
     process per rank would only add a hop, so process isolation is refused there."""
@@ -172,7 +179,7 @@ def crossing_for(config: Any, given: Mapping[str, Any]) -> Crossing | None:
         )
     exit_if_importing_main()
     crossing = Crossing(given)
-    crossing.check()
+    crossing.check_names()
     return crossing
 
 

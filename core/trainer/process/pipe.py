@@ -87,8 +87,9 @@ class Sender:
 
 
 class Inbox:
-    """Reads every batch the training process sends, on a thread of its own, into
-    :attr:`messages`, and wakes the event loop that created it (``await inbox.wait()``).
+    """Reads every batch the training process sends, on a thread of its own (from
+    :meth:`start`), into :attr:`messages`, and wakes the event loop that created it (``await
+    inbox.wait()``).
 
     One reader for the whole run, so that a cancelled waiter never leaves a read half done,
     and nothing read is lost. The thread ends at end-of-file (the child's exit), appending
@@ -102,6 +103,11 @@ class Inbox:
         self._token = anyio.lowlevel.current_token()
         self._arrived = anyio.Event()
         self._thread = threading.Thread(target=self._read, name="core-pipe-reader", daemon=True)
+
+    def start(self) -> None:
+        """Start reading. Call it from a worker thread: a thread started from the event
+        loop's thread blocks that thread until the new one first holds the interpreter lock,
+        a switch interval or more while training threads hold it."""
         self._thread.start()
 
     async def wait(self) -> None:

@@ -26,6 +26,7 @@ How the ranks end:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -35,11 +36,13 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from multiprocessing import get_context
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
+
+from typing_extensions import override
 
 from core.config import TrainingConfig
 from core.distributed.devices import ranks_to_start
@@ -59,27 +62,53 @@ _STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def ranks_crossing(config: TrainingConfig, given: Mapping[str, Any]) -> Crossing | None:
-    """The checked crossing of a job whose ``train()`` starts ``devices=N`` ranks; None where
-    this process trains the job itself (no ``devices``, 1, or a rank already)."""
+    """The crossing of a job whose ``train()`` starts ``devices=N`` ranks, its names checked
+    (its objects at the run's start); None where this process trains the job itself (no
+    ``devices``, 1, or a rank already)."""
     devices = ranks_to_start(config.distributed, isolation=config.run.isolation)
     if devices is None:
         return None
     exit_if_importing_main()
-    crossing = Crossing(given)
-    try:
-        crossing.check()
-    except ConfigError as exc:  # the same check, worded for ranks
-        message = (
-            str(exc)
-            .replace("(isolation='process')", f"(devices={devices}: each rank rebuilds it)")
-            .replace(
-                "or use isolation='thread'", f"or run it under torchrun --nproc-per-node {devices}"
-            )
-        )
-        error = ConfigError(message)
-        error.field = exc.field
-        raise error from None
+    crossing = _RanksCrossing(given, devices)
+    crossing.check_names()
     return crossing
+
+
+class _RanksCrossing(Crossing):
+    """What crosses into the launcher of ``devices`` ranks: the same checks, their refusals
+    worded for ranks."""
+
+    def __init__(self, given: Mapping[str, Any], devices: int) -> None:
+        super().__init__(given)
+        self.devices = devices
+
+    @override
+    def check_names(self) -> None:
+        with self._worded():
+            super().check_names()
+
+    @override
+    def check_objects(self) -> None:
+        with self._worded():
+            super().check_objects()
+
+    @contextlib.contextmanager
+    def _worded(self) -> Iterator[None]:
+        try:
+            yield
+        except ConfigError as exc:
+            devices = self.devices
+            message = (
+                str(exc)
+                .replace("(isolation='process')", f"(devices={devices}: each rank rebuilds it)")
+                .replace(
+                    "or use isolation='thread'",
+                    f"or run it under torchrun --nproc-per-node {devices}",
+                )
+            )
+            error = ConfigError(message)
+            error.field = exc.field
+            raise error from None
 
 
 def entry_point(config: TrainingConfig) -> Callable[..., None]:

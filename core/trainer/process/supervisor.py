@@ -59,6 +59,7 @@ from core.trainer.process.shared import Packed
 from core.trainer.process.watch import ExitStatus, WatchedProcess, subreaper
 from core.trainer.running.observers import Observers
 from core.trainer.running.placement import escalate, kill_if_silent, until_released
+from core.trainer.running.starts import run_starts
 from core.trainer.state.results import TrainingResults
 
 __all__ = ("TrainingProcess", "start_method", "warm_up")
@@ -91,6 +92,13 @@ def warm_up() -> None:
     """Start the fork server now (a worker thread's call; it imports in the background)."""
     start_method()
     multiprocessing.forkserver.ensure_running()
+
+
+def _start(process: multiprocessing.process.BaseProcess, inbox: Inbox) -> None:
+    """Start the training process, then the thread reading its records (in a worker thread:
+    see :meth:`Inbox.start`)."""
+    process.start()
+    inbox.start()
 
 
 class _Child:
@@ -171,7 +179,9 @@ class TrainingProcess:
         try:
             if cancelled.is_set():
                 return None
-            self.packed = packed = await anyio.to_thread.run_sync(self.crossing.pack, self.model)
+            self.packed = packed = await anyio.to_thread.run_sync(
+                self.crossing.pack, self.model, limiter=run_starts()
+            )
             opened.callback(packed.release)  # last: once the child that maps it is gone
             if cancelled.is_set():
                 return None  # cancelled before the start: the child is never started
@@ -187,16 +197,17 @@ class TrainingProcess:
                 name="core-training",
                 args=(self.job_class, self.config, packed, control_in, records_out, threads),
             )
+            inbox = Inbox(records_in)
             subreaper.acquire()  # before the start: a fork server that dies leaves its child here
             opened.callback(subreaper.release)
             # Run to its end even when cancelled meanwhile: the child then exists, and is told.
-            await anyio.to_thread.run_sync(process.start)
+            await anyio.to_thread.run_sync(_start, process, inbox, limiter=run_starts())
             watched = WatchedProcess(process)
             opened.callback(watched.release)  # first: killed if still running, then let go
             self.state.pid = watched.pid
             control_in.close()  # the child's ends: end-of-file here once the child is gone
             records_out.close()
-            child = _Child(watched, Inbox(records_in), control_out)
+            child = _Child(watched, inbox, control_out)
             await self._relay_to_the_end(child, cancelled)
             status = await anyio.to_thread.run_sync(watched.exit_status)
             if cancelled.is_set():

@@ -30,12 +30,18 @@ async def drain_periodically(log: RunLog, interval_s: float) -> None:
     """
     while not log.wrote_a_step:
         await anyio.sleep(min(interval_s, _UNTIL_THE_FIRST_STEP_S))
-        await anyio.to_thread.run_sync(log.drain)
-        log.wake_consumers()
+        await _drain(log)
     while True:
         await anyio.sleep(interval_s)
+        await _drain(log)
+
+
+async def _drain(log: RunLog) -> None:
+    # Nothing queued (a run still building, a step thread that drained itself): no thread
+    # hop, which costs the loop's thread more than the glance, ten runs starting at once.
+    if log.queued:
         await anyio.to_thread.run_sync(log.drain)
-        log.wake_consumers()
+    log.wake_consumers()
 
 
 class WaitsForData(Protocol):
