@@ -53,6 +53,7 @@ from core.trainer.process.crossing import Crossing, crossing_for, resolve
 from core.trainer.process.ranks import ranks_crossing
 from core.trainer.process.supervisor import TrainingProcess, warm_up
 from core.trainer.running.observers import Observers, with_default_callbacks
+from core.trainer.running.placement import until_released
 from core.trainer.running.run import Run
 from core.trainer.running.starts import run_starts
 from core.trainer.state.results import TrainingResults
@@ -307,9 +308,7 @@ class TrainingJob(JobViews):
             if self._crossing is not None:
                 await self.start()  # what crosses is checked off this thread, before a process
                 return await self._train_in_a_process(self._crossing)
-            run, description = await anyio.to_thread.run_sync(
-                self._new_run, self._observers(), limiter=run_starts()
-            )
+            run, description = await until_released(self._start_run)
             cycle = self._cycle
             assert cycle is not None
             self._stop_target = cycle.request_stop  # the run's own stop flag exists from here
@@ -322,6 +321,17 @@ class TrainingJob(JobViews):
             self._running = False
             self._held_stop = None
             self._stop_target = None
+
+    async def _start_run(self, cancelled: anyio.Event) -> tuple[Run, dict[str, Any]] | None:
+        """A run of this job, made in a worker thread that a cancellation never leaves
+        behind: cancelled meanwhile, its idle step thread is let go and None returned."""
+        run, description = await anyio.to_thread.run_sync(
+            self._new_run, self._observers(), limiter=run_starts()
+        )
+        if cancelled.is_set():
+            run.worker.close()
+            return None
+        return run, description
 
     def _new_run(self, observers: Observers) -> tuple[Run, dict[str, Any]]:
         """The parts built (where not yet), a run of them and its description: in a worker
