@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.torchrun import SCENARIOS, torchrun
+
+# Started in the background by a shell (`make test &`), pytest inherits SIGINT ignored, and
+# every program a test starts would too: its Ctrl-C, which the tests send, would do nothing.
+# A Python handler here is reset to the default in each program started.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(params=["asyncio", "trio"])
