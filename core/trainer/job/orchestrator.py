@@ -134,6 +134,7 @@ class TrainingJob(JobViews):
         self._cycle: RunCycle | None = None
         self._process: TrainingProcess | None = None
         self._running = False
+        self._open_listeners: list[Callable[[Path], None]] = []
         self._held_stop: str | None = None  # requested before this train()'s run existed
         self._stop_target: Callable[[str], None] | None = None  # the run in progress's
         self._checked = False  # the directories and what crosses, where the run starts
@@ -372,5 +373,14 @@ class TrainingJob(JobViews):
             grace_s=self._config.logging.callback_grace_s,
         )
 
+    def when_opened(self, listener: Callable[[Path], None]) -> None:
+        """Call ``listener`` with the run's directory as soon as each ``train()`` has opened
+        it, on the event loop's thread, before any of its records reaches a callback (how a
+        training process tells its service at once: an ``on_run_start`` hook may come after
+        the process has died)."""
+        self._open_listeners.append(listener)
+
     def _opened(self, run_dir: Path) -> None:
         self._run_dir = run_dir
+        for listener in self._open_listeners:
+            listener(run_dir)

@@ -57,13 +57,16 @@ the service's event loop is scheduled first (alone, training runs at full speed)
 
 
 class Relay(Callback):
-    """Forwards every record, and the run's directory once it exists, to the parent."""
+    """Forwards every record, and the run's directory once it exists (:meth:`follow`), to
+    the parent."""
 
     def __init__(self, sender: Sender) -> None:
         self._sender = sender
 
-    async def on_run_start(self, run: RunInfo, record: Record) -> None:
-        self._sender.put(("opened", record["run_dir"]))
+    def follow(self, job: Any) -> None:
+        """Tell the parent ``job``'s run directory as the run opens it, before its records:
+        a process that dies at its first steps has then said whose checkpoints are whose."""
+        job.when_opened(lambda run_dir: self._sender.put(("opened", str(run_dir))))
 
     async def on_record(self, run: RunInfo, record: Record) -> None:
         self._sender.put(("records", [record]))
@@ -156,7 +159,9 @@ async def _train(
     beat = asyncio.create_task(_heartbeat(sender))
     try:
         objects = Crossing.unpack(packed)
-        job = job_class(training_config(config), callbacks=[Relay(sender)], **objects)
+        relay = Relay(sender)
+        job = job_class(training_config(config), callbacks=[relay], **objects)
+        relay.follow(job)
         job.isolation = crossed(packed, "process")
         try:
             results = await job.train()  # this process's first await (see request_stop)

@@ -83,8 +83,11 @@ async def _train_rank(
     sender = Sender(records) if rank == 0 else None
     try:
         objects = Crossing.unpack(packed, private=True)  # each rank trains its own copy
-        callbacks = [child.Relay(sender)] if sender is not None else []
+        relay = None if sender is None else child.Relay(sender)
+        callbacks = [] if relay is None else [relay]
         job = job_class(child.training_config(config), callbacks=callbacks, **objects)
+        if relay is not None:
+            relay.follow(job)
         job.isolation = child.crossed(packed, f"rank {rank} of {config.distributed.devices}")
         if rank == 0:  # requests reach the job on this event loop, once train() has begun
             _take_stop_requests(stops, loop, job.request_stop)
