@@ -526,12 +526,14 @@ def label(spec: str) -> str:
     return f"{count} bare torch loop{'s' if count > 1 else ''} in thread{'s' if count > 1 else ''}"
 
 
-def run_isolated(spec: str, argv: Sequence[str]) -> dict[str, Any]:
-    """Run one scenario in a fresh interpreter (the same options; ``--only`` wins over
-    ``--scenarios`` there) and return its result."""
-    with tempfile.TemporaryDirectory(prefix="responsiveness-result-") as tmp:
+def run_isolated(
+    spec: str, argv: Sequence[str], module: str = "benchmarks.responsiveness"
+) -> dict[str, Any]:
+    """Run one scenario of ``module`` in a fresh interpreter (the same options; ``--only``
+    wins over ``--scenarios`` there) and return its result."""
+    with tempfile.TemporaryDirectory(prefix="benchmark-result-") as tmp:
         out = Path(tmp) / "result.json"
-        command = [sys.executable, "-m", "benchmarks.responsiveness", *argv]
+        command = [sys.executable, "-m", module, *argv]
         command += ["--only", spec, "--result-file", str(out)]
         subprocess.run(command, cwd=ROOT, check=True)
         result: dict[str, Any] = json.loads(out.read_text())

@@ -43,7 +43,6 @@ import json
 import os
 import pstats
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -59,7 +58,13 @@ from torch.utils.data import DataLoader
 
 import core
 from benchmarks.machine_load import DISTURBED_CORES, OtherLoad
-from benchmarks.responsiveness import Heartbeat, StallSampler, latency_summary, print_stalls
+from benchmarks.responsiveness import (
+    Heartbeat,
+    StallSampler,
+    latency_summary,
+    print_stalls,
+    run_isolated,
+)
 from core import (
     Callback,
     LoggingConfig,
@@ -226,17 +231,6 @@ async def measure(mode: str, how: str, args: argparse.Namespace) -> dict[str, An
     }
 
 
-def run_isolated(spec: str, argv: Sequence[str]) -> dict[str, Any]:
-    """One scenario in a fresh interpreter, with the same options."""
-    with tempfile.TemporaryDirectory(prefix="service-start-result-") as tmp:
-        out = Path(tmp) / "result.json"
-        command = [sys.executable, "-m", "benchmarks.service_start", *argv]
-        command += ["--only", spec, "--result-file", str(out)]
-        subprocess.run(command, cwd=ROOT, check=True)
-        result: dict[str, Any] = json.loads(out.read_text())
-        return result
-
-
 def goal(window: dict[str, Any]) -> str:
     met = window["p99_ms"] <= GOAL_P99_MS and window["worst_ms"] <= GOAL_WORST_MS
     return "met" if met else "NOT met"
@@ -309,7 +303,9 @@ def main() -> None:
             tries = []
             for attempt in range(1 + args.retries):
                 print(f"running {mode}:{how}{f' (again, {attempt})' if attempt else ''} ...")
-                tries.append(run_isolated(f"{mode}:{how}", sys.argv[1:]))
+                tries.append(
+                    run_isolated(f"{mode}:{how}", sys.argv[1:], "benchmarks.service_start")
+                )
                 if (tries[-1].get("other_load_cores") or 0.0) <= DISTURBED_CORES:
                     break
             results.append(min(tries, key=lambda r: r.get("other_load_cores") or 0.0))

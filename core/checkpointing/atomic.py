@@ -153,7 +153,8 @@ def last_target(directory: Path) -> str | None:
     return None
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host is alive (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -164,7 +165,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _gone(host: str, pid: str) -> bool:
-    return host == socket.gethostname() and not _pid_alive(int(pid))
+    return host == socket.gethostname() and not pid_alive(int(pid))
 
 
 def sweep(directory: Path) -> list[Path]:

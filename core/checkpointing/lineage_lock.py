@@ -38,6 +38,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.checkpointing.atomic import pid_alive
+
 __all__ = ("Holder", "LineageLock", "holder_of", "sweep_locks")
 
 _PREFIX, _SUFFIX = ".lineage-", ".lock"
@@ -66,7 +68,7 @@ class Holder:
         (the file is held by a sweeper, or by a new holder that has not written it yet)."""
         if self.pid is None or self.host is None:
             return True
-        return self.host == socket.gethostname() and not _alive(self.pid)
+        return self.host == socket.gethostname() and not pid_alive(self.pid)
 
 
 _HELD: dict[tuple[str, str], Holder] = {}
@@ -75,16 +77,6 @@ apart even where the file system's lock is per process."""
 _HELD_GUARD = threading.Lock()
 _OPEN: set[int] = set()
 """The file descriptors of the locks this process holds (closed in a forked child)."""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _forget_in_child() -> None:
