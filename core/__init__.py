@@ -22,12 +22,20 @@ from core.checkpointing.config import CheckpointConfig
 from core.checkpointing.lineage import CheckpointInfo, Checkpoints
 from core.checkpointing.model_loading import load_model
 from core.checkpointing.weights import LoadedWeights, load_weights
-from core.config import DataConfig, EarlyStoppingConfig, OptimConfig, RunConfig, TrainingConfig
+from core.config import (
+    DataConfig,
+    EarlyStoppingConfig,
+    OptimConfig,
+    RayConfig,
+    RunConfig,
+    TrainingConfig,
+)
 from core.console import ProgressBar, summarize_model
 from core.data import CachedDataset, DevicePrefetcher, LoaderConfig, create_dataloader
 from core.errors import (
     BatchFormatError,
     CheckpointError,
+    ClusterStartTimeout,
     ConfigError,
     CoreError,
     DistributedTimeoutError,
@@ -105,6 +113,7 @@ __all__ = (
     "Callback",
     "CheckpointConfig",
     "CheckpointError",
+    "ClusterStartTimeout",
     "CheckpointInfo",
     "Checkpoints",
     "ConfigError",
@@ -157,6 +166,7 @@ __all__ = (
     "OutOfMemoryError",
     "Perplexity",
     "ProgressBar",
+    "RayConfig",
     "RunConfig",
     "RunInfo",
     "SignalReceived",

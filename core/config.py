@@ -35,11 +35,19 @@ from core.loop.recovery import ErrorHandlerConfig
 from core.memory.config import MemoryConfig
 from core.monitoring.config import GPUMonitorConfig
 from core.precision.config import LossScalerConfig, MixedPrecisionConfig
+from core.ray_config import RayConfig
 from core.run_config import RunConfig
 from core.telemetry.config import LoggingConfig
 from core.transforms.config import ModelTransformsConfig
 
-__all__ = ("DataConfig", "EarlyStoppingConfig", "OptimConfig", "RunConfig", "TrainingConfig")
+__all__ = (
+    "DataConfig",
+    "EarlyStoppingConfig",
+    "OptimConfig",
+    "RayConfig",
+    "RunConfig",
+    "TrainingConfig",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,6 +179,7 @@ class TrainingConfig:
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     monitor: GPUMonitorConfig = field(default_factory=GPUMonitorConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self) -> None:
         for section in fields(self):
@@ -287,4 +296,6 @@ def _plain(value: object) -> object:
         return value
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
+    if isinstance(value, dict):  # a leaf that is a mapping of its own (ray.runtime_env)
+        return {str(k): _plain(v) for k, v in value.items()}
     return str(value)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 __all__ = (
     "BatchFormatError",
     "CheckpointError",
+    "ClusterStartTimeout",
     "ConfigError",
     "CoreError",
     "DistributedTimeoutError",
@@ -255,6 +256,39 @@ class TrainingProcessDied(CoreError, RuntimeError):
         else:
             kept = f"no checkpoint was written yet; {resume} starts over"
         return f"{self.args[0]} {kept}."
+
+
+class ClusterStartTimeout(CoreError, TimeoutError):
+    """Raised by ``train()`` under ``run.isolation="ray"`` when the cluster did not give the
+    run what it asked for (``asked``: per actor) within ``ray.start_timeout_s``: no node has
+    it (a GPU asked of a CPU-only cluster), or other work holds it. Nothing was trained."""
+
+    def __init__(
+        self,
+        asked: dict[str, float],
+        timeout_s: float,
+        *,
+        total: dict[str, float],
+        free: dict[str, float],
+    ) -> None:
+        self.asked, self.timeout_s, self.total, self.free = asked, timeout_s, total, free
+        never = any(amount > total.get(name, 0.0) for name, amount in asked.items())
+        why = (
+            "no node of the cluster has that much"
+            if never
+            else "other work holds it (it would start once freed)"
+        )
+        super().__init__(
+            f"the run waited ray.start_timeout_s ({timeout_s:g} s) for an actor with "
+            f"{_amounts(asked)}; the cluster has {_amounts(total)} ({_amounts(free)} free): "
+            f"{why}. Fix: ask for less (ray.num_cpus, ray.num_gpus), add a node that has it "
+            "(ray start --address=...), or raise ray.start_timeout_s (None: wait as long as "
+            "it takes)."
+        )
+
+
+def _amounts(resources: dict[str, float]) -> str:
+    return ", ".join(f"{amount:g} {name}" for name, amount in resources.items())
 
 
 _RAISED_IN = "core_raised_in"

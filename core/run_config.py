@@ -42,7 +42,9 @@ class RunConfig:
     warning record, repeated with backoff.
 
     ``isolation``: the step loop runs in a worker thread (``"thread"``) or in a supervised
-    child process (``"process"``: a service that must never flinch; ``core.trainer.process``).
+    child process (``"process"``: a service that must never flinch; ``core.trainer.process``)
+    or in an actor of a Ray cluster (``"ray"``, placed as the ``ray`` section says:
+    ``core.trainer.cluster``).
 
     ``limit_train_batches`` caps the batches each epoch trains on (``limit_val_batches``: each
     validation evaluates): an int ``n`` takes the loader's first ``n`` batches, a float in
@@ -81,7 +83,7 @@ class RunConfig:
     stop_grace_s: float = 30.0
     loader_grace_s: float = 1.0
     data_stall_warn_s: float = 10.0
-    isolation: Literal["thread", "process"] = "thread"
+    isolation: Literal["thread", "process", "ray"] = "thread"
     fast_dev_run: bool | int = False
     keep_fast_dev_run_files: bool = False
     limit_train_batches: int | float | None = None
@@ -111,12 +113,13 @@ class RunConfig:
             seconds = getattr(self, name)
             if not (is_finite_number(seconds) and seconds > 0):
                 raise config_error(name, seconds, "a finite number of seconds > 0")
-        if self.isolation not in ("thread", "process"):
+        if self.isolation not in ("thread", "process", "ray"):
             raise config_error(
                 "isolation",
                 self.isolation,
-                "'thread' or 'process'",
-                "use 'process' to train in a child process a service's event loop never waits on.",
+                "'thread', 'process' or 'ray'",
+                "use 'process' to train in a child process a service's event loop never waits on, "
+                "'ray' to train on a Ray cluster (the config's ray section).",
             )
         self._check_smoke_run()
 

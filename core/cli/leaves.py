@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import inspect
 import re
 import types
@@ -112,6 +113,8 @@ def _describe_kind(kind: Any) -> str:
         return f"comma-separated values ({inner})"
     if origin is Callable or kind is Any:
         return "an import path 'package.module:name'"
+    if origin is dict or kind is dict:
+        return "a JSON object"
     return getattr(kind, "__name__", str(kind))
 
 
@@ -141,6 +144,12 @@ def _convert(kind: Any, text: str) -> object:
             return import_object(text)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+    if origin is dict or kind is dict:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return _NO
+        return value if isinstance(value, dict) else _NO
     return _NO
 
 
@@ -266,6 +275,8 @@ def plain(value: object) -> object:
         return str(value).removeprefix("torch.")
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, Path):
         return str(value)
     name = getattr(value, "__qualname__", None)

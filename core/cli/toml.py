@@ -93,6 +93,8 @@ def _value(value: object) -> str:
         return "true" if shown else "false"
     if isinstance(shown, list):
         return "[" + ", ".join(_value(v) for v in shown) + "]"
+    if isinstance(shown, dict):  # an inline table (ray.runtime_env)
+        return "{" + ", ".join(f"{json.dumps(k)} = {_value(v)}" for k, v in shown.items()) + "}"
     if isinstance(shown, (int, float)):
         return repr(shown)
     return json.dumps(str(shown))

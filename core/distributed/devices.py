@@ -50,7 +50,7 @@ def ranks_to_start(config: MultiGPUConfig, *, isolation: str = "thread") -> int 
                 "ranks already), or run the script with python and devices=N instead.",
             )
         return None
-    if devices == 1:
+    if devices == 1 or isolation == "ray":  # ray: the run's actor starts its ranks
         return None
     if isolation == "process":
         raise config_error(

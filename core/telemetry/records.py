@@ -35,6 +35,7 @@ __all__ = (
     "MonitorFieldUnsupported",
     "NonfiniteSkipped",
     "OomRecovered",
+    "Pending",
     "PrecisionFallback",
     "Profile",
     "RECORDS",
@@ -321,6 +322,18 @@ class RunEnd(Common):
     run_dir: Annotated[str | None, "the run's directory (null: a fast_dev_run's, removed)"]
 
 
+class Pending(Common):
+    """Under run.isolation='ray', while the run waits for the cluster to give it its actors
+    (after 1 s, then every 10 s): run_id is empty, the run has not opened yet."""
+
+    waiting_for: Annotated[str, "resources (not free now), or its actor to start"]
+    asked: Annotated[dict[str, float], "what each actor asks for: CPU, GPU"]
+    free: Annotated[dict[str, float], "the cluster's CPUs and GPUs free now"]
+    total: Annotated[dict[str, float], "the cluster's CPUs and GPUs in all"]
+    waited_s: Annotated[float, "seconds waited so far"]
+    start_timeout_s: Annotated[float | None, "when waiting becomes an error (null: never)"]
+
+
 class Profile(Common):
     """Once, when the profile_steps window completes: a torch.profiler trace was written."""
 
@@ -332,6 +345,7 @@ class Profile(Common):
 
 
 RECORDS: dict[str, type] = {
+    "pending": Pending,
     "run_start": RunStart,
     "fresh_start": FreshStart,
     "resumed": Resumed,

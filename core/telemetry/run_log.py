@@ -43,7 +43,7 @@ import structlog
 
 from core.telemetry.events import EventHub
 
-__all__ = ("CurrentLog", "RunLog", "new_run_id")
+__all__ = ("CurrentLog", "RunLog", "new_run_id", "record_before_the_run")
 
 _MAX_QUEUED = 10_000
 _CHUNK = 64  # records rendered between two chances for other threads to run
@@ -69,6 +69,13 @@ def _json_default(value: Any) -> Any:
 @functools.lru_cache(maxsize=4)
 def _iso_second(second: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+
+
+def record_before_the_run(event: str, **fields: Any) -> dict[str, Any]:
+    """An ``info`` record about a run that has not opened yet (its ``run_id`` empty): what
+    its service says while it waits for the run's resources (``pending``)."""
+    common = {"event": event, "ts": _iso(time.time()), "level": "info", "run_id": "", "rank": 0}
+    return common | fields
 
 
 def _iso(ts: float) -> str:

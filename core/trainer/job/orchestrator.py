@@ -43,6 +43,8 @@ from core.telemetry.run_log import CurrentLog
 from core.trainer.assembly.arguments import check_directories, check_runtime
 from core.trainer.assembly.build import Parts, Runtime, build
 from core.trainer.assembly.optimization import OptimizerArgument, SchedulerArgument
+from core.trainer.cluster.connection import require_ray
+from core.trainer.cluster.placement import RayRun
 from core.trainer.epochs.cycle import RunCycle
 from core.trainer.job.benchmark import benchmark_performance, optimal_batch_size
 from core.trainer.job.inference import evaluate_with, predict_with
@@ -51,7 +53,7 @@ from core.trainer.job.views import JobViews
 from core.trainer.process.child_state import ChildState
 from core.trainer.process.crossing import Crossing, crossing_for, resolve
 from core.trainer.process.ranks import ranks_crossing
-from core.trainer.process.supervisor import TrainingProcess, warm_up
+from core.trainer.process.supervisor import TrainingProcess
 from core.trainer.running.observers import Observers, with_default_callbacks
 from core.trainer.running.placement import until_released
 from core.trainer.running.run import Run
@@ -123,7 +125,13 @@ class TrainingJob(JobViews):
             model_factory=factory_of(model),
         )
         check_runtime(runtime, config, callbacks)
+        if config.run.isolation == "ray":
+            require_ray()
         self._crossing = ranks_crossing(config, given) or crossing_for(config, given)
+        self._placement: type[TrainingProcess] | type[RayRun] = (
+            RayRun if config.run.isolation == "ray" else TrainingProcess
+        )
+        """Where an isolated job trains: a training process (its ranks), or a Ray actor."""
         super().__init__(config, runtime, isolated=self._crossing is not None)
         self.isolation: dict[str, Any] = {"mode": config.run.isolation}
         """Where this job trains and how its objects got there (``run_start``'s
@@ -132,7 +140,7 @@ class TrainingJob(JobViews):
         self._hub = EventHub()
         self._log = CurrentLog()
         self._cycle: RunCycle | None = None
-        self._process: TrainingProcess | None = None
+        self._process: TrainingProcess | RayRun | None = None
         self._running = False
         self._open_listeners: list[Callable[[Path], None]] = []
         self._held_stop: str | None = None  # requested before this train()'s run existed
@@ -182,7 +190,7 @@ class TrainingJob(JobViews):
 
     def _prepare_crossing(self) -> None:
         self._check_crossing()
-        warm_up()
+        self._placement.prepare(self._config)
 
     def _check_crossing(self) -> None:
         if not self._checked:
@@ -344,7 +352,7 @@ class TrainingJob(JobViews):
 
     async def _train_in_a_process(self, crossing: Crossing) -> TrainingResults:
         self._child = ChildState()
-        self._process = child = TrainingProcess(
+        self._process = child = self._placement(
             type(self),
             self._config,
             crossing,

@@ -50,6 +50,12 @@ class JobViews:
         return self._config
 
     @property
+    def trains_here(self) -> bool:
+        """Whether this process trains the job (False where a training process, the ranks
+        of ``devices=N`` or a Ray actor train it: the parts are built there)."""
+        return not self._isolated
+
+    @property
     def rank(self) -> int:
         return 0 if self._isolated else self._built.strategy.rank
 

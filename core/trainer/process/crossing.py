@@ -91,9 +91,13 @@ class Crossing:
     as given, everything else pickled in one piece (shared objects stay shared), its tensors
     through shared memory (``core.trainer.process.shared``)."""
 
-    def __init__(self, given: Mapping[str, Any]) -> None:
+    def __init__(
+        self, given: Mapping[str, Any], into: str = "the training process (isolation='process')"
+    ) -> None:
         self.names = {k: v for k, v in given.items() if isinstance(v, str)}
         self.objects = {k: v for k, v in given.items() if not isinstance(v, str)}
+        self.into = into
+        """Where the objects cross into, as the errors say it."""
 
     def check_names(self) -> None:
         """Raise :class:`ConfigError` naming the first factory name that cannot be imported
@@ -116,9 +120,9 @@ class Crossing:
             try:
                 unimportable = structure_of(value)
             except Exception as exc:
-                raise _cannot_cross(field, value, exc) from exc
+                raise _cannot_cross(field, value, exc, self.into) from exc
             if unimportable:
-                raise _in_main(field, value, unimportable[0])
+                raise _in_main(field, value, unimportable[0], self.into)
 
     def pack(self, model: Any) -> Packed:
         """What crosses, with ``model``'s state dict laid out for the way back (call it off
@@ -134,10 +138,10 @@ class Crossing:
         return {**objects, **names}
 
 
-def _cannot_cross(field: str, value: object, exc: Exception) -> ConfigError:
+def _cannot_cross(field: str, value: object, exc: Exception, into: str) -> ConfigError:
     shown = repr(value) if len(repr(value)) <= 80 else f"<{type(value).__qualname__} object>"
     error = ConfigError(
-        f"{field}={shown} cannot cross into the training process (isolation='process'): it "
+        f"{field}={shown} cannot cross into {into}: it "
         f"does not pickle ({type(exc).__name__}: {exc}); allowed: an object that pickles, or "
         f"a factory named {FORMAT}. Fix: define it at module level (no lambda, local class, "
         f"open file or lock), pass {field}='mypackage.module:make_{field}', or use "
@@ -147,10 +151,10 @@ def _cannot_cross(field: str, value: object, exc: Exception) -> ConfigError:
     return error
 
 
-def _in_main(field: str, value: object, name: str) -> ConfigError:
+def _in_main(field: str, value: object, name: str, into: str) -> ConfigError:
     shown = repr(value) if len(repr(value)) <= 80 else f"<{type(value).__qualname__} object>"
     error = ConfigError(
-        f"{field}={shown} cannot cross into the training process (isolation='process'): it "
+        f"{field}={shown} cannot cross into {into}: it "
         f"needs {name}, defined in __main__, which that process cannot import (this program "
         "runs from python -c, standard input, or an interactive session or notebook); "
         f"allowed: classes and functions of an importable module, or a factory named "
@@ -162,25 +166,33 @@ def _in_main(field: str, value: object, name: str) -> ConfigError:
 
 
 def crossing_for(config: Any, given: Mapping[str, Any]) -> Crossing | None:
-    """The crossing of a job with ``run.isolation="process"`` (None in thread mode), its
-    names checked (its objects are checked at the run's start: :meth:`Crossing.check_objects`).
+    """The crossing of a job with ``run.isolation="process"`` or ``"ray"`` (None in thread
+    mode), its names checked (its objects are checked at the run's start:
+    :meth:`Crossing.check_objects`). Under ``"ray"`` Ray must be importable.
 
     Under torchrun every rank is already a process of its own, started by torchrun; a second
     process per rank would only add a hop, so process isolation is refused there."""
-    if config.run.isolation != "process":
+    isolation = config.run.isolation
+    if isolation == "thread":
         return None
     if DistributedEnvironment.from_environ() is not None:
         raise config_error(
             "run.isolation",
-            "process",
+            isolation,
             "'thread' under torchrun",
             "under torchrun each rank is already its own process; use isolation='thread' "
             "(the default) there.",
         )
     exit_if_importing_main()
-    crossing = Crossing(given)
+    crossing = Crossing(given, _INTO[isolation])
     crossing.check_names()
     return crossing
+
+
+_INTO = {
+    "process": "the training process (isolation='process')",
+    "ray": "the run's Ray actor (isolation='ray')",
+}
 
 
 def exit_if_importing_main() -> None:

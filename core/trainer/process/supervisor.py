@@ -162,6 +162,11 @@ class TrainingProcess:
         self.cancelled: anyio.Event | None = None
         """Set once this ``train()`` is cancelled (``core.trainer.running.placement``)."""
 
+    @staticmethod
+    def prepare(config: TrainingConfig) -> None:
+        """Before the first run: start the fork server (a worker thread's call)."""
+        warm_up()
+
     async def execute(self) -> TrainingResults:
         """Start the child, relay it to its end, and return or raise as it ended. Cancelled,
         however and whenever, the child is never started or is stopped and waited for, and

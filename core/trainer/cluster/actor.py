@@ -1,0 +1,226 @@
+"""A run's home on a Ray cluster: the actor that trains one job at a time, in Ray's worker.
+
+The job trains here exactly as in thread mode (its ``devices=N`` ranks, if any, started
+here by core's own launcher), on the actor's event loop. Everything it says crosses back as
+the items of one streaming call (:meth:`RunActor.train`), in order, batched as a training
+process's pipe batches them (``core.trainer.process.pipe``): ``("records", [...])``,
+``("opened", run_dir)``, ``("alive",)`` each second without anything else, and one
+``("ended", how, detail)`` last (``completed`` with the results and the trained weights,
+which travel through Ray's object store; ``failed`` with the error; ``cancelled`` with the
+last checkpoint). The service steers with two other calls, which an async actor runs
+beside the stream: :meth:`RunActor.request_stop` and :meth:`RunActor.cancel`.
+
+The service renews the actor's lease every second (:meth:`RunActor.renew`). An actor not
+renewed for ``service_lease_s`` has lost its service: its run is cancelled (the stop
+checkpoint written at the next step boundary, as when the service cancels), and once that
+has ended, or at once when idle, the actor exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core.config import TrainingConfig
+from core.trainer.process.child import HEARTBEAT_S, Relay
+from core.trainer.process.pipe import Message
+
+__all__ = ("RunActor", "actor_config")
+
+_LEASE_CHECK_S = 1.0
+
+
+def actor_config(config: TrainingConfig) -> TrainingConfig:
+    """The service's config as the actor trains it: in a step thread of its own, with no
+    signal handlers (the actor's event loop is not on its process's main thread) and no
+    progress bar (the service's callbacks draw one)."""
+    run = replace(config.run, isolation="thread", handle_signals=False)
+    return replace(config, run=run, logging=replace(config.logging, progress=False))
+
+
+class _Outbox:
+    """What the run says, waiting for the stream's next item (``put`` from any thread)."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._messages: deque[Message] = deque()
+        self.arrived = asyncio.Event()
+
+    def put(self, message: Message) -> None:
+        self._messages.append(message)
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            self.arrived.set()
+        else:
+            self._loop.call_soon_threadsafe(self.arrived.set)
+
+    def take(self) -> list[Message]:
+        """Everything said since the last take, records of consecutive messages joined."""
+        self.arrived.clear()
+        batch: list[Message] = []
+        while self._messages:
+            message = self._messages.popleft()
+            if message[0] == "records" and batch and batch[-1][0] == "records":
+                batch[-1] = ("records", [*batch[-1][1], *message[1]])
+            else:
+                batch.append(message)
+        return batch
+
+
+class RunActor:
+    """Trains one job at a time for a service, on a Ray cluster (see the module's text).
+
+    ``service_lease_s``: how long the actor waits for its service to renew its lease;
+    ``threads``: ``torch.set_num_threads`` here (the CPUs the actor was given)."""
+
+    def __init__(self, service_lease_s: float, threads: int) -> None:
+        torch.set_num_threads(max(1, threads))
+        self._lease_s = service_lease_s
+        self._renewed = time.monotonic()
+        self._watchdog: asyncio.Task[None] | None = None
+        self._training: asyncio.Task[None] | None = None
+        self._job: Any = None
+        self._held_stop: str | None = None
+        self._cancelled = False
+
+    async def ready(self) -> dict[str, Any]:
+        """Where this actor runs (the service's first call: it returns once the actor exists)."""
+        self.renew()
+        if self._watchdog is None:
+            self._watchdog = asyncio.create_task(self._watch_lease())
+        return {"host": socket.gethostname(), "pid": os.getpid(), **_node()}
+
+    def renew(self) -> None:
+        """The service is still there (it calls this every second)."""
+        self._renewed = time.monotonic()
+
+    async def read_markers(self, markers: Mapping[str, str]) -> list[str]:
+        """The directories (of ``{path: token}``) whose marker this node does not see with
+        its token: not the storage the service writes to."""
+        return [path for path, token in markers.items() if _read(Path(path)) != token]
+
+    async def free_port(self) -> int:
+        """A TCP port free on this actor's node (rank 0's, for its process group)."""
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            return int(probe.getsockname()[1])
+
+    async def train(
+        self,
+        job_class: Any,
+        config: TrainingConfig,
+        objects: Mapping[str, Any],
+        environment: Mapping[str, str],
+    ) -> AsyncIterator[list[Message]]:
+        """Train ``job_class(config, **objects)`` (``environment``: a rank's torchrun
+        variables under ``ray.actors=N``), yielding what it says until it has ended."""
+        self.renew()
+        self._held_stop, self._cancelled = None, False
+        outbox = _Outbox()
+        os.environ.update(environment)
+        self._training = asyncio.create_task(self._train(job_class, config, objects, outbox))
+        try:
+            while True:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(outbox.arrived.wait(), HEARTBEAT_S)
+                batch = outbox.take() or [("alive",)]
+                yield batch
+                if batch[-1][0] == "ended":
+                    return
+        finally:  # the stream was cancelled (ray.cancel): the run goes with it
+            if not self._training.done():
+                self._training.cancel()
+            for name in environment:
+                os.environ.pop(name, None)
+
+    async def request_stop(self, reason: str) -> None:
+        """The job's ``request_stop``, held until the job exists."""
+        if self._job is None:
+            self._held_stop = self._held_stop or reason
+        else:
+            self._job.request_stop(reason)
+
+    async def cancel(self) -> None:
+        """Cancel the run: its stop checkpoint is written at the next step boundary."""
+        self._cancelled = True
+        if self._training is not None and not self._training.done():
+            self._training.cancel()
+
+    async def _train(
+        self, job_class: Any, config: TrainingConfig, objects: Mapping[str, Any], outbox: _Outbox
+    ) -> None:
+        job: Any = None
+        try:
+            if self._cancelled:  # cancelled before the stream began
+                raise asyncio.CancelledError
+            relay = Relay(outbox)  # type: ignore[arg-type]  # an outbox has the sender's put
+            self._job = job = job_class(actor_config(config), callbacks=[relay], **objects)
+            relay.follow(job)
+            job.isolation = {"mode": "ray", "host": socket.gethostname(), "pid": os.getpid()}
+            if self._held_stop is not None:  # runs once train() below has begun
+                asyncio.get_running_loop().call_soon(job.request_stop, self._held_stop)
+            try:
+                results = await job.train()
+                weights = await asyncio.to_thread(_trained_weights, job)
+            finally:
+                await job.aclose()
+            outbox.put(("ended", "completed", (results, weights)))
+        except asyncio.CancelledError:
+            last = job.last_checkpoint if job is not None and job.run_dir is not None else None
+            outbox.put(("ended", "cancelled", last))
+        except Exception as exc:
+            outbox.put(("ended", "failed", exc))
+        finally:
+            self._job = None
+
+    async def _watch_lease(self) -> None:
+        """Cancel the run, then exit, once the service has not renewed for the lease."""
+        while time.monotonic() - self._renewed <= self._lease_s:
+            await asyncio.sleep(_LEASE_CHECK_S)
+        training = self._training
+        if training is not None and not training.done():
+            training.cancel()
+            with contextlib.suppress(BaseException):
+                await training
+            await asyncio.sleep(_LEASE_CHECK_S)  # the stream's last item, to nobody
+        os._exit(0)
+
+
+def _trained_weights(job: Any) -> dict[str, Any] | None:
+    """The model's full weights on the CPU, for the service's model (rank 0's; None on the
+    other ranks of ``ray.actors=N``). Under FSDP2 every rank calls it (a collective)."""
+    if job.trains_here:
+        state = job.distribution.strategy.model_state_dict(job.model)
+    else:  # devices=N here: the ranks' weights are in the job's model already
+        state = job.model.state_dict()
+    if job.rank != 0:
+        return None
+    return {key: value.detach().to("cpu", copy=True) for key, value in state.items()}
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _node() -> dict[str, str]:
+    """This actor's node: its address and Ray's id for it."""
+    import ray  # in Ray's worker: Ray is there
+
+    node_id = ray.get_runtime_context().get_node_id()
+    return {"ip": str(ray.util.get_node_ip_address()), "node_id": str(node_id)}

@@ -1,0 +1,141 @@
+"""A run's actors on the cluster, as its service reaches them: one actor (the run, with its
+``devices``), or ``ray.actors=N`` actors in a placement group, one rank each, forming their
+process group from rank 0's address.
+
+Each actor's stream is read by a thread of its own into one inbox, tagged with the rank:
+rank 0's records are the run's; every rank's ``ended`` (or its death: the stream raises when
+the actor or its node is lost) says how it ended. The gang is ``Stoppable``
+(``core.trainer.running.placement``): asked to cancel, every rank is; silent, frozen ranks
+are killed (``ray.cancel`` of their streams, then ``ray.kill``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+
+from core.config import TrainingConfig
+from core.trainer.cluster.connection import ray_module
+from core.trainer.process.crossing import Crossing
+from core.trainer.process.pipe import Message
+
+__all__ = ("Gang", "torchrun_environment")
+
+
+def torchrun_environment(rank: int, world_size: int, address: str, port: int) -> dict[str, str]:
+    """The variables torchrun gives a rank, for rank ``rank`` of one actor per rank."""
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": str(rank),
+        "MASTER_ADDR": address,
+        "MASTER_PORT": str(port),
+    }
+
+
+class Gang:
+    """The actors of one run (rank order), their streams and what they said."""
+
+    def __init__(self, actors: list[Any]) -> None:
+        self.actors = actors
+        self.hosts: list[str] = []
+        """Each actor's host, once ready."""
+        self.nodes: list[str] = []
+        """Each actor's Ray node id, once ready."""
+        self.messages: deque[tuple[int, Message]] = deque()
+        self.last_heard = [time.monotonic()] * len(actors)
+        self.streams: list[Any] = []
+        self.running = set(range(len(actors)))
+        """The ranks whose stream has not ended."""
+        self._token = anyio.lowlevel.current_token()
+        self._arrived = anyio.Event()
+
+    # -- starting (worker threads) ---------------------------------------------------------
+    def read_markers(self, markers: Mapping[str, str]) -> tuple[str, list[str]] | None:
+        """The first actor's host and the markers it does not see; None where all see all."""
+        ray = ray_module()
+        for host, missing in zip(
+            self.hosts, ray.get([actor.read_markers.remote(markers) for actor in self.actors])
+        ):
+            if missing:
+                return host, missing
+        return None
+
+    def start(self, job_class: type, config: TrainingConfig, crossing: Crossing) -> None:
+        """Start every rank's run and a thread reading its stream (a worker thread's call:
+        the job's objects are serialized here)."""
+        ray = ray_module()
+        environments: list[dict[str, str]] = [{}]
+        if len(self.actors) > 1:
+            address = ray.get(self.actors[0].ready.remote())["ip"]
+            port = ray.get(self.actors[0].free_port.remote())
+            world = len(self.actors)
+            environments = [torchrun_environment(r, world, address, port) for r in range(world)]
+        objects = {**crossing.objects, **crossing.names}
+        shared = ray.put(objects)  # once for every rank
+        for rank, (actor, environment) in enumerate(zip(self.actors, environments)):
+            stream = actor.train.remote(job_class, config, shared, environment)
+            self.streams.append(stream)
+            reader = threading.Thread(
+                target=self._read, args=(rank, stream), name=f"core-ray-reader-{rank}"
+            )
+            reader.daemon = True
+            reader.start()
+
+    # -- hearing ---------------------------------------------------------------------------
+    async def wait(self) -> None:
+        """Until something arrived since the last wait (at once if it already has)."""
+        await self._arrived.wait()
+        self._arrived = anyio.Event()
+
+    def _read(self, rank: int, stream: Any) -> None:
+        ray = ray_module()
+        ending: Message = ("eof", None)
+        try:
+            for reference in stream:
+                self._deliver(rank, ray.get(reference))
+        except Exception as exc:  # the actor, its node or its stream is gone
+            ending = ("eof", exc)
+        self._deliver(rank, [ending])
+
+    def _deliver(self, rank: int, batch: list[Message]) -> None:
+        self.messages.extend((rank, message) for message in batch)
+        self.last_heard[rank] = time.monotonic()
+        try:
+            anyio.from_thread.run_sync(self._arrived.set, token=self._token)
+        except RuntimeError:  # the event loop is gone: nobody is left to read
+            pass
+
+    # -- Stoppable -------------------------------------------------------------------------
+    def ask_to_cancel(self) -> bool:
+        for rank in self.running:
+            self.actors[rank].cancel.remote()
+        return bool(self.running)
+
+    def request_stop(self, reason: str) -> None:
+        for actor in self.actors:
+            actor.request_stop.remote(reason)
+
+    def silent_s(self) -> float:
+        now = time.monotonic()
+        return max((now - self.last_heard[rank] for rank in self.running), default=0.0)
+
+    def is_alive(self) -> bool:
+        return bool(self.running)
+
+    def kill(self) -> None:
+        """``ray.cancel`` every rank's stream, then ``ray.kill`` its actor."""
+        ray = ray_module()
+        for stream in self.streams:
+            ray.cancel(stream)
+        for actor in self.actors:
+            ray.kill(actor)
