@@ -20,7 +20,7 @@ else
 	@echo "no nvidia-smi: installing the pinned CPU torch first"
 	$(PY) -m pip install -q -r requirements-cpu.txt
 endif
-	$(PY) -m pip install -q -e '.[dev,docs,examples,plots,trackers]'
+	$(PY) -m pip install -q -e '.[dev,docs,examples,plots,ray,trackers]'
 	@touch $(STAMP)
 
 demo: $(STAMP)

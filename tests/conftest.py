@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -70,3 +73,24 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("jobs")
     torchrun(out, *SCENARIOS)
     return out
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Any]:
+    """One local Ray cluster for the session's ``ray`` tests, this process its driver: a
+    head node that runs no actors (0 CPUs) and a worker node of 2 CPUs, where every run's
+    actor lands, so that a test can add nodes and remove them (the head cannot be). Its
+    workers preload torch and core, as a cluster core starts itself does. Skipped where Ray
+    is not installed."""
+    cluster_utils = pytest.importorskip("ray.cluster_utils")
+    import ray
+
+    os.environ.setdefault("RAY_preload_python_modules", "torch,core")
+    cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    cluster.add_node(num_cpus=2)
+    ray.init(address=cluster.address, namespace="core", configure_logging=False)
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
