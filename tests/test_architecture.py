@@ -52,7 +52,7 @@ FOUNDING_VOCABULARY = re.compile(
 )
 """The founding documents' own classes and the words that point at the documents: the
 facades' vocabulary, which the modules beneath them do not use."""
-TRAINER_LAYERS = ("state", "assembly", "epochs", "running", "process", "job")
+TRAINER_LAYERS = ("state", "assembly", "epochs", "running", "process", "cluster", "job")
 """``core.trainer``'s subpackages, bottom up: each imports only those before it."""
 
 
@@ -210,8 +210,14 @@ def test_environment_variables_are_read_in_one_place() -> None:
         for name, path in MODULES.items()
         if "os.environ" in path.read_text() or "os.getenv" in path.read_text()
     )
-    # core.rng only writes CUBLAS_WORKSPACE_CONFIG (for cuBLAS) when asked to be deterministic.
-    assert readers == ["core.distributed.environment", "core.distributed.launch", "core.rng"]
+    # core.rng only writes CUBLAS_WORKSPACE_CONFIG (for cuBLAS) when asked to be deterministic;
+    # the cluster's connection reads RAY_ADDRESS and sets Ray's preload for a cluster it starts.
+    assert readers == [
+        "core.distributed.environment",
+        "core.distributed.launch",
+        "core.rng",
+        "core.trainer.cluster.connection",
+    ]
 
 
 def test_the_trainer_subpackages_import_only_those_below_them() -> None:
@@ -231,7 +237,8 @@ def test_the_trainer_subpackages_import_only_those_below_them() -> None:
 def test_the_top_of_core_holds_only_shared_modules_and_the_documented_import_paths() -> None:
     top = {name for name in MODULES if name.count(".") == 1 and MODULES[name].name != "__init__.py"}
     shared = {"core.callbacks", "core.checks", "core.config", "core.errors", "core.factory"}
-    assert top - IMPORT_PATHS - shared == {"core.__main__", "core.rng", "core.run_config"}
+    sections = {"core.run_config", "core.ray_config"}  # the config tree's, beside core.config
+    assert top - IMPORT_PATHS - shared == {"core.__main__", "core.rng", *sections}
     for path in IMPORT_PATHS:  # a re-export, nothing more
         assert GRAPH[path] == {path.replace("core.", "core.facades.", 1)}
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import inspect
+import json
 import re
 import types
 import typing

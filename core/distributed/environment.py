@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from core.errors import ConfigError
 
-__all__ = ("DistributedEnvironment", "rendezvous_address")
+__all__ = (
+    "DistributedEnvironment",
+    "as_a_torchrun_rank",
+    "rendezvous_address",
+    "torchrun_variables",
+)
 
 _REQUIRED = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 
@@ -96,3 +102,29 @@ def rendezvous_address(environ: Mapping[str, str] | None = None) -> tuple[str | 
     """``(MASTER_ADDR, MASTER_PORT)`` as set, for ``env://`` outside torchrun."""
     env = os.environ if environ is None else environ
     return env.get("MASTER_ADDR"), env.get("MASTER_PORT")
+
+
+def torchrun_variables(rank: int, world_size: int, address: str, port: int) -> dict[str, str]:
+    """The variables torchrun gives rank ``rank`` of ``world_size`` ranks, one per machine
+    (placed by another launcher: a Ray actor per rank), rank 0 listening at ``address:port``."""
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": str(rank),
+        "MASTER_ADDR": address,
+        "MASTER_PORT": str(port),
+    }
+
+
+@contextlib.contextmanager
+def as_a_torchrun_rank(variables: Mapping[str, str]) -> Iterator[None]:
+    """This process is the rank ``variables`` describe while the block runs (nothing for
+    none); they are removed after it."""
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name in variables:
+            os.environ.pop(name, None)

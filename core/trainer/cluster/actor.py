@@ -24,7 +24,7 @@ import os
 import socket
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from core.config import TrainingConfig
+from core.distributed.environment import as_a_torchrun_rank
 from core.trainer.process.child import HEARTBEAT_S, Relay
 from core.trainer.process.pipe import Message
 
@@ -101,7 +102,7 @@ class RunActor:
         self.renew()
         if self._watchdog is None:
             self._watchdog = asyncio.create_task(self._watch_lease())
-        return {"host": socket.gethostname(), "pid": os.getpid(), **_node()}
+        return {"host": socket.gethostname(), "pid": os.getpid(), **_actor()}
 
     def renew(self) -> None:
         """The service is still there (it calls this every second)."""
@@ -130,21 +131,19 @@ class RunActor:
         self.renew()
         self._held_stop, self._cancelled = None, False
         outbox = _Outbox()
-        os.environ.update(environment)
-        self._training = asyncio.create_task(self._train(job_class, config, objects, outbox))
-        try:
-            while True:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(outbox.arrived.wait(), HEARTBEAT_S)
-                batch = outbox.take() or [("alive",)]
-                yield batch
-                if batch[-1][0] == "ended":
-                    return
-        finally:  # the stream was cancelled (ray.cancel): the run goes with it
-            if not self._training.done():
-                self._training.cancel()
-            for name in environment:
-                os.environ.pop(name, None)
+        with as_a_torchrun_rank(environment):
+            self._training = asyncio.create_task(self._train(job_class, config, objects, outbox))
+            try:
+                while True:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(outbox.arrived.wait(), HEARTBEAT_S)
+                    batch = outbox.take() or [("alive",)]
+                    yield batch
+                    if batch[-1][0] == "ended":
+                        return
+            finally:  # the stream was cancelled (ray.cancel): the run goes with it
+                if not self._training.done():
+                    self._training.cancel()
 
     async def request_stop(self, reason: str) -> None:
         """The job's ``request_stop``, held until the job exists."""
@@ -169,7 +168,7 @@ class RunActor:
             relay = Relay(outbox)  # type: ignore[arg-type]  # an outbox has the sender's put
             self._job = job = job_class(actor_config(config), callbacks=[relay], **objects)
             relay.follow(job)
-            job.isolation = {"mode": "ray", "host": socket.gethostname(), "pid": os.getpid()}
+            job.isolation = {"mode": "ray", **await self.ready()}
             if self._held_stop is not None:  # runs once train() below has begun
                 asyncio.get_running_loop().call_soon(job.request_stop, self._held_stop)
             try:
@@ -218,9 +217,14 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def _node() -> dict[str, str]:
-    """This actor's node: its address and Ray's id for it."""
+def _actor() -> dict[str, str]:
+    """This actor's name, and its node: its address and Ray's id for it."""
     import ray  # in Ray's worker: Ray is there
 
-    node_id = ray.get_runtime_context().get_node_id()
-    return {"ip": str(ray.util.get_node_ip_address()), "node_id": str(node_id)}
+    context = ray.get_runtime_context()
+    node_address: Callable[[], str] = ray.util.get_node_ip_address  # untyped in Ray
+    return {
+        "actor": str(context.get_actor_name()),
+        "ip": node_address(),
+        "node_id": str(context.get_node_id()),
+    }

@@ -31,7 +31,7 @@ from core.errors import ClusterStartTimeout
 from core.ray_config import RayConfig
 from core.trainer.cluster.connection import ray_module, remote_actor_class
 
-__all__ = ("LEASES", "WARM", "ActorRequest", "Leases", "WarmActors", "wait_until_ready")
+__all__ = ("ActorRequest", "LEASES", "Leases", "WARM", "WarmActors", "wait_until_ready")
 
 _LEASE_RENEWAL_S = 1.0
 _FIRST_PENDING_S = 1.0

@@ -11,6 +11,7 @@ are killed (``ray.cancel`` of their streams, then ``ray.kill``).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -22,24 +23,12 @@ import anyio.from_thread
 import anyio.lowlevel
 
 from core.config import TrainingConfig
+from core.distributed.environment import torchrun_variables
 from core.trainer.cluster.connection import ray_module
 from core.trainer.process.crossing import Crossing
 from core.trainer.process.pipe import Message
 
-__all__ = ("Gang", "torchrun_environment")
-
-
-def torchrun_environment(rank: int, world_size: int, address: str, port: int) -> dict[str, str]:
-    """The variables torchrun gives a rank, for rank ``rank`` of one actor per rank."""
-    return {
-        "RANK": str(rank),
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_WORLD_SIZE": "1",
-        "GROUP_RANK": str(rank),
-        "MASTER_ADDR": address,
-        "MASTER_PORT": str(port),
-    }
+__all__ = ("Gang",)
 
 
 class Gang:
@@ -63,9 +52,8 @@ class Gang:
     def read_markers(self, markers: Mapping[str, str]) -> tuple[str, list[str]] | None:
         """The first actor's host and the markers it does not see; None where all see all."""
         ray = ray_module()
-        for host, missing in zip(
-            self.hosts, ray.get([actor.read_markers.remote(markers) for actor in self.actors])
-        ):
+        unseen = ray.get([actor.read_markers.remote(markers) for actor in self.actors])
+        for host, missing in zip(self.hosts, unseen, strict=True):
             if missing:
                 return host, missing
         return None
@@ -79,10 +67,10 @@ class Gang:
             address = ray.get(self.actors[0].ready.remote())["ip"]
             port = ray.get(self.actors[0].free_port.remote())
             world = len(self.actors)
-            environments = [torchrun_environment(r, world, address, port) for r in range(world)]
+            environments = [torchrun_variables(r, world, address, port) for r in range(world)]
         objects = {**crossing.objects, **crossing.names}
         shared = ray.put(objects)  # once for every rank
-        for rank, (actor, environment) in enumerate(zip(self.actors, environments)):
+        for rank, (actor, environment) in enumerate(zip(self.actors, environments, strict=True)):
             stream = actor.train.remote(job_class, config, shared, environment)
             self.streams.append(stream)
             reader = threading.Thread(
@@ -110,10 +98,8 @@ class Gang:
     def _deliver(self, rank: int, batch: list[Message]) -> None:
         self.messages.extend((rank, message) for message in batch)
         self.last_heard[rank] = time.monotonic()
-        try:
+        with contextlib.suppress(RuntimeError):  # the event loop is gone: nobody is left to read
             anyio.from_thread.run_sync(self._arrived.set, token=self._token)
-        except RuntimeError:  # the event loop is gone: nobody is left to read
-            pass
 
     # -- Stoppable -------------------------------------------------------------------------
     def ask_to_cancel(self) -> bool:

@@ -107,11 +107,14 @@ class RayRun:
         self.cancelled = cancelled
         opened = contextlib.ExitStack()
         self.hub.reopen()
+        failed: list[Exception] = []
         try:
             async with anyio.create_task_group() as watchers:
                 self.observers.start(watchers, self.hub)
                 try:
-                    return await self._train(cancelled, opened)
+                    results = await self._train(cancelled, opened)
+                except Exception as exc:  # raised below, not wrapped in the watchers' group
+                    failed.append(exc)
                 finally:
                     with anyio.CancelScope(shield=True):
                         await anyio.to_thread.run_sync(opened.close)
@@ -120,6 +123,9 @@ class RayRun:
                         await self.observers.finish()
         finally:
             opened.close()  # a no-op unless the worker thread above could not run
+        if failed:
+            raise failed[0]
+        return results
 
     async def _train(
         self, cancelled: anyio.Event, opened: contextlib.ExitStack
@@ -207,6 +213,8 @@ class RayRun:
         return ray_module().util.placement_group(bundles, strategy=config.placement_strategy)
 
     def _pending(self, fields: dict[str, Any]) -> None:
+        if fields["waiting_for"] == "resources":  # this service's idle actors may hold them
+            WARM.release_all()
         record = record_before_the_run("pending", **fields)
         self.hub.publish(record)
         self.hub.wake_all()
@@ -287,11 +295,13 @@ class RayRun:
         rank, cause = next(iter(self.lost.items()))
         host = gang.hosts[rank] if rank < len(gang.hosts) else "?"
         what = f"{type(cause).__name__}" if cause is not None else "its stream ended"
-        rank_text = f"rank {rank}'s " if len(gang.actors) > 1 else "its "
-        return f" with {rank_text}Ray actor on {host} ({what}){self.killed_why}"
+        whose = f"rank {rank}'s" if len(gang.actors) > 1 else "its"
+        return f": {whose} Ray actor on {host} was lost ({what}){self.killed_why}"
 
 
 def _in_bundle(group: Any, index: int) -> Any:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)
+    return PlacementGroupSchedulingStrategy(
+        placement_group=group, placement_group_bundle_index=index
+    )
