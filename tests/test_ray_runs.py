@@ -316,6 +316,9 @@ def test_a_gpu_asked_of_a_cpu_cluster_is_pending_then_a_clear_error_and_a_cancel
 
     (outcome,) = asyncio.run(cancel_while_pending())
     assert isinstance(outcome, asyncio.CancelledError)
+    deadline = time.monotonic() + 30  # ray.kill is asynchronous: Ray lists it until done
+    while not _actor_names() <= before and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert _actor_names() <= before  # the pending actor left Ray's queue
     assert not list(tmp_path.glob("**/.core-shared-*"))  # the storage markers are removed
 
