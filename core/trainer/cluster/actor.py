@@ -129,7 +129,6 @@ class RunActor:
         """Train ``job_class(config, **objects)`` (``environment``: a rank's torchrun
         variables under ``ray.actors=N``), yielding what it says until it has ended."""
         self.renew()
-        self._held_stop, self._cancelled = None, False
         outbox = _Outbox()
         with as_a_torchrun_rank(environment):
             self._training = asyncio.create_task(self._train(job_class, config, objects, outbox))
@@ -182,8 +181,8 @@ class RunActor:
             outbox.put(("ended", "cancelled", last))
         except Exception as exc:
             outbox.put(("ended", "failed", exc))
-        finally:
-            self._job = None
+        finally:  # a stop or cancel that came before train() is this run's, not the next's
+            self._job, self._held_stop, self._cancelled = None, None, False
 
     async def _watch_lease(self) -> None:
         """Cancel the run, then exit, once the service has not renewed for the lease."""
