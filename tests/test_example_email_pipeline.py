@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import os
 import random
 import statistics
 import time
@@ -29,6 +30,7 @@ import torch
 from fastapi import FastAPI
 
 from core import load_weights
+from core.trainer.cluster.actors import WARM
 from examples.email_pipeline import (
     Event,
     EventStore,
@@ -330,3 +332,46 @@ def test_retention_keeps_the_served_retrain_and_removes_old_final_weights(tmp_pa
         retrains[2].name,
         retrains[3].name,
     ]
+
+
+@pytest.mark.ray
+def test_retrains_on_a_ray_cluster_when_pointed_at_one(tmp_path: Path, ray_cluster: Any) -> None:
+    """The same HTTP service, its retraining placed in an actor of the cluster: the run's
+    records stream to the service as they do from a child process, and its best checkpoint,
+    written on the storage the service shares with the cluster, is served."""
+    settings = RetrainSettings(
+        log_dir=tmp_path, retrain_every=None, max_epochs=1, ray_address=ray_cluster.address
+    )
+    assert settings.training_config().run.isolation == "ray"
+    batch = synthetic_events(120, seed=7)
+    seen: dict[str, Any] = {}
+
+    async def scenario(client: httpx.AsyncClient) -> None:
+        await ok(client.post("/events", json=batch.payload()), 202)
+        run = await ok(client.post("/retrain"), 202)
+        seen["streamed"] = await records(client, run["run_id"])
+        seen["run"] = await finished(client, run["run_id"])
+        seen["model"] = await ok(client.get("/model"))
+        seen["score"] = await ok(client.get(f"/score/{batch.events[0].recipient}"))
+
+    try:
+        run_service(create_app(settings), scenario)
+    finally:  # the session's cluster has 2 CPUs: leave none held by this test's warm actor
+        WARM.release_all()
+    streamed, run, model = seen["streamed"], seen["run"], seen["model"]
+    assert run["status"] == "completed" and run["decision"]["swapped"], run
+    waited = [r for r in streamed if r["event"] == "pending"]  # while the actor started
+    assert all(r["run_id"] == "" for r in waited) and streamed[: len(waited)] == waited
+    streamed = streamed[len(waited) :]
+    isolation = streamed[0]["resolved"]["isolation"]
+    assert isolation["mode"] == "ray" and isolation["pid"] != os.getpid()
+    assert streamed[-1]["event"] == "run_end" and streamed[-1]["status"] == "completed"
+    # Every record the actor wrote on the shared storage came through, in order.
+    (events,) = tmp_path.glob(f"{settings.experiment_name}/{run['run_id']}/events.jsonl")
+    written = [json.loads(line) for line in events.read_text().splitlines()]
+    assert [r["event"] for r in streamed] == [r["event"] for r in written]
+    steps = [r["step"] for r in streamed if r["event"] == "train_step"]
+    assert steps == list(range(1, run["global_step"] + 1)) and steps
+    assert model["version"] == 1 and model["run_id"] == run["run_id"]
+    assert Path(model["checkpoint"]).is_relative_to(tmp_path)
+    assert seen["score"]["model_version"] == 1

@@ -66,6 +66,10 @@ CLAIMS: dict[tuple[str, str], str] = {
     ("docs/services.md", "## One API, two modes"): (
         "test_the_service_example_trains_in_a_child_process_as_written"
     ),
+    (
+        "docs/ray.md",
+        "## A run on the cluster",
+    ): "test_the_ray_example_trains_on_the_cluster_as_written",
     ("docs/checkpoints-and-reliability.md", "## Keeping checkpoints"): (
         "test_the_keeping_checkpoints_example_runs_as_written"
     ),

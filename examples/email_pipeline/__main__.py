@@ -2,7 +2,8 @@
 
 It listens on 127.0.0.1 (``--port 0``: a free port; the first line printed names it),
 retrains every ``--retrain-every`` new events, and with ``--simulate`` posts synthetic
-campaign traffic to itself. Ctrl-C stops it; a run in flight stops at a step boundary and
+campaign traffic to itself. ``--ray-address`` (or ``EMAIL_PIPELINE_RAY_ADDRESS``) retrains
+on a Ray cluster. Ctrl-C stops it; a run in flight stops at a step boundary and
 keeps its checkpoint. Then, for example::
 
     curl -s localhost:8000/model
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -53,6 +55,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="process",
         help="train in a child process (default) or a thread of the service",
     )
+    parser.add_argument(
+        "--ray-address",
+        default=os.environ.get("EMAIL_PIPELINE_RAY_ADDRESS") or None,
+        help="retrain on this Ray cluster ('auto', 'HEAD:6379'; 'local': one on this "
+        "machine, started if none runs); default: $EMAIL_PIPELINE_RAY_ADDRESS, else none",
+    )
     return parser.parse_args(argv)
 
 
@@ -63,11 +71,12 @@ async def main(args: argparse.Namespace) -> None:
     # cores. One intra-op thread each keeps a score near a millisecond during training.
     torch.set_num_threads(args.torch_threads)
     settings = RetrainSettings(
-        log_dir=args.log_dir,
+        log_dir=Path(args.log_dir).absolute(),  # a Ray actor's working directory is not ours
         retrain_every=args.retrain_every or None,
         max_epochs=args.epochs,
         seed=args.seed,
         isolation=args.isolation,
+        ray_address=args.ray_address,
     )
     async with serving(create_app(settings), port=args.port) as server:
         print(f"serving on {server.url}", flush=True)

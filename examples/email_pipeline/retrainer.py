@@ -3,11 +3,12 @@
 One run at a time. A run snapshots the event store, builds features in a worker thread,
 trains a fresh model with :class:`core.OptimizedTrainingOptimizer` in a child process
 (``isolation="process"``: the service's interpreter only relays the run's records, so
-``/score`` keeps its latency), then loads the run's best checkpoint into a CPU copy
-and scores it and the served model on the same held-out recipients. The copy replaces the
-served model (one reference assignment on the event loop: atomic for every request) only
-when its validation log loss is lower. Cancelling a run stops it at a step boundary; its
-stop checkpoint stays loadable and the served model is untouched.
+``/score`` keeps its latency) or on a Ray cluster (``ray_address``), then loads the run's
+best checkpoint into a CPU copy and scores it and the served model on the same held-out
+recipients. The copy replaces the served model (one reference assignment on the event
+loop: atomic for every request) only when its validation log loss is lower. Cancelling a
+run stops it at a step boundary; its stop checkpoint stays loadable and the served model
+is untouched.
 
 Each retrain checkpoints into a directory of its own; only the newest ``keep_retrains`` of
 them, and the one the served model came from, stay on disk (see ``retention``).
@@ -37,6 +38,7 @@ from core import (
     LoggingConfig,
     OptimConfig,
     OptimizedTrainingOptimizer,
+    RayConfig,
     RunConfig,
     TrainingConfig,
 )
@@ -92,6 +94,11 @@ class RetrainSettings:
     isolation: Literal["thread", "process"] = "process"
     """Where runs train: a child process (the default: ``/score`` never waits on training
     for the interpreter lock) or a thread of the service (no process start, ~3 s here)."""
+    ray_address: str | None = None
+    """Retrain on a Ray cluster instead (``isolation="ray"``, whatever ``isolation`` says):
+    its address (``"auto"``, ``"10.0.0.5:6379"``: this machine is a node of it), or ``"local"``
+    for the one ``RAY_ADDRESS`` names, one running on this machine, or one started here.
+    ``log_dir`` must then be storage every node mounts at the same absolute path."""
 
     def __post_init__(self) -> None:
         if self.retrain_every is not None and not self.retrain_every >= 1:
@@ -104,18 +111,31 @@ class RetrainSettings:
         for name in ("max_epochs", "batch_size", "min_recipients", "keep_runs", "keep_retrains"):
             if not getattr(self, name) >= 1:
                 raise config_error(name, getattr(self, name), "an integer >= 1")
+        if self.ray_address is not None and not (
+            isinstance(self.ray_address, str) and self.ray_address
+        ):
+            raise config_error(
+                "ray_address",
+                self.ray_address,
+                "None, 'local' or a Ray cluster address",
+                "e.g. ray_address='auto'.",
+            )
 
     def training_config(self, checkpoint_dir: Path | None = None) -> TrainingConfig:
         """The run's config tree: the best checkpoint (by val_loss) is kept for the swap, in
-        ``checkpoint_dir`` (None: the experiment's shared directory)."""
+        ``checkpoint_dir`` (None: the experiment's shared directory); on the Ray cluster
+        ``ray_address`` names, if set."""
+        on_cluster = self.ray_address is not None
+        address = None if self.ray_address == "local" else self.ray_address
         return TrainingConfig(
             run=RunConfig(
                 experiment_name=self.experiment_name,
                 max_epochs=self.max_epochs,
                 seed=self.seed,
                 log_dir=self.log_dir,
-                isolation=self.isolation,
+                isolation="ray" if on_cluster else self.isolation,
             ),
+            ray=RayConfig(address=address),
             optim=OptimConfig(learning_rate=self.learning_rate, max_grad_norm=1.0),
             checkpoint=CheckpointConfig(
                 save_best=True, monitor="val_loss", keep_last_n=1, checkpoint_dir=checkpoint_dir
