@@ -3,7 +3,7 @@
 
     TrainingConfig(
         run=RunConfig(isolation="ray", log_dir="/mnt/shared/logs"),
-        ray=RayConfig(address="ray://head:10001", num_gpus=1),
+        ray=RayConfig(address="auto", num_gpus=1),
     )
 
 Nothing here imports Ray: the section is checked without the ``core[ray]`` extra, and a run
@@ -27,10 +27,12 @@ PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 class RayConfig:
     """How a run is placed on a Ray cluster (``run.isolation="ray"``).
 
-    ``address``: the cluster (``"auto"``, ``"ray://head:10001"``, ``"10.0.0.5:6379"``); None
-    connects to the one ``RAY_ADDRESS`` names or that runs on this machine, or starts one
-    here (with torch and core preloaded in its workers). A program that called ``ray.init``
-    itself keeps its connection. ``namespace``: the Ray namespace of the run's actors.
+    ``address``: the cluster (``"auto"``: the one this machine is a node of;
+    ``"10.0.0.5:6379"``; ``"local"``: a new one, here); None connects to the one
+    ``RAY_ADDRESS`` names or that runs on this machine, or starts one here. A cluster
+    started here preloads torch and core in its workers. A program that called ``ray.init``
+    itself keeps its connection. Ray Client (``ray://``) is refused: its references cannot
+    stream a run's records. ``namespace``: the Ray namespace of the run's actors.
 
     Each run is one actor asking for ``num_cpus`` CPUs and ``num_gpus`` GPUs (a fraction
     shares a GPU); the run's ``distributed.devices=N`` then start N ranks inside it (ask for
@@ -64,6 +66,15 @@ class RayConfig:
         if self.address is not None and not (isinstance(self.address, str) and self.address):
             raise config_error(
                 "address", self.address, "None or a cluster address", "e.g. address='auto'."
+            )
+        if isinstance(self.address, str) and self.address.startswith("ray://"):
+            raise config_error(
+                "address",
+                self.address,
+                "'auto', 'local' or a head node's 'host:6379' (not Ray Client's ray://: its "
+                "references cannot stream a run's records)",
+                "join the cluster from the service's machine (ray start --address=HEAD:6379 "
+                "--num-cpus=0 --num-gpus=0) and pass address='auto'.",
             )
         if not (isinstance(self.namespace, str) and self.namespace):
             raise config_error("namespace", self.namespace, "a non-empty string")

@@ -26,7 +26,7 @@ def test_the_ray_example_trains_on_the_cluster_as_written(tmp_path: Path, ray_cl
     done = subprocess.run(
         [sys.executable, "-c", program],
         check=False,
-        cwd=tmp_path,
+        cwd=Path(__file__).resolve().parents[1],  # the Ray job's directory: examples importable
         capture_output=True,
         text=True,
         timeout=180,

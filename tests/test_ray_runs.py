@@ -34,7 +34,7 @@ from core import (
 )
 from core.checkpointing.store import CheckpointStore
 from core.trainer.job.orchestrator import TrainingJob
-from tests.helpers import pythonpath
+from tests.helpers import eventually, pythonpath
 from tests.isolation_parts import (
     SlowLoader,
     make_loader,
@@ -125,6 +125,17 @@ def test_a_ray_run_trains_as_thread_mode_does_and_a_second_reuses_its_warm_actor
     places = [_run_start(records)["resolved"]["isolation"] for records in (first, second)]
     assert places[0]["mode"] == "ray" and places[0]["actor"] == places[1]["actor"]  # kept warm
     assert (results.run_dir / "events.jsonl").is_file()
+
+    # An actor let go (keep_warm=False) exits once its run's reports are written.
+    cold = config.replace({"ray.keep_warm": False})
+    job = TrainingJob(cold, model=make_model(), train_loader="tests.isolation_parts:make_loader")
+    records, results = asyncio.run(_train(job))
+    eventually(results.run_dir / "performance_summary.txt")
+    actor = _run_start(records)["resolved"]["isolation"]["actor"]
+    deadline = time.monotonic() + 60
+    while actor in _actor_names() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert actor not in _actor_names()
 
 
 async def _cancelled(job: TrainingJob, how: str, started: asyncio.Event) -> Any:
@@ -418,6 +429,8 @@ def test_without_ray_the_setting_is_a_config_error_naming_the_extra(
 def test_bad_ray_settings_name_the_field_and_the_fix() -> None:
     with pytest.raises(ConfigError, match=r"num_gpus=-1 .*a number >= 0"):
         RayConfig(num_gpus=-1)
+    with pytest.raises(ConfigError, match=r"address='ray://head:10001'.*address='auto'"):
+        RayConfig(address="ray://head:10001")
     with pytest.raises(ConfigError, match="placement_strategy"):
         RayConfig(placement_strategy="EVERYWHERE")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"isolation='cluster' .*'thread', 'process' or 'ray'"):

@@ -13,7 +13,8 @@ beside the stream: :meth:`RunActor.request_stop` and :meth:`RunActor.cancel`.
 The service renews the actor's lease every second (:meth:`RunActor.renew`). An actor not
 renewed for ``service_lease_s`` has lost its service: its run is cancelled (the stop
 checkpoint written at the next step boundary, as when the service cancels), and once that
-has ended, or at once when idle, the actor exits.
+has ended, or at once when idle, the actor exits. An actor the service no longer needs
+exits once its runs' reports are written (:meth:`RunActor.retire`).
 """
 
 from __future__ import annotations
@@ -33,12 +34,14 @@ import torch
 
 from core.config import TrainingConfig
 from core.distributed.environment import as_a_torchrun_rank
+from core.reports.apart import wait_for_reports
 from core.trainer.process.child import HEARTBEAT_S, Relay
 from core.trainer.process.pipe import Message
 
 __all__ = ("RunActor", "actor_config")
 
 _LEASE_CHECK_S = 1.0
+_REPORTS_GRACE_S = 120.0
 
 
 def actor_config(config: TrainingConfig) -> TrainingConfig:
@@ -143,6 +146,13 @@ class RunActor:
             finally:  # the stream was cancelled (ray.cancel): the run goes with it
                 if not self._training.done():
                     self._training.cancel()
+
+    async def retire(self) -> None:
+        """Exit once the reports of the runs trained here are written (a report writer is
+        this process's child: Ray would kill it with the actor)."""
+        with contextlib.suppress(Exception):  # a writer that failed said so in its run dir
+            await asyncio.to_thread(wait_for_reports, None, _REPORTS_GRACE_S)
+        os._exit(0)
 
     async def request_stop(self, reason: str) -> None:
         """The job's ``request_stop``, held until the job exists."""

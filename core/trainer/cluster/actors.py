@@ -135,7 +135,8 @@ class WarmActors:
                 self._released_at_exit = True
 
     def release_all(self) -> None:
-        """Kill every idle actor (at exit: they would otherwise wait out their lease)."""
+        """Retire every idle actor: each exits once its reports are written (at exit, where
+        they would otherwise wait out their lease; or when a run waits for what they hold)."""
         with self._lock:
             idle = [actor for actors in self._idle.values() for actor in actors]
             self._idle.clear()
@@ -144,7 +145,7 @@ class WarmActors:
             LEASES.drop(actor)
             if ray.is_initialized():  # else the cluster is gone, or its lease ends them
                 with contextlib.suppress(Exception):
-                    ray.kill(actor)
+                    actor.retire.remote()
 
 
 WARM = WarmActors()

@@ -52,7 +52,10 @@ def connect(config: RayConfig) -> None:
     with _connecting:
         if ray.is_initialized():
             return
-        if config.address is None and "RAY_ADDRESS" not in os.environ:
+        starts_here = config.address == "local" or (
+            config.address is None and "RAY_ADDRESS" not in os.environ
+        )
+        if starts_here:  # (None may find a cluster running here: the variable does nothing)
             os.environ.setdefault("RAY_preload_python_modules", _PRELOAD)
         ray.init(address=config.address, namespace=config.namespace, configure_logging=False)
 

@@ -221,16 +221,20 @@ class RayRun:
         _log.info("pending", **fields)
 
     def _release(self, actor: Any) -> None:
-        """After the run: a healthy actor whose run completed is kept warm (``keep_warm``);
-        any other is killed (a pending one leaves Ray's queue)."""
-        completed = bool(self.ended) and all(m[1] == "completed" for m in self.ended.values())
-        keep = completed and self.config.ray.keep_warm and self.config.ray.actors == 1
-        if keep:
+        """After the run: an actor whose run completed is kept warm (``keep_warm``); one
+        whose run ended otherwise by itself retires (it exits once its reports are written);
+        any other (pending, frozen, lost) is killed, and a pending one leaves Ray's queue."""
+        ended = len(self.ended) == len(self.gang.actors) if self.gang is not None else False
+        completed = ended and all(message[1] == "completed" for message in self.ended.values())
+        if completed and self.config.ray.keep_warm and self.config.ray.actors == 1:
             WARM.keep(self.request, actor)
             return
         LEASES.drop(actor)
-        with contextlib.suppress(Exception):
-            ray_module().kill(actor)
+        with contextlib.suppress(Exception):  # gone already: nothing to end
+            if ended and not self.killed_why:
+                actor.retire.remote()
+            else:
+                ray_module().kill(actor)
 
     # -- relaying --------------------------------------------------------------------------
     async def _relay_to_the_end(self, gang: Gang, cancelled: anyio.Event) -> None:
