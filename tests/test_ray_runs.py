@@ -257,7 +257,7 @@ def test_a_killed_actor_names_its_checkpoint_and_resume_auto_equals_an_uninterru
 
 
 @pytest.mark.ray
-def test_ranks_spread_over_two_nodes_equal_ranks_on_one_and_a_lost_node_names_the_checkpoint(
+def test_ranks_spread_over_two_nodes_equal_ranks_on_one_and_a_node_lost_names_the_checkpoint(
     tmp_path: Path, ray_cluster: Any
 ) -> None:
     ray_cluster.add_node(num_cpus=1)  # a second node for the spread
@@ -275,25 +275,31 @@ def test_ranks_spread_over_two_nodes_equal_ranks_on_one_and_a_lost_node_names_th
     ):
         torch.testing.assert_close(mine, theirs)
 
-    # One actor, its node removed as it trains (any node but the head, which runs nothing).
-    def lose_its_node() -> None:
-        node = next(n for n in ray_cluster.list_all_nodes() if n.node_id == place["node_id"])
-        ray_cluster.remove_node(node, allow_graceful=False)
+    # The spread gang again, rank 1's node lost as it trains: every rank ends, and the run's
+    # last good checkpoint is named.
+    def lose_rank_1s_node() -> None:
+        workers = [n for n in ray_cluster.list_all_nodes() if n is not ray_cluster.head_node]
+        (other,) = [n for n in workers if n.node_id != rank_0["node_id"]]
+        lost.append(other.node_id)
+        ray_cluster.remove_node(other, allow_graceful=False)
 
-    place: dict[str, Any] = {}
+    rank_0: dict[str, Any] = {}
+    lost: list[str] = []
 
     def placed_and_past_a_checkpoint(record: dict[str, Any]) -> bool:
         if record["event"] == "run_start":
-            place.update(record["resolved"]["isolation"])
+            rank_0.update(record["resolved"]["isolation"])
         return record["event"] == "train_step" and record["step"] == 6
 
-    config = _config(tmp_path / "lost", max_epochs=50)
+    config = _config(tmp_path / "lost", ray=gang, max_epochs=50)
     job = TrainingJob(config, model=make_model(), train_loader=SlowLoader(0.02))
-    _, outcome = asyncio.run(_train(job, placed_and_past_a_checkpoint, lose_its_node))
+    _, outcome = asyncio.run(_train(job, placed_and_past_a_checkpoint, lose_rank_1s_node))
     ray_cluster.add_node(num_cpus=2)  # in place of the node lost (the head runs nothing)
     assert isinstance(outcome, TrainingProcessDied), outcome
+    assert "rank 1's Ray actor" in str(outcome)
     assert outcome.checkpoint is not None and _step_of(outcome.checkpoint) >= 4
-    assert place["node_id"] not in {n.node_id for n in ray_cluster.list_all_nodes()}  # lost
+    assert outcome.checkpoint in str(outcome)
+    assert lost and lost[0] not in {n.node_id for n in ray_cluster.list_all_nodes()}
 
 
 @pytest.mark.ray
@@ -376,17 +382,21 @@ if __name__ == "__main__":
 
 
 @pytest.mark.ray
-def test_a_run_whose_service_died_stops_at_a_step_boundary_with_its_checkpoint(
-    tmp_path: Path, ray_cluster: Any
+@pytest.mark.parametrize("ending", ["ctrl-c", "sigkill"])
+def test_a_service_stopped_by_ctrl_c_or_killed_leaves_its_run_s_stop_checkpoint(
+    tmp_path: Path, ray_cluster: Any, ending: str
 ) -> None:
+    """Ctrl-C under ``asyncio.run`` cancels ``train()``: the service exits once the stop
+    checkpoint is written. A service killed outright renews no lease: its actor stops the
+    run at a step boundary with its checkpoint, and exits."""
     before = _actor_names()
     program = tmp_path / "service.py"
     program.write_text(_SERVICE)
-    env = os.environ | {"PYTHONPATH": pythonpath()}
     service = subprocess.Popen(
         [sys.executable, str(program), ray_cluster.address, str(tmp_path / "logs")],
         stdout=subprocess.PIPE,
-        env=env,
+        stderr=subprocess.PIPE,
+        env=os.environ | {"PYTHONPATH": pythonpath()},
         text=True,
     )
     try:
@@ -395,10 +405,13 @@ def test_a_run_whose_service_died_stops_at_a_step_boundary_with_its_checkpoint(
             pass  # the service's own log lines (a pending record)
         assert line == "training\n"
         its_actor = _actor_names() - before
+        service.send_signal(signal.SIGINT if ending == "ctrl-c" else signal.SIGKILL)
+        _, errors = service.communicate(timeout=60)
     finally:
-        service.send_signal(signal.SIGKILL)  # no goodbye: its lease is no longer renewed
-        service.wait(30)
+        service.kill()
     checkpoints = tmp_path / "logs" / "experiment" / "checkpoints"
+    if ending == "ctrl-c":  # written before the service exited
+        assert "KeyboardInterrupt" in errors and list(checkpoints.glob("step-*")), errors[-2000:]
     deadline = time.monotonic() + 60
     while not list(checkpoints.glob("step-*")) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -407,12 +420,9 @@ def test_a_run_whose_service_died_stops_at_a_step_boundary_with_its_checkpoint(
     assert len(saved) == 1 and store.verifies(saved[0])  # the stop checkpoint, nothing lost
     assert store.load_state(saved[0])["trainer"]["global_step"] >= 1
     assert its_actor
-    while time.monotonic() < deadline:  # and the actor exits
-        if not its_actor & _actor_names():
-            break
+    while its_actor & _actor_names() and time.monotonic() < deadline:  # and the actor exits
         time.sleep(0.2)
-    else:
-        pytest.fail("the actor of a service that died did not exit")
+    assert not its_actor & _actor_names()
 
 
 def test_without_ray_the_setting_is_a_config_error_naming_the_extra(
