@@ -142,7 +142,7 @@ async def _cancelled(job: TrainingJob, how: str, started: asyncio.Event) -> Any:
     """Cancel ``job.train()`` as ``how`` says once ``started`` is set; the outcome."""
     try:
         if how == "asyncio.wait_for":  # a deadline the run (minutes long) passes as it trains
-            return await asyncio.wait_for(job.train(), 8.0)
+            return await asyncio.wait_for(job.train(), 5.0)
         training = asyncio.create_task(job.train())
         await started.wait()
         if how == "stop":

@@ -88,7 +88,8 @@ class TrainingJob(JobViews):
     may also be named as ``"package.module:function"`` factories (see
     ``core.trainer.process.crossing``). With
     ``config.run.isolation="process"`` the job trains in a supervised child process
-    (``core.trainer.process``): what it is given must pickle, or be such a factory.
+    (``core.trainer.process``), with ``"ray"`` in an actor of a Ray cluster
+    (``core.trainer.cluster``): what it is given must pickle, or be such a factory.
     """
 
     def __init__(
@@ -140,7 +141,7 @@ class TrainingJob(JobViews):
         self._hub = EventHub()
         self._log = CurrentLog()
         self._cycle: RunCycle | None = None
-        self._process: TrainingProcess | RayRun | None = None
+        self._placed: TrainingProcess | RayRun | None = None
         self._running = False
         self._open_listeners: list[Callable[[Path], None]] = []
         self._held_stop: str | None = None  # requested before this train()'s run existed
@@ -256,8 +257,8 @@ class TrainingJob(JobViews):
         cancelled."""
         if not self._running:
             return False
-        if self._process is not None:
-            return self._process.request_stop(reason)
+        if self._placed is not None:
+            return self._placed.request_stop(reason)
         if self._stop_target is None:  # this train()'s run does not exist yet: held for it
             self._held_stop = self._held_stop or reason
             return True
@@ -316,7 +317,7 @@ class TrainingJob(JobViews):
         try:
             if self._crossing is not None:
                 await self.start()  # what crosses is checked off this thread, before a process
-                return await self._train_in_a_process(self._crossing)
+                return await self._train_placed(self._crossing)
             run, description = await until_released(self._start_run)
             cycle = self._cycle
             assert cycle is not None
@@ -350,9 +351,9 @@ class TrainingJob(JobViews):
         assert self._cycle is not None
         return Run(self._config, self._built, self._cycle, self._hub, observers), self.describe()
 
-    async def _train_in_a_process(self, crossing: Crossing) -> TrainingResults:
+    async def _train_placed(self, crossing: Crossing) -> TrainingResults:
         self._child = ChildState()
-        self._process = child = self._placement(
+        self._placed = child = self._placement(
             type(self),
             self._config,
             crossing,
@@ -367,7 +368,7 @@ class TrainingJob(JobViews):
         try:
             results = await child.execute()
         finally:
-            self._process = None
+            self._placed = None
         self._run_dir = results.run_dir  # None: a smoke run's directory, removed
         return results
 
