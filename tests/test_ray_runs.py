@@ -212,6 +212,34 @@ def _actor_of(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 @pytest.mark.ray
 @pytest.mark.usefixtures("ray_cluster")
+def test_a_frozen_actor_is_cancelled_then_killed_and_the_cancel_still_propagates(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path, max_epochs=200, stop_grace_s=1)
+    job = TrainingJob(config, model=make_model(), train_loader=SlowLoader(0.02))
+    place: dict[str, Any] = {}
+
+    async def freeze_then_cancel() -> Any:
+        training = asyncio.create_task(job.train())
+        async for record in job.events():
+            if record["event"] == "run_start":
+                place.update(record["resolved"]["isolation"])
+            if record["event"] == "train_step":
+                os.kill(place["pid"], signal.SIGSTOP)  # its event loop says nothing from now
+                training.cancel()
+                break
+        return (await asyncio.gather(training, return_exceptions=True))[0]
+
+    outcome = asyncio.run(freeze_then_cancel())
+    assert isinstance(outcome, asyncio.CancelledError), outcome
+    deadline = time.monotonic() + 30  # ray.kill is asynchronous: Ray lists it until done
+    while place["actor"] in _actor_names() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert place["actor"] not in _actor_names()
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_cluster")
 def test_a_killed_actor_names_its_checkpoint_and_resume_auto_equals_an_uninterrupted_run(
     tmp_path: Path,
 ) -> None:

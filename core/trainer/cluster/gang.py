@@ -6,7 +6,7 @@ Each actor's stream is read by a thread of its own into one inbox, tagged with t
 rank 0's records are the run's; every rank's ``ended`` (or its death: the stream raises when
 the actor or its node is lost) says how it ended. The gang is ``Stoppable``
 (``core.trainer.running.placement``): asked to cancel, every rank is; silent, frozen ranks
-are killed (``ray.cancel`` of their streams, then ``ray.kill``).
+are killed (``ray.cancel`` of their streams, then ``ray.kill`` of those still there).
 """
 
 from __future__ import annotations
@@ -28,7 +28,10 @@ from core.trainer.cluster.connection import ray_module
 from core.trainer.process.crossing import Crossing
 from core.trainer.process.pipe import Message
 
-__all__ = ("Gang",)
+__all__ = ("CANCEL_GRACE_S", "Gang")
+
+CANCEL_GRACE_S = 5.0
+"""How long a rank whose stream was cancelled has to end before its actor is killed."""
 
 
 class Gang:
@@ -119,9 +122,20 @@ class Gang:
         return bool(self.running)
 
     def kill(self) -> None:
-        """``ray.cancel`` every rank's stream, then ``ray.kill`` its actor."""
+        """``ray.cancel`` every running rank's stream (its run is cancelled as the stream
+        goes), and ``ray.kill`` the actors of those still running :data:`CANCEL_GRACE_S`
+        later (an event loop that does not even send its heartbeat may not see a cancel)."""
         ray = ray_module()
-        for stream in self.streams:
-            ray.cancel(stream)
-        for actor in self.actors:
-            ray.kill(actor)
+        for rank in list(self.running):
+            with contextlib.suppress(Exception):  # ended meanwhile
+                ray.cancel(self.streams[rank])
+        killer = threading.Timer(CANCEL_GRACE_S, self.kill_now)
+        killer.daemon = True
+        killer.start()
+
+    def kill_now(self) -> None:
+        """``ray.kill`` the actors of the ranks still running."""
+        ray = ray_module()
+        for rank in list(self.running):
+            with contextlib.suppress(Exception):  # gone already
+                ray.kill(self.actors[rank])

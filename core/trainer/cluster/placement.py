@@ -246,8 +246,7 @@ class RayRun:
                 await gang.wait()
                 self._dispatch(gang)
                 if self.lost and gang.running:  # the others wait for it in collectives
-                    self.killed_why = self.killed_why or " (a rank's actor was lost)"
-                    await anyio.to_thread.run_sync(gang.kill)
+                    await anyio.to_thread.run_sync(gang.kill_now)
             tg.cancel_scope.cancel()
 
     async def _stop_once(self, gang: Gang, cancelled: anyio.Event) -> None:
