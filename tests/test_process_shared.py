@@ -128,3 +128,23 @@ def test_the_check_reports_classes_of_an_unimportable_main(monkeypatch: pytest.M
         r"move Net into a module",
     ):
         create_optimized_training_optimizer(model=Net(8, 2), **settings)
+
+
+def test_portable_objects_keep_their_sharing_and_their_bytes_travel_beside_the_pickle() -> None:
+    """The form that crosses to a Ray actor: numpy arrays beside a pickle of the structure,
+    unpacked into storages of their own (the object store's buffers are read-only)."""
+    pytest.importorskip("numpy")
+    model = nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    crossed = shared.portable({"model": model, "optimizer": optimizer})
+    assert sum(p.numel() * 4 for p in model.parameters()) == crossed.tensor_bytes
+    assert all(not isinstance(b, bytes) for b in crossed.buffers)  # arrays, not in the pickle
+    assert len(crossed.structure) < crossed.tensor_bytes / 20  # the structure only
+    there = crossed.unpack()
+    parameters = list(there["model"].parameters())
+    assert there["optimizer"].param_groups[0]["params"][0] is parameters[0]  # still shared
+    for mine, theirs in zip(parameters, model.parameters(), strict=True):
+        assert torch.equal(mine, theirs) and mine.data_ptr() != theirs.data_ptr()
+    with torch.no_grad():
+        parameters[0].add_(1.0)  # writable, and the given model is left alone
+    assert not torch.equal(parameters[0], next(model.parameters()))

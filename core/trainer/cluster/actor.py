@@ -6,9 +6,10 @@ the items of one streaming call (:meth:`RunActor.train`), in order, batched as a
 process's pipe batches them (``core.trainer.process.pipe``): ``("records", [...])``,
 ``("opened", run_dir)``, ``("alive",)`` each second without anything else, and one
 ``("ended", how, detail)`` last (``completed`` with the results and the trained weights,
-which travel through Ray's object store; ``failed`` with the error; ``cancelled`` with the
-last checkpoint). The service steers with two other calls, which an async actor runs
-beside the stream: :meth:`RunActor.request_stop` and :meth:`RunActor.cancel`.
+which travel through Ray's object store, their bytes as arrays beside the pickle;
+``failed`` with the error; ``cancelled`` with the last checkpoint). The service steers with
+two other calls, which an async actor runs beside the stream: :meth:`RunActor.request_stop`
+and :meth:`RunActor.cancel`.
 
 The service renews the actor's lease every second (:meth:`RunActor.renew`). An actor not
 renewed for ``service_lease_s`` has lost its service: its run is cancelled (the stop
@@ -37,6 +38,7 @@ from core.distributed.environment import as_a_torchrun_rank
 from core.reports.apart import wait_for_reports
 from core.trainer.process.child import HEARTBEAT_S, Relay
 from core.trainer.process.pipe import Message
+from core.trainer.process.shared import Portable, portable
 
 __all__ = ("RunActor", "actor_config")
 
@@ -126,7 +128,7 @@ class RunActor:
         self,
         job_class: Any,
         config: TrainingConfig,
-        objects: Mapping[str, Any],
+        objects: Portable,
         environment: Mapping[str, str],
     ) -> AsyncIterator[list[Message]]:
         """Train ``job_class(config, **objects)`` (``environment``: a rank's torchrun
@@ -168,11 +170,14 @@ class RunActor:
             self._training.cancel()
 
     async def _train(
-        self, job_class: Any, config: TrainingConfig, objects: Mapping[str, Any], outbox: _Outbox
+        self, job_class: Any, config: TrainingConfig, crossed: Portable, outbox: _Outbox
     ) -> None:
         job: Any = None
         try:
             if self._cancelled:  # cancelled before the stream began
+                raise asyncio.CancelledError
+            objects = await asyncio.to_thread(crossed.unpack)
+            if self._cancelled:
                 raise asyncio.CancelledError
             relay = Relay(outbox)  # type: ignore[arg-type]  # an outbox has the sender's put
             self._job = job = job_class(actor_config(config), callbacks=[relay], **objects)
@@ -207,16 +212,17 @@ class RunActor:
         os._exit(0)
 
 
-def _trained_weights(job: Any) -> dict[str, Any] | None:
+def _trained_weights(job: Any) -> Portable | None:
     """The model's full weights on the CPU, for the service's model (rank 0's; None on the
-    other ranks of ``ray.actors=N``). Under FSDP2 every rank calls it (a collective)."""
+    other ranks of ``ray.actors=N``), their bytes beside the pickle (``Portable``). Under
+    FSDP2 every rank calls it (a collective)."""
     if job.trains_here:
         state = job.distribution.strategy.model_state_dict(job.model)
     else:  # devices=N here: the ranks' weights are in the job's model already
         state = job.model.state_dict()
     if job.rank != 0:
         return None
-    return {key: value.detach().to("cpu", copy=True) for key, value in state.items()}
+    return portable({key: value.detach().cpu() for key, value in state.items()})
 
 
 def _read(path: Path) -> str | None:

@@ -27,6 +27,7 @@ from core.distributed.environment import torchrun_variables
 from core.trainer.cluster.connection import ray_module
 from core.trainer.process.crossing import Crossing
 from core.trainer.process.pipe import Message
+from core.trainer.process.shared import portable
 
 __all__ = ("CANCEL_GRACE_S", "Gang")
 
@@ -72,7 +73,7 @@ class Gang:
             world = len(self.actors)
             environments = [torchrun_variables(r, world, address, port) for r in range(world)]
         objects = {**crossing.objects, **crossing.names}
-        shared = ray.put(objects)  # once for every rank
+        shared = ray.put(portable(objects))  # once for every rank; tensors beside the pickle
         for rank, (actor, environment) in enumerate(zip(self.actors, environments, strict=True)):
             stream = actor.train.remote(job_class, config, shared, environment)
             self.streams.append(stream)

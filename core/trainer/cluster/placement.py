@@ -44,6 +44,7 @@ from core.trainer.process.child_state import ChildState
 from core.trainer.process.crossing import Crossing
 from core.trainer.process.pipe import Message
 from core.trainer.process.postmortem import last_good_checkpoint
+from core.trainer.process.shared import Portable
 from core.trainer.running.observers import Observers
 from core.trainer.running.placement import escalate, until_released
 from core.trainer.running.starts import run_starts
@@ -172,13 +173,16 @@ class RayRun:
             if not await self._ready([group.ready()], cancelled):
                 return None
             scheduling = [_in_bundle(group, index) for index in range(actors)]
-        made = [self.request.create(strategy) for strategy in scheduling]
+        made = await anyio.to_thread.run_sync(self._create, scheduling)  # Ray imports lazily
         for actor in made:
             LEASES.hold(actor)
             opened.callback(self._release, actor)
         if not await self._ready([actor.ready.remote() for actor in made], cancelled):
             return None
         return await self._hosts(Gang(made))
+
+    def _create(self, scheduling: list[Any]) -> list[Any]:
+        return [self.request.create(strategy) for strategy in scheduling]
 
     async def _ready(self, references: list[Any], cancelled: anyio.Event) -> bool:
         """Wait for the ``references`` (the actors' ``ready`` calls, or a placement group's
@@ -290,7 +294,7 @@ class RayRun:
         results, weights = detail
         self.state.best_checkpoint = results.best_checkpoint
         if weights is not None:
-            await anyio.to_thread.run_sync(self.model.load_state_dict, weights)
+            await anyio.to_thread.run_sync(_load, self.model, weights)
         assert isinstance(results, TrainingResults)
         return results
 
@@ -300,6 +304,10 @@ class RayRun:
         what = f"{type(cause).__name__}" if cause is not None else "its stream ended"
         whose = f"rank {rank}'s" if len(gang.actors) > 1 else "its"
         return f": {whose} Ray actor on {host} was lost ({what}){self.killed_why}"
+
+
+def _load(model: nn.Module, weights: Portable) -> None:
+    model.load_state_dict(weights.unpack())
 
 
 def _in_bundle(group: Any, index: int) -> Any:

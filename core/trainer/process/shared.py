@@ -16,6 +16,11 @@ through host memory (one device-to-host copy here) and is put back on its device
 :data:`Packed.model` lays out the given model's state dict in the same block (its own
 storages, or, for a model named by a factory, regions only it uses), so that the trained
 weights come back the same way (``core.trainer.process.handback``).
+
+Where no memory is shared (a Ray actor, possibly on another machine), :func:`portable` gives
+the same structure with each storage's bytes as a numpy array: Ray's object store carries
+arrays beside the pickle, without pickling them (pickled tensors are written into the
+pickle's bytes while the interpreter lock is held: a stall of the service's event loop).
 """
 
 from __future__ import annotations
@@ -35,7 +40,17 @@ from typing import IO, Any
 import torch
 from torch.multiprocessing import get_sharing_strategy
 
-__all__ = ("ALIGN", "Packed", "SharedBlock", "Slot", "main_is_importable", "pack", "structure_of")
+__all__ = (
+    "ALIGN",
+    "Packed",
+    "Portable",
+    "SharedBlock",
+    "Slot",
+    "main_is_importable",
+    "pack",
+    "portable",
+    "structure_of",
+)
 
 ALIGN = 64
 """Byte alignment of each storage in the block (any element size divides it)."""
@@ -281,4 +296,58 @@ class _Unpickler(pickle.Unpickler):
             self._loaded[index] = bytes_.untyped_storage()
         return torch.storage.TypedStorage(
             wrap_storage=self._loaded[index], dtype=dtype, _internal=True
+        )
+
+
+@dataclass(frozen=True)
+class Portable:
+    """Objects as they cross to another machine: their structure pickled, each storage's
+    bytes a numpy array beside it (:func:`portable`)."""
+
+    structure: bytes
+    buffers: tuple[Any, ...]
+    """One ``numpy.uint8`` array per storage (read-only where Ray's object store maps it)."""
+    devices: tuple[torch.device, ...]
+
+    @property
+    def tensor_bytes(self) -> int:
+        return sum(int(buffer.nbytes) for buffer in self.buffers)
+
+    def unpack(self) -> Any:
+        """The objects, their tensors in storages of their own (each buffer copied once: the
+        object store's are read-only), on the devices they came from."""
+        storages = []
+        for buffer, device in zip(self.buffers, self.devices, strict=True):
+            bytes_ = torch.frombuffer(bytearray(buffer), dtype=torch.uint8)
+            if device.type != "cpu":
+                bytes_ = bytes_.to(device)
+            storages.append(bytes_.untyped_storage())
+        return _StoragesUnpickler(io.BytesIO(self.structure), storages).load()
+
+
+def portable(objects: object) -> Portable:
+    """``objects`` as :class:`Portable` (the arrays view the storages' memory: put them in the
+    object store, which copies them, before the objects change)."""
+    buffer = io.BytesIO()
+    pickler = _StructurePickler(buffer)
+    pickler.dump(objects)
+    arrays = []
+    for untyped in pickler.storages:
+        bytes_ = torch.empty(0, dtype=torch.uint8, device=untyped.device).set_(untyped)
+        arrays.append(bytes_.cpu().numpy())
+    devices = tuple(untyped.device for untyped in pickler.storages)
+    return Portable(buffer.getvalue(), tuple(arrays), devices)
+
+
+class _StoragesUnpickler(pickle.Unpickler):
+    """Resolves each storage reference to the storage of its index."""
+
+    def __init__(self, file: IO[bytes], storages: list[torch.UntypedStorage]) -> None:
+        super().__init__(file)
+        self._storages = storages
+
+    def persistent_load(self, pid: Any) -> Any:
+        _, index, dtype = pid
+        return torch.storage.TypedStorage(
+            wrap_storage=self._storages[index], dtype=dtype, _internal=True
         )
