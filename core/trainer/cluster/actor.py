@@ -154,7 +154,7 @@ class RunActor:
         this process's child: Ray would kill it with the actor)."""
         with contextlib.suppress(Exception):  # a writer that failed said so in its run dir
             await asyncio.to_thread(wait_for_reports, None, _REPORTS_GRACE_S)
-        os._exit(0)
+        _exit_actor()
 
     async def request_stop(self, reason: str) -> None:
         """The job's ``request_stop``, held until the job exists."""
@@ -210,6 +210,14 @@ class RunActor:
                 await training
             await asyncio.sleep(_LEASE_CHECK_S)  # the stream's last item, to nobody
         os._exit(0)
+
+
+def _exit_actor() -> None:
+    """End this actor as Ray expects one to end itself (no "worker died" in its logs)."""
+    import ray.actor  # in Ray's worker: Ray is there
+
+    exit_actor: Callable[[], None] = ray.actor.exit_actor  # untyped in Ray
+    exit_actor()
 
 
 def _trained_weights(job: Any) -> Portable | None:

@@ -162,10 +162,10 @@ class RayRun:
         actors = self.config.ray.actors
         warm = WARM.take(self.request) if actors == 1 and self.config.ray.keep_warm else None
         if warm is not None:
-            LEASES.hold(warm)
-            opened.callback(self._release, warm)
             if await self._answers(warm):
+                opened.callback(self._release, warm)
                 return await self._hosts(Gang([warm]))
+            LEASES.drop(warm)  # gone with its node, or its lease: a new one is made
         scheduling: list[Any] = [None]
         if actors > 1:
             group = await anyio.to_thread.run_sync(self._placement_group)
@@ -193,8 +193,7 @@ class RayRun:
         )
 
     async def _answers(self, warm: Any) -> bool:
-        """Whether a warm actor still answers (its node may be gone): if not, a new one is
-        made (this one is killed with the others once the run ends)."""
+        """Whether a warm actor still answers (its node may be gone)."""
         ray = ray_module()
         try:
             await anyio.to_thread.run_sync(lambda: ray.get(warm.ready.remote(), timeout=5.0))
@@ -307,7 +306,7 @@ class RayRun:
 
 
 def _load(model: nn.Module, weights: Portable) -> None:
-    model.load_state_dict(weights.unpack())
+    model.load_state_dict(weights.unpack(read_only=True))  # copied into the model's own
 
 
 def _in_bundle(group: Any, index: int) -> Any:

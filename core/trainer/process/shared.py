@@ -32,6 +32,7 @@ import os
 import pickle
 import sys
 import types
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -313,16 +314,28 @@ class Portable:
     def tensor_bytes(self) -> int:
         return sum(int(buffer.nbytes) for buffer in self.buffers)
 
-    def unpack(self) -> Any:
+    def unpack(self, *, read_only: bool = False) -> Any:
         """The objects, their tensors in storages of their own (each buffer copied once: the
-        object store's are read-only), on the devices they came from."""
+        object store's are read-only), on the devices they came from. ``read_only``: views of
+        the buffers, no copy (for what is only read, such as weights loaded into a model)."""
         storages = []
         for buffer, device in zip(self.buffers, self.devices, strict=True):
-            bytes_ = torch.frombuffer(bytearray(buffer), dtype=torch.uint8)
+            bytes_ = (
+                _view(buffer)
+                if read_only
+                else torch.frombuffer(bytearray(buffer), dtype=torch.uint8)
+            )
             if device.type != "cpu":
                 bytes_ = bytes_.to(device)
             storages.append(bytes_.untyped_storage())
         return _StoragesUnpickler(io.BytesIO(self.structure), storages).load()
+
+
+def _view(buffer: Any) -> torch.Tensor:
+    """A read-only buffer's bytes as a tensor, without the copy (nothing writes to it)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        return torch.frombuffer(buffer, dtype=torch.uint8)
 
 
 def portable(objects: object) -> Portable:
