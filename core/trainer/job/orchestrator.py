@@ -169,7 +169,8 @@ class TrainingJob(JobViews):
         """Check the directories the run writes and build the parts, in a worker thread
         (idempotent; ``train()`` calls it). Under ``isolation="process"`` the training
         process builds them: this checks what crosses (pickling its structure) and starts
-        the fork server it is started from (``core.trainer.process.supervisor``)."""
+        the fork server it is started from (``core.trainer.process.supervisor``); under
+        ``"ray"`` it connects to the cluster (``core.trainer.cluster.connection``)."""
         if self._isolated:  # the fork server imports torch and core meanwhile
             await anyio.to_thread.run_sync(self._prepare_crossing, limiter=run_starts())
         elif self._parts is None:
