@@ -11,6 +11,7 @@ the same functions below.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -308,6 +309,57 @@ def cancel_rank1(out: Path, rank: int) -> None:
     outcome["global_step"] = optimizer.global_step
     outcome["cancelled"] = "interrupted" not in outcome
     torch.save(outcome, out / f"cancel_rank1.rank{rank}.pt")
+
+
+class CancelsOnFirstRead(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """A validation set whose first read cancels ``task`` (natively, as ``task.cancel()`` from
+    the event loop does): the cancellation lands while the step thread validates at an
+    epoch's end, between two stop votes."""
+
+    def __init__(self, data: IndexedData, loop: asyncio.AbstractEventLoop, task: Any) -> None:
+        self.data, self.loop, self.task = data, loop, task
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.task is not None:
+            self.loop.call_soon_threadsafe(self.task.cancel)
+            self.task = None
+            time.sleep(0.2)  # the cancellation is delivered while this epoch's end runs
+        return self.data[i]
+
+
+@scenario
+def cancel_rank0_at_epoch_end(out: Path, rank: int) -> None:
+    # Rank 0's train() is cancelled (task.cancel() under asyncio.run) while it validates at
+    # the end of epoch 0; rank 1 is never cancelled. Rank 0 must not leave alone (rank 1
+    # would wait for it in the next step's all-reduce): both stop at one later boundary.
+    outcome: dict[str, Any] = {}
+
+    async def main() -> None:
+        task = asyncio.current_task() if rank == 0 else None
+        validation = CancelsOnFirstRead(IndexedData(16, seed=1), asyncio.get_running_loop(), task)
+        optimizer = create_optimized_training_optimizer(
+            model=Recorder(),
+            train_loader=DataLoader(IndexedData(96), batch_size=8),
+            val_loader=DataLoader(validation, batch_size=8),
+            max_epochs=50,
+            log_dir=out / "logs",
+            experiment_name="cancel_at_epoch_end",
+        )
+        outcome["optimizer"] = optimizer
+        results = await optimizer.train()
+        outcome["interrupted"] = results.interrupted
+
+    with contextlib.suppress(asyncio.CancelledError):
+        asyncio.run(main())
+    optimizer = outcome.pop("optimizer")
+    optimizer.close()
+    outcome["cancelled"] = "interrupted" not in outcome
+    outcome["global_step"] = optimizer.global_step
+    outcome["last_checkpoint"] = optimizer.last_checkpoint
+    torch.save(outcome, out / f"cancel_rank0_at_epoch_end.rank{rank}.pt")
 
 
 class Stream:

@@ -81,3 +81,48 @@ def test_several_ranks_abandon_a_loader_hung_past_grace_s_and_say_it_waited_for_
     thread = step_thread(wait, grace_s=0.5, loader_grace_s=0.1, parks=False)
     assert asyncio.run(stop_during(thread, wait, delivers_after_s=3.0)) == "still waiting"
     assert thread.abandoned and thread.waited_for_data and not thread.parked
+
+
+def test_call_through_returns_an_interruption_beside_the_result_it_waited_for() -> None:
+    """What a rank of several does with a job that holds collectives (an epoch's end): the
+    cancellation sets the stop flag, the job runs to its end, and both come back."""
+    thread = StepThread(threading.Event(), grace_s=10.0)
+    started = threading.Event()
+
+    def epoch_end() -> str:
+        started.set()
+        time.sleep(0.3)
+        return "validated"
+
+    async def cancel_during() -> tuple[str, BaseException | None]:
+        task = asyncio.ensure_future(thread.call_through(epoch_end))
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        task.cancel()
+        return await task
+
+    result, interruption = asyncio.run(cancel_during())
+    assert result == "validated" and isinstance(interruption, asyncio.CancelledError)
+    assert thread.stop.is_set()
+    thread.close()
+
+
+def test_call_through_raises_the_interruption_where_the_job_failed() -> None:
+    thread = StepThread(threading.Event(), grace_s=10.0)
+    started = threading.Event()
+
+    def failing() -> None:
+        started.set()
+        time.sleep(0.3)
+        raise RuntimeError("validation_step failed")
+
+    async def cancel_during() -> None:
+        task = asyncio.ensure_future(thread.call_through(failing))
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await task
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(cancel_during())
+    thread.close()

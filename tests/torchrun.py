@@ -28,6 +28,7 @@ SCENARIOS = (
     "fsdp_resume",
     "early_stop",
     "cancel_rank1",
+    "cancel_rank0_at_epoch_end",
     "uneven_stream",
     "slow_rank_heartbeat",
     "ep_fp32",

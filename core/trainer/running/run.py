@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -37,6 +37,8 @@ from core.trainer.running.stopping import Stopping
 from core.trainer.state.results import RunEnding, TrainingResults
 
 __all__ = ("Run",)
+
+R = TypeVar("R")
 
 # What a step or a validation raises where the last completed step is sound: its checkpoint
 # keeps the work (user code that failed, malformed data or losses, memory, non-finite steps).
@@ -77,6 +79,8 @@ class Run:
         )
         self.end = RunEnding()
         self.agreed: BaseException | None = None  # what train() raises, agreed by every rank
+        self.held: BaseException | None = None  # a rank's cancellation, until a stop vote
+        self.ran_to_the_end = False  # the ranks ended before a vote: no stop checkpoint
         log = cycle.current
         self.stopping = Stopping(
             checkpointer=parts.checkpointer,
@@ -146,7 +150,7 @@ class Run:
         """Open the run, then supervise it beside the log drain, the watchdogs and the monitor."""
         parts, cycle, run = self.parts, self.cycle, self.config.run
         worker, end, stopping = self.worker, self.end, self.stopping
-        log = await worker.call(cycle.open, description)
+        log = await self._call_on_every_rank(cycle.open, description)
         on_open(log.run_dir)
         run_scope = anyio.CancelScope()
         async with anyio.create_task_group() as tg:
@@ -180,7 +184,7 @@ class Run:
         worker, end, stopping, cycle = self.worker, self.end, self.stopping, self.cycle
         try:
             with run_scope:  # cancelled by the first stop signal
-                resume = await worker.call(cycle.resume)
+                resume = await self._call_on_every_rank(cycle.resume)
                 results = await self._fit(resume, run_dir)
             if end.signals:
                 end.status = "stopped"
@@ -193,7 +197,8 @@ class Run:
             return results
         except anyio.get_cancelled_exc_class():
             end.status = "cancelled"
-            await stopping.checkpoint(worker, "cancel")
+            if not self.ran_to_the_end:
+                await stopping.checkpoint(worker, "cancel")
             raise
         except _CHECKPOINT_AFTER:
             if self.parts.strategy.world_size == 1:
@@ -217,12 +222,15 @@ class Run:
             if stats.interrupted:
                 await self._interrupted()
                 break
-            ended = await worker.call(cycle.end_epoch, epoch, stats, started, stop)
+            ended = await self._call_on_every_rank(cycle.end_epoch, epoch, stats, started, stop)
             if ended.interrupted:
                 await self._interrupted()
                 break
             if ended.stop:
                 break
+        if self.held is not None:  # cancelled in the last epoch's end, after the last vote
+            self.ran_to_the_end = True
+            raise self.held
         checkpoint = self.config.checkpoint
         return progress.results(
             epochs_completed=parts.state.epochs_completed,
@@ -232,12 +240,31 @@ class Run:
             last_checkpoint=parts.checkpointer.last_path,
         )
 
+    async def _call_on_every_rank(self, fn: Callable[..., R], *args: Any) -> R:
+        """A job every rank runs to its end, with collectives and no stop vote inside
+        (opening, resuming, an epoch's end). Cancelled during it, one process raises the
+        cancellation at once; one rank of several must not leave alone, as the others
+        would wait for it in their next collective: its stop flag is set, the cancellation
+        is held, and the run goes on to the next stop vote, which stops every rank at the
+        same step boundary, where :meth:`_interrupted` raises it (a cancel scope, which
+        cancels every await, raises it as the next epoch stops there)."""
+        result, interruption = await self.worker.call_through(fn, *args)
+        if interruption is None:
+            return result
+        cancelled = isinstance(interruption, anyio.get_cancelled_exc_class())
+        if self.parts.strategy.world_size == 1 or not cancelled:
+            raise interruption
+        self.held = self.held or interruption
+        return result
+
     async def _interrupted(self) -> None:
         """After the ranks agreed to stop at a step boundary: re-raise this task's
-        cancellation if it was cancelled; a stop this run decided (a stopping rule, a
-        callback's request) writes its checkpoint here; otherwise another rank asked to
-        stop, and this one ends its run as interrupted."""
+        cancellation if it was cancelled (or one held until this vote); a stop this run
+        decided (a stopping rule, a callback's request) writes its checkpoint here;
+        otherwise another rank asked to stop, and this one ends its run as interrupted."""
         await anyio.lowlevel.checkpoint()
+        if self.held is not None:
+            raise self.held
         progress, requested = self.parts.state.progress, self.cycle.requested
         if progress.stopped_early:
             await self.stopping.checkpoint(self.worker, "early_stop")

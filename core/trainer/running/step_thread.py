@@ -130,23 +130,37 @@ class StepThread:
         Interrupted while waiting, it sets ``stop``, waits for ``fn`` to return (see the
         module's docstring for how long), then re-raises the interruption. Once the thread
         is parked, jobs run on a helper thread (the parked one holds nothing)."""
+        result, interruption = await self.call_through(fn, *args)
+        if interruption is not None:
+            raise interruption
+        return result
+
+    async def call_through(
+        self, fn: Callable[..., R], *args: Any
+    ) -> tuple[R, BaseException | None]:
+        """:meth:`call`, except that an interruption while ``fn`` runs is returned beside
+        its result, for the caller to raise later, instead of raised: ``(result, None)``
+        when nothing interrupted. It is raised at once only where there is no result: the
+        thread abandoned or parked, or ``fn`` raised."""
         if self.abandoned:
             raise StepThreadAbandoned(
                 "the step thread is still stuck in an earlier job (it did not reach a step "
                 "boundary within stop_grace_s); nothing more can run on it"
             )
         if self.parked:
-            return await anyio.to_thread.run_sync(functools.partial(fn, *args))
+            return await anyio.to_thread.run_sync(functools.partial(fn, *args)), None
         release_thread_pool()  # the event loop thread's, before the step thread uses its own
         job: _Job[R] = _Job(fn, args)
         self._jobs.put(job)
         try:
             await job.done.wait()
-        except BaseException:
+        except BaseException as interruption:
             self.stop.set()
             await self._settle(job)
-            raise
-        return job.outcome()
+            if not job.finished.is_set() or job.error is not None:
+                raise
+            return job.outcome(), interruption
+        return job.outcome(), None
 
     def hurry(self) -> None:
         """A second stop signal: park a thread that waits for data at once, and give a
