@@ -33,6 +33,7 @@ from core import (
     TrainingProcessDied,
 )
 from core.checkpointing.store import CheckpointStore
+from core.trainer.cluster.actors import LEASES, WARM, ActorRequest
 from core.trainer.job.orchestrator import TrainingJob
 from tests.helpers import eventually, pythonpath
 from tests.isolation_parts import (
@@ -142,7 +143,8 @@ async def _cancelled(job: TrainingJob, how: str, started: asyncio.Event) -> Any:
     """Cancel ``job.train()`` as ``how`` says once ``started`` is set; the outcome."""
     try:
         if how == "asyncio.wait_for":  # a deadline the run (minutes long) passes as it trains
-            return await asyncio.wait_for(job.train(), 5.0)
+            await asyncio.to_thread(_cluster_idle)  # the deadline starts with a free worker
+            return await asyncio.wait_for(job.train(), 8.0)
         training = asyncio.create_task(job.train())
         await started.wait()
         if how == "stop":
@@ -155,6 +157,19 @@ async def _cancelled(job: TrainingJob, how: str, started: asyncio.Event) -> Any:
             return await training
     except BaseException as exc:  # the outcome the test asserts
         return exc
+
+
+def _cluster_idle(timeout_s: float = 60.0) -> None:
+    """Retire the warm actors and wait until a CPU is free: earlier tests' actors retire
+    after their runs have returned (slowly on a loaded machine), and a deadline set while
+    they do would time that wait, not the run."""
+    import ray
+
+    WARM.release_all()
+    deadline = time.monotonic() + timeout_s
+    while ray.available_resources().get("CPU", 0.0) < RAY.num_cpus:
+        assert time.monotonic() < deadline, ray.available_resources()
+        time.sleep(0.1)
 
 
 @pytest.mark.ray
@@ -407,6 +422,31 @@ async def main() -> None:
 if __name__ == "__main__":
     asyncio.run(main())
 """
+
+
+@pytest.mark.ray
+def test_a_service_that_shuts_ray_down_is_not_connected_again_by_its_actors_leases(
+    ray_cluster: Any,
+) -> None:
+    """Ray connects again (or starts a cluster of its own) on any call made after
+    ``ray.shutdown()``; the thread renewing the leases of a service's actors must stop
+    calling once the service has shut Ray down."""
+    import ray
+
+    before = _actor_names()
+    actor = ActorRequest.of(RAY).create()
+    ray.get(actor.ready.remote(), timeout=60)
+    (name,) = _actor_names() - before
+    LEASES.hold(actor)
+    try:
+        ray.shutdown()
+        time.sleep(2.5)  # two renewals
+        assert not ray.is_initialized()
+    finally:
+        LEASES.drop(actor)
+        ray.shutdown()
+        ray.init(address=ray_cluster.address, namespace="core", configure_logging=False)
+        ray.kill(ray.get_actor(name, namespace=RAY.namespace))
 
 
 @pytest.mark.ray

@@ -106,6 +106,8 @@ class Leases:
             time.sleep(_LEASE_RENEWAL_S)
             with self._lock:
                 actors = list(self._held.values())
+            if actors and not ray_module().is_initialized():
+                continue  # the service shut Ray down: a call would connect it again
             for actor in actors:
                 with contextlib.suppress(Exception):  # gone, or Ray shut down: nothing to renew
                     actor.renew.remote()
