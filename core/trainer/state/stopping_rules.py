@@ -17,10 +17,10 @@ from core.checkpointing.ranking import better
 from core.config import EarlyStoppingConfig
 
 __all__ = (
-    "RULES",
     "DivergenceThreshold",
     "NotFinite",
     "Patience",
+    "RULES",
     "StoppingRule",
     "StoppingThreshold",
     "Watch",
