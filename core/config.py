@@ -28,6 +28,7 @@ from core.checks import check_bool_fields, is_finite_number, is_int
 from core.data.config import LoaderConfig
 from core.distributed.config import MultiGPUConfig
 from core.errors import ConfigError, config_error
+from core.flat_keyword import flat
 from core.hardware.settings import GPUManagerConfig
 from core.loop.accumulation import GradientAccumulationConfig
 from core.loop.gradients import check_max_grad_norm
@@ -58,9 +59,9 @@ class OptimConfig:
     given to the run keeps its own. ``max_grad_norm`` clips the global gradient norm of any
     optimizer (None: no clipping)."""
 
-    learning_rate: float = 1e-3
-    weight_decay: float = 0.01
-    max_grad_norm: float | None = None
+    learning_rate: float = field(default=1e-3, metadata=flat("learning_rate"))
+    weight_decay: float = field(default=0.01, metadata=flat("weight_decay"))
+    max_grad_norm: float | None = field(default=None, metadata=flat("max_grad_norm"))
 
     def __post_init__(self) -> None:
         if not (is_finite_number(self.learning_rate) and self.learning_rate > 0):
@@ -93,15 +94,15 @@ class EarlyStoppingConfig:
     ``val_loader``): one setting for the best checkpoint and for stopping. Why the run
     stopped is ``run_end``'s ``stop_reason`` (and ``TrainingResults.stop_reason``)."""
 
-    patience: int | None = None
-    min_delta: float = 0.0
-    monitor: str | None = None
-    mode: Literal["min", "max"] | None = None
-    check_finite: bool = True
-    stopping_threshold: float | None = None
-    divergence_threshold: float | None = None
-    min_epochs: int | None = None
-    min_steps: int | None = None
+    patience: int | None = field(default=None, metadata=flat("early_stopping_patience"))
+    min_delta: float = field(default=0.0, metadata=flat("early_stopping_min_delta"))
+    monitor: str | None = field(default=None, metadata=flat("early_stopping_monitor"))
+    mode: Literal["min", "max"] | None = field(default=None, metadata=flat("early_stopping_mode"))
+    check_finite: bool = field(default=True, metadata=flat("check_finite"))
+    stopping_threshold: float | None = field(default=None, metadata=flat("stopping_threshold"))
+    divergence_threshold: float | None = field(default=None, metadata=flat("divergence_threshold"))
+    min_epochs: int | None = field(default=None, metadata=flat("min_epochs"))
+    min_steps: int | None = field(default=None, metadata=flat("min_steps"))
 
     def __post_init__(self) -> None:
         if self.monitor is not None and not (
@@ -152,7 +153,7 @@ class DataConfig:
     ``loader``: how :func:`~core.data.create_dataloader` builds loaders; of it, a run uses
     ``device_prefetch`` (its loaders are the user's own)."""
 
-    use_distributed_sampler: bool = True
+    use_distributed_sampler: bool = field(default=True, metadata=flat("use_distributed_sampler"))
     loader: LoaderConfig = field(default_factory=LoaderConfig)
 
     def __post_init__(self) -> None:
@@ -167,15 +168,27 @@ class TrainingConfig:
 
     run: RunConfig = field(default_factory=RunConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
-    accumulation: GradientAccumulationConfig = field(default_factory=GradientAccumulationConfig)
+    precision: MixedPrecisionConfig = field(
+        default_factory=MixedPrecisionConfig, metadata=flat("mixed_precision_config")
+    )
+    accumulation: GradientAccumulationConfig = field(
+        default_factory=GradientAccumulationConfig, metadata=flat("gradient_accumulation_config")
+    )
     data: DataConfig = field(default_factory=DataConfig)
-    distributed: MultiGPUConfig = field(default_factory=MultiGPUConfig)
+    distributed: MultiGPUConfig = field(
+        default_factory=MultiGPUConfig, metadata=flat("multi_gpu_config")
+    )
     hardware: GPUManagerConfig = field(default_factory=GPUManagerConfig)
-    transforms: ModelTransformsConfig = field(default_factory=ModelTransformsConfig)
-    memory: MemoryConfig = field(default_factory=MemoryConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    errors: ErrorHandlerConfig = field(default_factory=ErrorHandlerConfig)
+    transforms: ModelTransformsConfig = field(
+        default_factory=ModelTransformsConfig, metadata=flat("model_transforms_config")
+    )
+    memory: MemoryConfig = field(default_factory=MemoryConfig, metadata=flat("memory_config"))
+    checkpoint: CheckpointConfig = field(
+        default_factory=CheckpointConfig, metadata=flat("checkpoint_config")
+    )
+    errors: ErrorHandlerConfig = field(
+        default_factory=ErrorHandlerConfig, metadata=flat("error_handler_config")
+    )
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     monitor: GPUMonitorConfig = field(default_factory=GPUMonitorConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)

@@ -7,12 +7,13 @@ stops (``TrainingConfig.run``; re-exported by :mod:`core.config` and :mod:`core`
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 from core.checks import check_bool_fields, is_finite_number, is_int, is_path
 from core.errors import config_error
+from core.flat_keyword import flat
 
 __all__ = ("RunConfig",)
 
@@ -71,23 +72,27 @@ class RunConfig:
     1
     """
 
-    experiment_name: str = "experiment"
-    max_epochs: int = 10
-    max_steps: int | None = None
-    val_every_n_epochs: int | None = 1
-    val_every_n_steps: int | None = None
-    seed: int | None = None
-    deterministic: bool = False
-    log_dir: str | Path = "logs"
-    handle_signals: bool = False
-    stop_grace_s: float = 30.0
-    loader_grace_s: float = 1.0
-    data_stall_warn_s: float = 10.0
-    isolation: Literal["thread", "process", "ray"] = "thread"
-    fast_dev_run: bool | int = False
-    keep_fast_dev_run_files: bool = False
-    limit_train_batches: int | float | None = None
-    limit_val_batches: int | float | None = None
+    experiment_name: str = field(default="experiment", metadata=flat("experiment_name"))
+    max_epochs: int = field(default=10, metadata=flat("max_epochs"))
+    max_steps: int | None = field(default=None, metadata=flat("max_steps"))
+    val_every_n_epochs: int | None = field(default=1, metadata=flat("val_every_n_epochs"))
+    val_every_n_steps: int | None = field(default=None, metadata=flat("val_every_n_steps"))
+    seed: int | None = field(default=None, metadata=flat("seed"))
+    deterministic: bool = field(default=False, metadata=flat("deterministic"))
+    log_dir: str | Path = field(default="logs", metadata=flat("log_dir"))
+    handle_signals: bool = field(default=False, metadata=flat("handle_signals"))
+    stop_grace_s: float = field(default=30.0, metadata=flat("stop_grace_s"))
+    loader_grace_s: float = field(default=1.0, metadata=flat("loader_grace_s"))
+    data_stall_warn_s: float = field(default=10.0, metadata=flat("data_stall_warn_s"))
+    isolation: Literal["thread", "process", "ray"] = field(
+        default="thread", metadata=flat("isolation")
+    )
+    fast_dev_run: bool | int = field(default=False, metadata=flat("fast_dev_run"))
+    keep_fast_dev_run_files: bool = field(default=False, metadata=flat("keep_fast_dev_run_files"))
+    limit_train_batches: int | float | None = field(
+        default=None, metadata=flat("limit_train_batches")
+    )
+    limit_val_batches: int | float | None = field(default=None, metadata=flat("limit_val_batches"))
 
     def __post_init__(self) -> None:
         if not (isinstance(self.experiment_name, str) and _SAFE_NAME.match(self.experiment_name)):

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
 from core.checks import check_bool_fields, is_int, is_path
 from core.errors import config_error
+from core.flat_keyword import flat
 
 __all__ = ("CheckpointConfig", "METRIC_NAME")
 
@@ -61,18 +62,22 @@ class CheckpointConfig:
     else is kept.
     """
 
-    checkpoint_dir: str | Path | None = None
-    checkpoint_every_n_steps: int | None = None
-    checkpoint_every_n_epochs: int | None = 1
-    keep_last_n: int | None = None
-    resume: str | Path | None = None
-    save_on_cancel: bool = True
-    safe_globals: Sequence[Any] = ()
-    save_best: bool = False
-    save_top_k: int | None = None
-    save_last: bool = False
-    monitor: str = "val_loss"
-    mode: Literal["min", "max"] = "min"
+    checkpoint_dir: str | Path | None = field(default=None, metadata=flat("checkpoint_dir"))
+    checkpoint_every_n_steps: int | None = field(
+        default=None, metadata=flat("checkpoint_every_n_steps")
+    )
+    checkpoint_every_n_epochs: int | None = field(
+        default=1, metadata=flat("checkpoint_every_n_epochs")
+    )
+    keep_last_n: int | None = field(default=None, metadata=flat("keep_last_n"))
+    resume: str | Path | None = field(default=None, metadata=flat("resume"))
+    save_on_cancel: bool = field(default=True, metadata=flat("save_on_cancel"))
+    safe_globals: Sequence[Any] = field(default=(), metadata=flat("checkpoint_safe_globals"))
+    save_best: bool = field(default=False, metadata=flat("save_best"))
+    save_top_k: int | None = field(default=None, metadata=flat("save_top_k"))
+    save_last: bool = field(default=False, metadata=flat("save_last"))
+    monitor: str = field(default="val_loss", metadata=flat("monitor"))
+    mode: Literal["min", "max"] = field(default="min", metadata=flat("mode"))
 
     def __post_init__(self) -> None:
         if not (isinstance(self.monitor, str) and METRIC_NAME.match(self.monitor)):

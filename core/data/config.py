@@ -7,13 +7,14 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 
 from core.checks import check_bool_fields, is_int
 from core.errors import config_error
+from core.flat_keyword import flat
 
 __all__ = ("LoaderConfig",)
 
@@ -57,7 +58,9 @@ class LoaderConfig:
     pin_memory: Literal["auto"] | bool = "auto"
     persistent_workers: bool = True
     prefetch_factor: int | None = None
-    device_prefetch: Literal["auto"] | bool = "auto"
+    device_prefetch: Literal["auto"] | bool = field(
+        default="auto", metadata=flat("device_prefetch")
+    )
 
     def __post_init__(self) -> None:
         check_bool_fields(self)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from core.checks import check_bool_fields, is_finite_number, is_int
 from core.distributed.expert_parallel import TokenExchangeChoice
 from core.distributed.fsdp import ShardPolicy
 from core.errors import config_error
+from core.flat_keyword import flat
 
 __all__ = ("MODES", "MultiGPUConfig", "TOKEN_EXCHANGES", "TrainingMode")
 
@@ -45,7 +46,7 @@ class MultiGPUConfig:
     no torchrun command needed. None (the default) or 1: this process is the job, or one of
     the ranks torchrun started. Several machines still take ``torchrun --nnodes``."""
 
-    training_mode: TrainingMode = "auto"
+    training_mode: TrainingMode = field(default="auto", metadata=flat("training_mode"))
     enable_data_parallel: bool = True
     device_ids: Sequence[int] | None = None
     enable_distributed: bool = True
@@ -67,7 +68,7 @@ class MultiGPUConfig:
     fsdp_mixed_precision: bool = False
     fsdp_reshard_after_forward: bool = True
     expert_token_exchange: TokenExchangeChoice = "auto"
-    devices: int | None = None
+    devices: int | None = field(default=None, metadata=flat("devices"))
 
     def __post_init__(self) -> None:
         check_bool_fields(self)

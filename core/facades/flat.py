@@ -1,9 +1,11 @@
-"""The one table from the seed factory's flat keywords to the config tree.
+"""The seed factory's flat keywords onto the config tree, read from the tree itself.
 
 ``create_optimized_training_optimizer(amp_dtype="bf16", keep_last_n=3)`` sets
 ``precision.dtype`` and ``checkpoint.keep_last_n``; a section object
 (``multi_gpu_config=MultiGPUConfig(...)``) sets a whole section; ``config=`` is the base
-tree. Every new setting gets its place in the tree and, here, its flat name.
+tree. A setting's flat name (and its aliases) is declared on its field, where it lives in
+the tree: ``field(default="auto", metadata=flat("amp_dtype"))``; the typed keywords of
+``flat_settings.py`` are generated from the same declarations.
 
 Each setting is given once: a flat keyword, a section object and ``config=`` that set the
 same leaf raise :class:`~core.errors.ConfigError` naming both. (``config=`` sets the leaves
@@ -15,131 +17,90 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Mapping
-from dataclasses import fields
-from typing import Any
+from dataclasses import Field, fields, is_dataclass
+from typing import Any, NamedTuple
 
 from core.config import TrainingConfig
 from core.errors import ConfigError, config_error
 from core.facades.flat_settings import FlatSettings
+from core.flat_keyword import flat_aliases, flat_keyword
 
 __all__ = (
     "FLAT_KEYWORDS",
+    "FlatField",
     "FlatSettings",
     "SECTION_KEYWORDS",
     "SEED_ALIASES",
     "config_from_flat",
+    "flat_fields",
 )
 
-FLAT_KEYWORDS: dict[str, str] = {
-    "experiment_name": "run.experiment_name",
-    "max_epochs": "run.max_epochs",
-    "max_steps": "run.max_steps",
-    "val_every_n_epochs": "run.val_every_n_epochs",
-    "val_every_n_steps": "run.val_every_n_steps",
-    "seed": "run.seed",
-    "deterministic": "run.deterministic",
-    "log_dir": "run.log_dir",
-    "handle_signals": "run.handle_signals",
-    "stop_grace_s": "run.stop_grace_s",
-    "loader_grace_s": "run.loader_grace_s",
-    "data_stall_warn_s": "run.data_stall_warn_s",
-    "isolation": "run.isolation",
-    "fast_dev_run": "run.fast_dev_run",
-    "keep_fast_dev_run_files": "run.keep_fast_dev_run_files",
-    "limit_train_batches": "run.limit_train_batches",
-    "limit_val_batches": "run.limit_val_batches",
-    "learning_rate": "optim.learning_rate",
-    "weight_decay": "optim.weight_decay",
-    "max_grad_norm": "optim.max_grad_norm",
-    "enable_amp": "precision.enable_amp",
-    "amp_dtype": "precision.dtype",
-    "enable_grad_scaler": "precision.enable_grad_scaler",
-    "amp_cache_enabled": "precision.cache_enabled",
-    "amp_init_scale": "precision.scaler.init_scale",
-    "amp_growth_factor": "precision.scaler.growth_factor",
-    "amp_backoff_factor": "precision.scaler.backoff_factor",
-    "amp_growth_interval": "precision.scaler.growth_interval",
-    "amp_hysteresis": "precision.scaler.hysteresis",
-    "amp_consecutive_hysteresis": "precision.scaler.consecutive_hysteresis",
-    "amp_min_scale": "precision.scaler.min_scale",
-    "amp_max_scale": "precision.scaler.max_scale",
-    "amp_monitoring": "precision.enable_monitoring",
-    "amp_log_stats": "precision.log_amp_stats",
-    "amp_track_memory": "precision.track_memory_usage",
-    "amp_validate": "precision.validate_amp",
-    "amp_check_compatibility": "precision.check_compatibility",
-    "accumulation_steps": "accumulation.accumulation_steps",
-    "micro_batch_size": "accumulation.micro_batch_size",
-    "normalize_by": "accumulation.normalize_by",
-    "training_mode": "distributed.training_mode",
-    "devices": "distributed.devices",
-    "use_distributed_sampler": "data.use_distributed_sampler",
-    "device_prefetch": "data.loader.device_prefetch",
-    "tf32": "hardware.tf32",
-    "cudnn_benchmark": "hardware.cudnn_benchmark",
-    "memory_fraction": "hardware.memory_fraction",
-    "activation_checkpointing": "transforms.activation_checkpointing",
-    "channels_last": "transforms.channels_last",
-    "compile": "transforms.compile",
-    "compile_mode": "transforms.compile_mode",
-    "compile_fullgraph": "transforms.compile_fullgraph",
-    "auto_batch_size": "memory.auto_batch_size",
-    "target_memory_gb": "memory.target_memory_gb",
-    "max_batch_size": "memory.max_batch_size",
-    "memory_margin": "memory.margin",
-    "checkpoint_dir": "checkpoint.checkpoint_dir",
-    "checkpoint_every_n_steps": "checkpoint.checkpoint_every_n_steps",
-    "checkpoint_every_n_epochs": "checkpoint.checkpoint_every_n_epochs",
-    "keep_last_n": "checkpoint.keep_last_n",
-    "resume": "checkpoint.resume",
-    "save_on_cancel": "checkpoint.save_on_cancel",
-    "checkpoint_safe_globals": "checkpoint.safe_globals",
-    "save_best": "checkpoint.save_best",
-    "save_top_k": "checkpoint.save_top_k",
-    "save_last": "checkpoint.save_last",
-    "monitor": "checkpoint.monitor",
-    "mode": "checkpoint.mode",
-    "max_consecutive_nonfinite": "errors.max_consecutive_nonfinite",
-    "oom_recovery": "errors.oom_recovery",
-    "early_stopping_patience": "early_stopping.patience",
-    "early_stopping_min_delta": "early_stopping.min_delta",
-    "early_stopping_monitor": "early_stopping.monitor",
-    "early_stopping_mode": "early_stopping.mode",
-    "check_finite": "early_stopping.check_finite",
-    "stopping_threshold": "early_stopping.stopping_threshold",
-    "divergence_threshold": "early_stopping.divergence_threshold",
-    "min_epochs": "early_stopping.min_epochs",
-    "min_steps": "early_stopping.min_steps",
-    "monitor_interval_s": "monitor.interval_s",
-    "monitor_history_size": "monitor.history_size",
-    "event_buffer_size": "logging.event_buffer_size",
-    "log_flush_interval_s": "logging.flush_interval_s",
-    "callback_grace_s": "logging.callback_grace_s",
-    "progress": "logging.progress",
-    "reports": "logging.reports",
-    "profile_steps": "logging.profile_steps",
-}
-"""Flat keyword -> dotted path of its leaf in :class:`~core.config.TrainingConfig`."""
 
-SECTION_KEYWORDS: dict[str, str] = {
-    "mixed_precision_config": "precision",
-    "gradient_accumulation_config": "accumulation",
-    "multi_gpu_config": "distributed",
-    "checkpoint_config": "checkpoint",
-    "error_handler_config": "errors",
-    "model_transforms_config": "transforms",
-    "memory_config": "memory",
-}
+class FlatField(NamedTuple):
+    """A field of the tree that declares a flat keyword (:func:`core.flat_keyword.flat`)."""
+
+    keyword: str
+    path: str
+    """Its dotted path in :class:`~core.config.TrainingConfig`."""
+    field: Field[Any]
+    owner: type
+    """The section class the field belongs to."""
+    is_section: bool
+    """The keyword takes a whole section object, not one leaf."""
+
+
+def flat_fields() -> tuple[FlatField, ...]:
+    """Every field of the tree with a flat keyword, in the tree's order (a section's keyword
+    before its leaves')."""
+    return tuple(_flat_fields(TrainingConfig(), ""))
+
+
+def _flat_fields(node: Any, prefix: str) -> list[FlatField]:
+    found: list[FlatField] = []
+    for f in fields(node):
+        value, path = getattr(node, f.name), f"{prefix}{f.name}"
+        is_section = is_dataclass(value)
+        keyword = flat_keyword(f)
+        if keyword is not None:
+            found.append(FlatField(keyword, path, f, type(node), is_section))
+        if is_section:
+            found += _flat_fields(value, path + ".")
+    return found
+
+
+def _check_unique(names: list[tuple[str, str]]) -> None:
+    """Each flat name (keyword or alias) is declared once; ``names``: (name, dotted path).
+    A name two fields declare is a mistake in the tree, reported at import."""
+    seen: dict[str, str] = {}
+    for name, path in names:
+        if name in seen:
+            raise TypeError(
+                f"the flat keyword {name!r} is declared by {seen[name]} and by {path}: "
+                "give each field a name of its own in its metadata=flat(...)"
+            )
+        seen[name] = path
+
+
+_FIELDS = flat_fields()
+_check_unique(
+    [(f.keyword, f.path) for f in _FIELDS]
+    + [(alias, f.path) for f in _FIELDS for alias in flat_aliases(f.field)]
+)
+
+FLAT_KEYWORDS: dict[str, str] = {f.keyword: f.path for f in _FIELDS if not f.is_section}
+"""Flat keyword -> dotted path of its leaf in :class:`~core.config.TrainingConfig`, read
+from the fields' ``metadata=flat(...)``."""
+
+SECTION_KEYWORDS: dict[str, str] = {f.keyword: f.path for f in _FIELDS if f.is_section}
 """Keyword taking a whole section object -> the section's name in the tree."""
 
 SEED_ALIASES: dict[str, str] = {
-    "enable_mixed_precision": "enable_amp",
-    "enable_gradient_checkpointing": "activation_checkpointing",
-    "batch_size": "micro_batch_size",
+    alias: f.keyword for f in _FIELDS for alias in flat_aliases(f.field)
 }
-"""Seed 004's names for flat keywords: an alias sets the same leaf, and giving both raises.
-``batch_size`` is the most samples one forward pass sees: larger loader batches are split
-into micro-batches of it, with the same result (the loader's batch stays the step's batch)."""
+"""Seed 004's names for flat keywords (the ``flat(keyword, *aliases)`` of a field): an alias
+sets the same leaf, and giving both raises. ``batch_size`` is the most samples one forward
+pass sees: larger loader batches are split into micro-batches of it, with the same result
+(the loader's batch stays the step's batch)."""
 
 
 def config_from_flat(
@@ -161,7 +122,7 @@ def config_from_flat(
         value = settings.get(keyword)
         if value is None:
             continue
-        for leaf in _leaf_paths(getattr(tree, section), section):
+        for leaf in _leaf_paths(_get(tree, section), section):
             _claim(givers, leaf, keyword, value)
         tree = _set(tree, {section: value}, {section: keyword})
     leaves = {path: settings[k] for k, path in FLAT_KEYWORDS.items() if k in settings}

@@ -13,13 +13,14 @@ Example::
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from core.checks import check_bool_fields, is_number
 from core.errors import config_error
+from core.flat_keyword import flat
 from core.hardware.device import device_of
 
 __all__ = ("DeviceManager", "GPUManagerConfig")
@@ -35,9 +36,9 @@ class GPUManagerConfig:
     convolution algorithms (faster for fixed input shapes, slower when shapes vary).
     ``memory_fraction``: cap this process's share of device memory (None: no cap)."""
 
-    tf32: bool = True
-    cudnn_benchmark: bool = False
-    memory_fraction: float | None = None
+    tf32: bool = field(default=True, metadata=flat("tf32"))
+    cudnn_benchmark: bool = field(default=False, metadata=flat("cudnn_benchmark"))
+    memory_fraction: float | None = field(default=None, metadata=flat("memory_fraction"))
 
     def __post_init__(self) -> None:
         check_bool_fields(self)

@@ -24,7 +24,7 @@ ranks; the step runs the others inside the strategy's ``no_backward_sync`` conte
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol
 
 import torch
@@ -32,6 +32,7 @@ import torch
 from core.checks import is_int
 from core.data.batches import count_samples, count_tokens, split_batch
 from core.errors import config_error
+from core.flat_keyword import flat
 
 __all__ = (
     "Accumulation",
@@ -58,9 +59,13 @@ class GradientAccumulationConfig:
     under DDP, one all-reduce of the window's count.
     """
 
-    accumulation_steps: int = 1
-    micro_batch_size: int | None = None
-    normalize_by: Literal["samples", "tokens"] = "samples"
+    accumulation_steps: int = field(default=1, metadata=flat("accumulation_steps"))
+    micro_batch_size: int | None = field(
+        default=None, metadata=flat("micro_batch_size", "batch_size")
+    )
+    normalize_by: Literal["samples", "tokens"] = field(
+        default="samples", metadata=flat("normalize_by")
+    )
     ignore_index: int = -100
 
     def __post_init__(self) -> None:

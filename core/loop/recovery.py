@@ -31,7 +31,7 @@ The per-step checks read Python attributes and tensor metadata only: no device s
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -49,6 +49,7 @@ from core.errors import (
     config_error,
     raised_in,
 )
+from core.flat_keyword import flat
 
 __all__ = ("ErrorHandler", "ErrorHandlerConfig", "Place")
 
@@ -69,10 +70,12 @@ class ErrorHandlerConfig:
     """
 
     skip_nonfinite: bool = True
-    max_consecutive_nonfinite: int = 10
+    max_consecutive_nonfinite: int = field(default=10, metadata=flat("max_consecutive_nonfinite"))
     precision_fallback: bool = True
     overflows_at_min_scale_before_fallback: int = 3
-    oom_recovery: Literal["auto", "on", "off"] = "auto"
+    oom_recovery: Literal["auto", "on", "off"] = field(
+        default="auto", metadata=flat("oom_recovery")
+    )
     oom_thrash_steps: int = 3
 
     def __post_init__(self) -> None:

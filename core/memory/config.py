@@ -7,10 +7,11 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from core.checks import check_bool_fields, is_finite_number, is_int, is_number
 from core.errors import config_error
+from core.flat_keyword import flat
 
 __all__ = ("MemoryConfig",)
 
@@ -34,10 +35,10 @@ class MemoryConfig:
       Used only when ``target_memory_gb`` is ``None``; ``0 <= margin < 1``.
     """
 
-    auto_batch_size: bool = False
-    target_memory_gb: float | None = None
-    max_batch_size: int = 4096
-    margin: float = 0.1
+    auto_batch_size: bool = field(default=False, metadata=flat("auto_batch_size"))
+    target_memory_gb: float | None = field(default=None, metadata=flat("target_memory_gb"))
+    max_batch_size: int = field(default=4096, metadata=flat("max_batch_size"))
+    margin: float = field(default=0.1, metadata=flat("memory_margin"))
 
     def __post_init__(self) -> None:
         check_bool_fields(self)

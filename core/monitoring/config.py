@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from core.checks import check_bool_fields
 from core.errors import config_error
+from core.flat_keyword import flat
 
 __all__ = ("GPUMonitorConfig",)
 
@@ -18,8 +19,8 @@ class GPUMonitorConfig:
     ``history_size``: samples kept in memory, oldest dropped first."""
 
     enabled: bool = True
-    interval_s: float = 1.0
-    history_size: int = 3600
+    interval_s: float = field(default=1.0, metadata=flat("monitor_interval_s"))
+    history_size: int = field(default=3600, metadata=flat("monitor_history_size"))
 
     def __post_init__(self) -> None:
         check_bool_fields(self)

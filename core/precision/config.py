@@ -15,6 +15,7 @@ import torch
 
 from core.checks import check_bool, check_bool_fields, is_finite_number, is_int, is_number
 from core.errors import ConfigError, config_error
+from core.flat_keyword import flat
 
 __all__ = ("AmpDtype", "LossScalerConfig", "MixedPrecisionConfig", "parse_amp_dtype")
 
@@ -56,14 +57,14 @@ class LossScalerConfig:
     after ``growth_interval`` clean steps and shrinks by ``backoff_factor`` on a back-off.
     """
 
-    init_scale: float = 2.0**16
-    growth_factor: float = 2.0
-    backoff_factor: float = 0.5
-    growth_interval: int = 2000
-    hysteresis: int = 1
-    consecutive_hysteresis: bool = False
-    min_scale: float = _DEFAULT_MIN_SCALE
-    max_scale: float = 2.0**24
+    init_scale: float = field(default=2.0**16, metadata=flat("amp_init_scale"))
+    growth_factor: float = field(default=2.0, metadata=flat("amp_growth_factor"))
+    backoff_factor: float = field(default=0.5, metadata=flat("amp_backoff_factor"))
+    growth_interval: int = field(default=2000, metadata=flat("amp_growth_interval"))
+    hysteresis: int = field(default=1, metadata=flat("amp_hysteresis"))
+    consecutive_hysteresis: bool = field(default=False, metadata=flat("amp_consecutive_hysteresis"))
+    min_scale: float = field(default=_DEFAULT_MIN_SCALE, metadata=flat("amp_min_scale"))
+    max_scale: float = field(default=2.0**24, metadata=flat("amp_max_scale"))
 
     def __post_init__(self) -> None:
         check_bool_fields(self)
@@ -179,19 +180,19 @@ class MixedPrecisionConfig:
         MixedPrecisionConfig(dtype=torch.bfloat16, track_memory_usage=True, clear_cache=True)
     """
 
-    enable_amp: bool = True
-    dtype: AmpDtype = "auto"
-    enable_grad_scaler: bool = True
-    cache_enabled: bool = True
+    enable_amp: bool = field(default=True, metadata=flat("enable_amp", "enable_mixed_precision"))
+    dtype: AmpDtype = field(default="auto", metadata=flat("amp_dtype"))
+    enable_grad_scaler: bool = field(default=True, metadata=flat("enable_grad_scaler"))
+    cache_enabled: bool = field(default=True, metadata=flat("amp_cache_enabled"))
     scaler: LossScalerConfig = field(default_factory=LossScalerConfig)
     enabled: bool = True
     memory_efficient: bool = False
     clear_cache: bool = False
-    enable_monitoring: bool = True
-    log_amp_stats: bool = True
-    track_memory_usage: bool = False
-    validate_amp: bool = True
-    check_compatibility: bool = True
+    enable_monitoring: bool = field(default=True, metadata=flat("amp_monitoring"))
+    log_amp_stats: bool = field(default=True, metadata=flat("amp_log_stats"))
+    track_memory_usage: bool = field(default=False, metadata=flat("amp_track_memory"))
+    validate_amp: bool = field(default=True, metadata=flat("amp_validate"))
+    check_compatibility: bool = field(default=True, metadata=flat("amp_check_compatibility"))
     loss_scaling: InitVar[bool | None] = None
     autocast_enabled: InitVar[bool | None] = None
     initial_scale: InitVar[float | None] = None

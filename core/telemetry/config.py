@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from core.checks import check_bool_fields, is_int, is_number
 from core.errors import config_error
+from core.flat_keyword import flat
 
 __all__ = ("LoggingConfig",)
 
@@ -24,12 +25,12 @@ class LoggingConfig:
     ``profile_steps=(wait, warmup, active)``: a torch.profiler trace of ``active`` steps after
     ``wait + warmup`` steps, written to ``<run_dir>/profile/``."""
 
-    event_buffer_size: int = 1024
-    flush_interval_s: float = 0.25
-    callback_grace_s: float = 10.0
-    progress: bool = True
-    reports: bool = True
-    profile_steps: tuple[int, int, int] | None = None
+    event_buffer_size: int = field(default=1024, metadata=flat("event_buffer_size"))
+    flush_interval_s: float = field(default=0.25, metadata=flat("log_flush_interval_s"))
+    callback_grace_s: float = field(default=10.0, metadata=flat("callback_grace_s"))
+    progress: bool = field(default=True, metadata=flat("progress"))
+    reports: bool = field(default=True, metadata=flat("reports"))
+    profile_steps: tuple[int, int, int] | None = field(default=None, metadata=flat("profile_steps"))
 
     def __post_init__(self) -> None:
         check_bool_fields(self)

@@ -7,11 +7,12 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from core.checks import check_bool_fields
 from core.errors import config_error
+from core.flat_keyword import flat
 
 __all__ = ("COMPILE_MODES", "CompileMode", "ModelTransformsConfig")
 
@@ -55,11 +56,13 @@ class ModelTransformsConfig:
     a graph break then fails to compile and runs eagerly.
     """
 
-    activation_checkpointing: bool | tuple[str, ...] = False
-    channels_last: Literal["auto"] | bool = "auto"
-    compile: Literal["auto"] | bool = False
-    compile_mode: CompileMode = "default"
-    compile_fullgraph: bool = False
+    activation_checkpointing: bool | tuple[str, ...] = field(
+        default=False, metadata=flat("activation_checkpointing", "enable_gradient_checkpointing")
+    )
+    channels_last: Literal["auto"] | bool = field(default="auto", metadata=flat("channels_last"))
+    compile: Literal["auto"] | bool = field(default=False, metadata=flat("compile"))
+    compile_mode: CompileMode = field(default="default", metadata=flat("compile_mode"))
+    compile_fullgraph: bool = field(default=False, metadata=flat("compile_fullgraph"))
 
     def __post_init__(self) -> None:
         check_bool_fields(self)

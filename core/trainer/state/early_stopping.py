@@ -3,17 +3,18 @@ checkpoint section's ``monitor`` may name (``val_f1``, ``val_accuracy``...), wit
 
 The rules are Lightning's ``EarlyStopping``'s, judged in its order at every check (every
 validation; the epoch's end for the training loss): a value that is not finite, the
-stopping threshold, the divergence threshold, then patience. Each stop says why in words,
-which ``run_end`` records as its ``stop_reason``.
+stopping threshold, the divergence threshold, then patience, each a class of
+:mod:`core.trainer.state.stopping_rules`. Each stop says why in words, which ``run_end``
+records as its ``stop_reason``; ``min_epochs``/``min_steps`` hold a stop back (``due``).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
-from core.checkpointing.ranking import WORST, better
+from core.checkpointing.ranking import WORST
 from core.config import EarlyStoppingConfig
+from core.trainer.state.stopping_rules import stopping_rules
 
 __all__ = ("EarlyStopping", "watched")
 
@@ -50,6 +51,7 @@ class EarlyStopping:
         monitor: str = "val_loss",
     ) -> None:
         self.config = config
+        self.rules = stopping_rules(config)
         self.mode: Mode = mode
         self.monitor = monitor
         self.best = WORST[mode]
@@ -82,27 +84,11 @@ class EarlyStopping:
         return pending
 
     def _rules(self, value: float) -> str | None:
-        config, monitor = self.config, self.monitor
-        best = "none yet" if math.isinf(self.best) else f"{self.best:.4g}"
-        if not math.isfinite(value) and config.check_finite:
-            self.bad_epochs += 1
-            return f"{monitor} = {value} is not finite (best {best})"
-        threshold = config.stopping_threshold
-        if threshold is not None and not better(threshold, value, self.mode):
-            return f"{monitor} = {value:.4g} reached stopping_threshold {threshold:g}"
-        divergence = config.divergence_threshold
-        if divergence is not None and better(divergence, value, self.mode):
-            return f"{monitor} = {value:.4g} is worse than divergence_threshold {divergence:g}"
-        if math.isfinite(value) and better(value, self.best, self.mode, config.min_delta):
-            self.best, self.bad_epochs = value, 0
-            return None
-        self.bad_epochs += 1  # a value that is not finite is never the best
-        if config.patience is not None and self.bad_epochs >= config.patience:
-            checks = "epochs" if monitor == "train_loss" else "validations"
-            return (
-                f"{monitor} did not improve by more than {config.min_delta:g} in "
-                f"{self.bad_epochs} {checks} (best {best})"
-            )
+        """The first rule's reason to stop at ``value``; the rules after it are not asked."""
+        for rule in self.rules:
+            reason = rule.check(value, self)
+            if reason is not None:
+                return reason
         return None
 
     def state_dict(self) -> dict[str, Any]:
