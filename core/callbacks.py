@@ -1,14 +1,9 @@
-"""Observers of a run: ``Callback`` and its async no-op hooks.
-
-A callback sees the records ``events.jsonl`` receives, as they are written, on the event
-loop (never on the step thread). It is isolated: a hook that raises is reported once (an
-``error`` record, ``kind="callback_failed"``) and that callback is not called again in the
-run; a callback that falls more than ``event_buffer_size`` records behind loses the oldest
-(reported once, ``callback_lagging``). Training never waits for a callback; after the run
-ends, callbacks get up to ``logging.callback_grace_s`` (10 s) to finish the last records.
-
-Progress bars, trackers and report writers are callbacks; what the step loop must do at a
-step (a checkpoint due, a profiler step) is not: it is a step hook of the loop.
+"""Observers of a run: ``Callback`` and its async no-op hooks, fed on the event loop (never on
+the step thread) with the records ``events.jsonl`` receives. A hook that raises is reported
+once (``callback_failed``) and not called again; one that falls ``event_buffer_size`` records
+behind loses the oldest (``callback_lagging``); after the run, callbacks get
+``logging.callback_grace_s`` to finish. A hook must not block the event loop. Steering with
+``run.request_stop(reason)``: docs/lightning.md#callbacks-that-steer.
 
 Example::
 
@@ -19,30 +14,8 @@ Example::
         async def on_epoch_end(self, run: RunInfo, record: Record) -> None:
             self.losses.append(record["train_loss"])
 
-    curve = LossCurve()
-    async with TrainingJob(config, model=m, train_loader=dl, callbacks=[curve]) as run:
+    async with TrainingJob(config, model=m, train_loader=dl, callbacks=[LossCurve()]) as run:
         await run.train()
-
-A callback may also steer: ``run.request_stop(reason)`` from any hook stops the run at its
-next step boundary, on every run mode (a thread, ``isolation="process"``, ``devices=N``)::
-
-    class StopOnBudget(Callback):
-        def __init__(self, samples: int) -> None:
-            self.budget, self.seen = samples, 0
-
-        async def on_train_step(self, run: RunInfo, record: Record) -> None:
-            self.seen += record["samples"]
-            if self.seen >= self.budget:
-                run.request_stop(f"the budget of {self.budget} samples is spent")
-
-Hooks see records as they are written: a ``train_step`` record arrives one step after its
-step ran (its scalars are read back during the next step) plus the log's drain (at most
-``logging.flush_interval_s``), so a stop requested from ``on_train_step`` lands a few steps
-after the step that prompted it. Under ``devices=N`` the callbacks of the caller see rank
-0's records.
-
-A hook must not block the event loop: hand slow work to a thread
-(``await anyio.to_thread.run_sync(...)``).
 """
 
 from __future__ import annotations
@@ -93,8 +66,9 @@ class Callback:
         """Every record of the run, in order (``train_step``, ``gpu_sample``, ...)."""
 
     async def on_train_step(self, run: RunInfo, record: Record) -> None:
-        """Each ``train_step`` record: one per optimizer step, on the event loop, never on
-        the step thread's path (see the module docstring for the lag)."""
+        """Each ``train_step`` record: one per optimizer step, arriving one step after its step
+        ran (its scalars are read back during the next) plus the log's drain (at most
+        ``logging.flush_interval_s``). Under ``devices=N`` the caller's callbacks see rank 0's."""
 
     async def on_validation_end(self, run: RunInfo, record: Record) -> None:
         """Each ``validation`` record: ``val_loss``, ``val_accuracy``, ``metrics``."""

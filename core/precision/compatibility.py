@@ -1,32 +1,8 @@
 """What in a model breaks, or runs slower than it could, under autocast: one report.
 
-``check_amp_compatibility`` reads the model (its modules, parameters, buffers and the
-Python source of its own module classes); it runs nothing and reads no device value.
-
-=========================================  ============  ===================================
-finding                                    kind          why
-=========================================  ============  ===================================
-float64 or complex parameters/buffers      blocker       autocast casts neither: an op mixing
-                                                         them with its fp16/bf16 outputs fails
-                                                         ("must have the same dtype")
-bf16 asked on a device without bf16        blocker       the kernels do not exist there
-fp16 parameters (``model.half()``)         warning       no fp32 master weights: updates
-                                                         smaller than fp16's step are lost
-fp16 without a loss scaler                 warning       small gradients underflow to zero
-BatchNorm layers                           warning       fine: autocast keeps their weights
-                                                         and running statistics in fp32
-``nn.MultiheadAttention`` whose callers    warning       ``need_weights=True`` (the default)
-never pass ``need_weights=False``                        computes softmax(QK^T) in full and
-                                                         skips ``scaled_dot_product_attention``
-hand-written attention (softmax of a       warning       no fused flash/memory-efficient
-matmul, no ``scaled_dot_product_attention``)             kernel; the weights are materialised
-custom ``torch.autograd.Function`` without  warning       its forward sees autocast's mixed
-``torch.amp.custom_fwd``                                 dtypes
-=========================================  ============  ===================================
-
-The source checks are best effort: the classes of the model's modules defined outside
-``torch`` are read with ``inspect`` (a class without readable source is skipped), and the
-autograd Functions are those found in the Python modules that define them.
+``check_amp_compatibility`` reads the model (its modules, parameters, buffers and the Python
+source of its own module classes, best effort); it runs nothing and reads no device value.
+Each finding is a blocker or a warning whose message says why and how to fix it.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
 """Whether this CPU computes bf16 in hardware, and the warning a run gets when it asks for bf16
-on one that does not.
-
-A CPU without bf16 instructions (AVX512-BF16 or AMX on x86, the BF16 extension on ARM)
-emulates bf16 autocast: each op converts to fp32 and back, and a step runs several times
-slower than plain fp32 (6-25x was reported on one such machine). ``dtype="auto"`` never picks
-bf16 on a CPU (it resolves to fp32 there); an explicit bf16 is honoured, with one warning
-naming the fix.
+on one that does not (see docs/memory-and-speed.md: emulated bf16 runs several times slower).
 
 Example::
 
@@ -30,7 +24,8 @@ __all__ = (
 
 _log = structlog.get_logger("core")
 
-# The capability flags of torch.cpu.get_capabilities() that mean bf16 arithmetic in hardware.
+# The capability flags of torch.cpu.get_capabilities() that mean bf16 arithmetic in hardware
+# (without them autocast emulates bf16: 6-25x slower than fp32 was measured on one CPU).
 _NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16")
 
 EMULATED_BF16_NOTE = (

@@ -1,42 +1,7 @@
-"""Dynamic loss scaling for fp16, kept entirely on the device.
-
-``torch.amp.GradScaler`` has no hysteresis and no scale bounds, and its ``step`` reads the
-overflow flag on the host. This scaler keeps its scale, growth tracker and hysteresis
-budget as device tensors and updates them with tensor ops, so no step waits on the GPU;
-whether a step was skipped is read back later, with the rest of the step's numbers.
-
-Rules, per optimizer step (``update(found_inf)``). The optimizer step itself is skipped on
-every overflow, by the caller (see ``core.loop.stepper``), whatever the scale does.
-
-- overflow: the clean-step count restarts. ``hysteresis`` is the number of overflows that
-  trigger a back-off: while the budget still absorbs overflows (``hysteresis - 1`` of them
-  when full), one is used up and the scale stays; otherwise the scale is multiplied by
-  ``backoff_factor`` (never below ``min_scale``). A back-off does not refill the budget:
-  once it is spent, every further overflow backs off until the next refill.
-- no overflow: the count goes up; after ``growth_interval`` clean steps in a row (since
-  the last overflow or the last growth) the scale is multiplied by ``growth_factor``
-  (never above ``max_scale``), the count restarts and the budget refills.
-- ``consecutive_hysteresis=True``: every clean step refills the budget, so a back-off
-  takes ``hysteresis`` overflows in a row; with ``False`` only a growth refills it.
-
-How the peers define it:
-
-- ``torch.amp.GradScaler``: no hysteresis, it backs off on every overflow; it grows after
-  ``growth_interval`` clean steps in a row and has no ``min_scale``/``max_scale`` (it only
-  refuses a growth to inf). ``hysteresis=1`` reproduces it exactly, scale and skipped
-  steps, as long as the bounds are not reached.
-- DeepSpeed (``fp16.hysteresis``, its scaler's ``delayed_shift``): ``hysteresis`` is the
-  number of overflows that trigger a back-off (1 backs off on every overflow), the budget
-  is not refilled by a back-off but by a growth, or by any clean step with
-  ``consecutive_hysteresis``. Its growth window, ``(cur_iter - last_overflow_iter) %
-  scale_window == 0``, counts clean steps exactly as GradScaler's growth tracker does, and
-  this scaler follows the same count (newer DeepSpeed sources wait ``scale_window + 1``
-  clean steps for the first growth after an overflow). DeepSpeed has one ``scale_factor``
-  for both ways, no ``max_scale``, and stops the run at ``min_scale`` unless told not to;
-  this scaler stays at ``min_scale`` and keeps skipping overflowing steps.
-
-The state's ``overflows_left`` is the number of overflows the budget still absorbs before
-a back-off (DeepSpeed's ``cur_hysteresis - 1``).
+"""Dynamic loss scaling for fp16 whose state (scale, growth tracker, hysteresis budget) stays
+on the device: ``update`` uses tensor ops only, so no step waits on the GPU. Unlike
+``torch.amp.GradScaler`` it has hysteresis (as DeepSpeed defines it) and ``min_scale``/``max_scale``;
+``hysteresis=1`` reproduces GradScaler's scale and skipped steps within the bounds.
 """
 
 from __future__ import annotations
@@ -136,8 +101,13 @@ class DynamicLossScaler:
         """Advance the scale by one optimizer step given its overflow flag (device ops only)."""
         overflow = found_inf.reshape(()) > 0
         left = self._overflows_left
+        # An overflow the budget (``overflows_left``, DeepSpeed's ``cur_hysteresis - 1``) no
+        # longer absorbs backs off; DeepSpeed stops the run at min_scale, this stays there.
         back_off = overflow & (left <= 0)
 
+        # Clean steps in a row since the last overflow or growth, counted as GradScaler's
+        # tracker and DeepSpeed's ``(cur_iter - last_overflow_iter) % scale_window`` count them
+        # (newer DeepSpeed waits scale_window + 1 steps for the first growth after an overflow).
         tracker = torch.where(
             overflow, torch.zeros_like(self._growth_tracker), self._growth_tracker + 1
         )
@@ -147,7 +117,9 @@ class DynamicLossScaler:
         grown = (self._scale * self.growth_factor).clamp(max=self.max_scale)
         new_scale = torch.where(back_off, backed_off, torch.where(grow, grown, self._scale))
 
-        # An absorbed overflow uses one unit; a back-off leaves the (empty) budget as is.
+        # An absorbed overflow uses one unit; a back-off leaves the (empty) budget as is, so
+        # once spent every overflow backs off until a refill: a growth, or any clean step
+        # with consecutive_hysteresis (a back-off then takes ``hysteresis`` overflows in a row).
         spent = torch.where(overflow, (left - 1).clamp(min=0), left)
         refill = ~overflow if self.consecutive_hysteresis else grow
         overflows_left = torch.where(refill, torch.full_like(left, self._full_budget), spent)

@@ -1,17 +1,6 @@
-"""Precision policies as small objects with one interface.
-
-The step loop calls the same five methods whatever the precision; each class overrides only
-what differs from fp32 (the base class does nothing, in the manner of Lightning Fabric's
-precision plugins):
-
-=================  ===========  ==============================================
-class              autocast     backward / unscale / update
-=================  ===========  ==============================================
-``FP32``           none         plain ``loss.backward()``; nothing to unscale
-``Autocast``       bf16 / fp16  plain backward (bf16 needs no scaling)
-``ScaledFP16``     fp16         scaled backward, unscale with overflow flag,
-                                scale update (see ``core.precision.loss_scaler``)
-=================  ===========  ==============================================
+"""Precision policies as small objects with one interface: ``FP32`` (does nothing),
+``Autocast`` (bf16/fp16, plain backward) and ``ScaledFP16`` (scaled backward, unscale with an
+overflow flag, scale update); each overrides only what differs from fp32.
 """
 
 from __future__ import annotations
