@@ -1,26 +1,8 @@
 """The filesystem steps of a checkpoint commit, ordered so that a process killed between any
-two of them leaves a valid newest checkpoint and nothing a later start cannot clean up.
-
-Every step is one rename, link, unlink or removal; what a kill can leave behind always has a
-hidden name that says what it is and who wrote it (``<host>-<pid>-<token>``):
-
-- ``.<name>.staging-<owner>``: a checkpoint being written (or, after a replace, the old
-  one swapped out of the way): removed;
-- ``.<name>.replaced-<owner>``: the old checkpoint set aside by a replace on a file system
-  that cannot swap two directories atomically: put back under ``<name>`` if the new one
-  never arrived, else removed;
-- ``.<name>.deleting-<owner>``: a pruned checkpoint, renamed out of sight before its files
-  are removed (so no half-deleted checkpoint ever carries a checkpoint's name): removed;
-- ``.last.<owner>``: the next ``last`` link, before it replaced the old one: removed.
-
-:func:`sweep` does that, at every start, for the leftovers of writers that are provably gone
-(this host, process no longer alive); another live writer's are left alone.
-
-Replacing a checkpoint in place (the same step written again after an epoch's end or a new
-best) swaps the two directories with one ``renameat2(RENAME_EXCHANGE)``, so the name never
-stops holding a complete checkpoint. Where the file system cannot swap, the old one is
-renamed aside first and the new one renamed in; a kill between the two leaves the old one
-aside, and the next start puts it back.
+two of them leaves a valid newest checkpoint, and whatever it leaves behind carries a hidden
+name saying what it is and who wrote it (``.<name>.staging|replaced|deleting-<owner>``,
+``.last.<owner>``), which :func:`sweep` cleans up at the next start. The protocol, step by
+step: docs/checkpoints-and-reliability.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """When to checkpoint, what a checkpoint holds, and how a run resumes from one.
 
-A checkpoint holds everything needed to continue as if never stopped: model, optimizer, LR
-scheduler, precision and loss-scaler state, epoch, optimizer step, the position inside the
-epoch (resuming skips exactly the consumed batches, in the same order), the partial
-epoch's statistics, early-stopping state, every rank's RNG states (at the epoch's start, to
-rebuild the same shuffle, and now), and a fingerprint of the configuration the state
-depends on. Checkpoints are written only at optimizer-step boundaries (a stop request
-finishes the current step first), so no accumulated gradient is ever saved.
-
-Under DDP rank 0 writes and every rank loads; under FSDP2 the model and optimizer go
-through ``torch.distributed.checkpoint`` (see ``core.checkpointing.store`` for the layout and
-the commit protocol).
+A checkpoint holds everything needed to continue as if never stopped (model, optimizer,
+scheduler, precision state, the position inside the epoch, the partial epoch's statistics,
+early stopping, every rank's RNG states, a fingerprint of the settings). It is written only at
+optimizer-step boundaries, so no accumulated gradient is ever saved.
 """
 
 from __future__ import annotations

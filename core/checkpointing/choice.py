@@ -1,15 +1,5 @@
 """Which checkpoint ``resume="auto"`` continues: the newest lineage it can, saying why it
-passed over each newer one.
-
-A lineage whose manifest already records other settings is passed over on that record
-alone: none of its files is hashed or loaded, so the lineages of edited scripts cost a
-manifest read each, whatever the model's size. So is one another live run holds
-(``"held"``: one writer per lineage), for the next one this run can continue; only when
-there is none does the run branch from the newest held one it could continue. The others
-are verified, newest first, and the first valid checkpoint's state decides (its settings
-again, the model, finished). A lineage nothing of which this version of core can read (no
-member verifies: another manifest version, damaged files; or a state that does not load)
-is passed over as ``"unreadable"``, with the reason.
+passed over each newer one (other settings, ``"held"`` by a live run, ``"unreadable"``).
 
 >>> from pathlib import Path
 >>> lineages = [[Path("step-000000009-b")], [Path("step-000000020-a")]]

@@ -1,10 +1,6 @@
 """Whether a run may continue a checkpoint: a state this version of core reads, the same
-settings, the same model, unfinished.
-
-``resume="auto"`` passes a checkpoint over when :func:`unreadable`, :func:`incompatibility`
-or :func:`finished` has something to say; ``resume="strict"`` (or a path) raises
-:class:`~core.errors.IncompatibleCheckpointError` with the first two, or continues a
-finished run.
+settings, the same model, unfinished (:func:`unreadable`, :func:`incompatibility`,
+:func:`finished`).
 
 >>> differences({"lr": 0.1, "seed": 0}, {"lr": 0.01, "seed": 0})
 ['lr (checkpoint 0.1, now 0.01)']

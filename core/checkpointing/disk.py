@@ -1,12 +1,7 @@
-"""One message for every form of a failed checkpoint write.
-
-A full disk reaches us in several shapes: an ``OSError`` with ``ENOSPC`` (``open``,
-``write``, ``fsync``, the manifest, the rename), torch's zip writer's ``RuntimeError``
-("unexpected pos 1259136 vs 1259024", no errno), or ``torch.distributed.checkpoint``'s
-``CheckpointException`` (a ``BaseException``) wrapping either, per rank. :func:`disk_error`
-looks through all of them and says the same thing: the path, the reason, the free space
-when the write failed and after the partial checkpoint was removed, and the last good
-checkpoint.
+"""One message for every form of a failed checkpoint write (an ``OSError`` with ``ENOSPC``,
+torch's zip writer's errno-less "unexpected pos" ``RuntimeError``, a distributed checkpoint's
+``CheckpointException`` wrapping either): the path, the reason, the free space before and
+after cleanup, and the last good checkpoint.
 """
 
 from __future__ import annotations

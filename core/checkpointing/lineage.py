@@ -1,12 +1,6 @@
-"""The checkpoints of a run, as users see them: ``run.checkpoints``.
-
-A read-only view of the checkpoint directory, read from the manifests each time it is
-asked (another run may commit meanwhile): every committed checkpoint, the last committed
-first (``core.checkpointing.order``), with ``latest`` (what ``resume="strict"`` would take:
-the last committed one that verifies), ``best`` (the run's best, with ``save_best``),
-:meth:`Checkpoints.verify`, :meth:`Checkpoints.load` (the weights into a model) and
-:meth:`Checkpoints.lineage` (the chain a checkpoint's weights came through, across resumed
-runs).
+"""The checkpoints of a run, as users see them: ``run.checkpoints``, a read-only view read from
+the manifests each time it is asked (another run may commit meanwhile), the last committed
+first, with ``latest``, ``best``, ``verify``, ``load`` and ``lineage``.
 
 >>> run.checkpoints.latest.step  # doctest: +SKIP
 12

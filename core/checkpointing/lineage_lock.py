@@ -1,19 +1,7 @@
-"""One writer per lineage: the advisory lock a run holds on the lineage it commits to.
-
-The lock is an exclusive ``flock`` on ``<checkpoint_dir>/.lineage-<lineage>.lock``, taken
-by the process that commits (rank 0 under several ranks; the training process under
-``isolation="process"``) and held until the run ends; the kernel lets go of it when that
-process dies, however it dies. The file says who holds it (pid, host, run), so that a run
-refused the lineage can name the holder. The holder removes the file before it lets go,
-and a taker checks that the file it locked is still the one under that name (the classic
-lock-file protocol), so a removed file is never held by two.
-
-Where it holds: local file systems, and NFS where the server honours locks (Linux turns a
-``flock`` there into a POSIX lock, which the kernel counts per process: runs of one process
-are told apart here by :data:`_HELD`). Where locks are not honoured (NFS mounted with
-``nolock``, some FUSE file systems) every ``flock`` succeeds, each host sees only its own
-runs, and two runs on two hosts may continue one lineage: give them distinct
-``checkpoint_dir``s.
+"""One writer per lineage: an exclusive ``flock`` on ``<checkpoint_dir>/.lineage-<lineage>.lock``,
+held by the committing process until the run ends (the kernel releases it when that process
+dies). The file names the holder (pid, host, run). Where it holds, and where it does not
+(NFS ``nolock``, some FUSE): docs/checkpoints-and-reliability.md.
 
 >>> import tempfile
 >>> directory = Path(tempfile.mkdtemp())
@@ -135,6 +123,8 @@ def _try_lock(path: Path) -> tuple[int | None, Holder | None]:
         except BaseException:
             os.close(fd)
             raise
+        # A holder removes the file before letting go: a lock on a file no longer under that
+        # name would be a second holder (the classic lock-file protocol).
         if _same_file(fd, path):
             return fd, None
         os.close(fd)  # removed by its last holder meanwhile: take the file there now

@@ -1,10 +1,6 @@
-"""A checkpoint's manifest: what it must say, and the check that every file agrees with it.
-
-``manifest.json`` is the only file of a checkpoint that is trusted, so it is read as
-untrusted input first: its schema must be exact (no missing or extra keys, every value of
-its type), every listed name a plain relative path inside the checkpoint, no symlink
-anywhere, no file present that it does not list, and every file of the recorded size
-(compared before hashing, so a huge sparse file costs nothing) and sha256.
+"""A checkpoint's manifest, read as untrusted input, and the check that every file agrees with
+it: exact schema, plain relative names, no symlink, no unlisted file, sizes (compared before
+hashing) and sha256.
 
 Example of a manifest::
 

@@ -1,8 +1,5 @@
-"""``load_model``: rebuild a model from a checkpoint alone, when its run was given a factory.
-
-A run given ``model="package.module:function"`` or ``model=Factory("...", **kwargs)``
-records the factory in the manifest of every checkpoint it writes; :func:`load_model` calls
-it and loads the verified weights into what it returns.
+"""``load_model``: rebuild a model from a checkpoint alone, by calling the factory its run was
+given (``model="package.module:function"`` or ``Factory(...)``, recorded in every manifest).
 
 Example::
 

@@ -1,17 +1,6 @@
-"""What "newest" means among the checkpoints of one directory, without the wall clock.
-
-Every commit records a ``sequence`` in its manifest: one more than the highest the directory
-held when it committed (:func:`next_sequence`). A lineage has one writer at a time (its
-lock, ``core.checkpointing.lineage_lock``), which sees its own previous commit, so the
-sequence grows along a lineage whatever the clocks of the hosts that wrote it say; and a
-commit made after another one was seen is ordered after it, across lineages too.
-
-- Within a lineage (retention, ``last``, whether a resume continues it): by sequence;
-  manifests written before sequences existed come first, by step, then by commit time.
-- Across lineages (which one ``resume="auto"`` looks at first, what ``run.checkpoints``
-  lists first): by sequence; two lineages that committed at once (the same sequence) and
-  manifests without one, by commit time (``committed_at_ns``, the wall clock, kept in the
-  manifest for people).
+"""What "newest" means among the checkpoints of one directory, without the wall clock: the
+``sequence`` each commit records (one more than the highest the directory held), then, for
+ties and older manifests without one, step and ``committed_at_ns``.
 
 >>> old = Entry(Path("step-000000020-a"), "a", "a", step=20, sequence=None, committed_at_ns=9)
 >>> new = Entry(Path("step-000000021-b"), "a", "b", step=21, sequence=1, committed_at_ns=1)

@@ -1,7 +1,5 @@
-"""The best ``k`` checkpoints by a monitored value (``save_best``, ``save_top_k``).
-
-Entries are ``[value, path]`` pairs, the best first; ties keep the earlier checkpoint
-ahead (a later one must be strictly better to pass it).
+"""The best ``k`` checkpoints by a monitored value (``save_best``, ``save_top_k``): ``[value,
+path]`` pairs, the best first; a later checkpoint must be strictly better to pass an earlier.
 
 >>> offer([[0.5, "a"], [0.7, "b"]], 0.6, "c", k=2, mode="min")
 [[0.5, 'a'], [0.6, 'c']]

@@ -1,30 +1,9 @@
 """Checkpoint directories that are either complete and verified, or ignored.
 
-Layout: ``<checkpoint_dir>/step-000000123-<run_id>/`` holds ``state.pt`` (``torch.save``),
-for FSDP2 a ``sharded/`` ``torch.distributed.checkpoint`` directory (its ``.metadata``
-written last), and ``manifest.json`` (``core.checkpointing.manifest``: the run that wrote it,
-its lineage, the checkpoint it descends from, its commit sequence and time, every file's
-size and sha256). Writing happens in a hidden staging directory next to it, unique to the
-writer; every file and the staging directory are fsynced, then the staging directory is renamed
-into place (or swapped with the checkpoint it replaces) and the parent directory fsynced:
-that is the commit. Then the ``last`` link moves, then old checkpoints are pruned, each
-step safe to be killed after (``core.checkpointing.atomic``).
-
-**Lineages.** A run that starts fresh begins a lineage (named after its run id); a run that
-resumes from the newest checkpoint of a lineage continues it, one that resumes from an older
-checkpoint of it branches into a lineage of its own, and so does one that would continue a
-lineage another live run holds (one writer per lineage: ``core.checkpointing.lineage_lock``).
-Retention counts over the lineage, not the run: a job restarted a thousand times keeps its
-newest ``keep_last_n`` checkpoints and its best ones (``kept``), like one that never
-stopped. Checkpoints of other lineages in the same directory are never touched. "Newest" is
-commit order, counted in the manifests (``core.checkpointing.order``), not the wall clock
-nor the step number.
-
-Loading uses ``torch.load(weights_only=True)`` only, and a sharded checkpoint's
-``.metadata`` is read through an allow-list first
-(``core.checkpointing.dcp_metadata``): a file carrying
-pickled code fails with :class:`~core.errors.UnsafeCheckpointError` before anything in it
-runs.
+``<checkpoint_dir>/step-000000123-<run_id>/`` holds ``state.pt``, for FSDP2 a ``sharded/``
+distributed checkpoint, and ``manifest.json``; it is written in a hidden staging directory,
+fsynced and renamed into place (``core.checkpointing.atomic``). Lineages, retention and the
+commit protocol: docs/checkpoints-and-reliability.md. Loading is ``weights_only=True`` only.
 """
 
 from __future__ import annotations

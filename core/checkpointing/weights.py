@@ -1,13 +1,6 @@
 """Loading only the model weights of a run's checkpoint into a model, for inference or
-fine-tuning: no optimizer, RNG or trainer state, no process group.
-
-The checkpoint is verified first (its manifest's sizes and sha256, see
-``core.checkpointing.manifest``) and read as safely as a resume reads it
-(``weights_only=True``; a sharded ``.metadata`` through an allow-list). Replicated
-checkpoints (one process, DataParallel, DDP) hold the model in ``state.pt``; FSDP2 ones in
-``sharded/``, read here without a process group. Names that differ only by wrapper prefixes
-(``module.``, ``_orig_mod.``, ``_checkpoint_wrapped_module.``, ``_fsdp_wrapped_module.``)
-are matched to the model's own names.
+fine-tuning (no optimizer, RNG or trainer state, no process group): verified first, read as
+safely as a resume reads it, wrapper prefixes (``module.``, ``_orig_mod.``, ...) matched.
 
 Example::
 
