@@ -1,21 +1,10 @@
-"""A run's home on a Ray cluster: the actor that trains one job at a time, in Ray's worker.
+"""A run's home on a Ray cluster: the actor that trains one job at a time, as in thread mode.
 
-The job trains here exactly as in thread mode (its ``devices=N`` ranks, if any, started
-here by core's own launcher), on the actor's event loop. Everything it says crosses back as
-the items of one streaming call (:meth:`RunActor.train`), in order, batched as a training
-process's pipe batches them (``core.trainer.process.pipe``): ``("records", [...])``,
-``("opened", run_dir)``, ``("alive",)`` each second without anything else, and one
-``("ended", how, detail)`` last (``completed`` with the results and the trained weights,
-which travel through Ray's object store, their bytes as arrays beside the pickle;
-``failed`` with the error; ``cancelled`` with the last checkpoint). The service steers with
-two other calls, which an async actor runs beside the stream: :meth:`RunActor.request_stop`
-and :meth:`RunActor.cancel`.
-
-The service renews the actor's lease every second (:meth:`RunActor.renew`). An actor not
-renewed for ``service_lease_s`` has lost its service: its run is cancelled (the stop
-checkpoint written at the next step boundary, as when the service cancels), and once that
-has ended, or at once when idle, the actor exits. An actor the service no longer needs
-exits once its runs' reports are written (:meth:`RunActor.retire`).
+Everything the job says crosses back, in order, as the items of one streaming call
+(:meth:`RunActor.train`), batched as a training process's pipe batches them
+(``core.trainer.process.pipe``); :meth:`RunActor.request_stop` and :meth:`RunActor.cancel` run
+beside the stream. An actor whose lease (:meth:`RunActor.renew`) lapses for
+``service_lease_s`` cancels its run and exits.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""The actors a service's runs train in: asked of the cluster, waited for (visibly), kept
-warm between runs, and leased.
-
-Each actor is *detached* (Ray does not kill it with the process that made it) and named
-``core-run-<hex>``; what ties it to its service is a lease the service renews every second
-from a thread of its own (:data:`LEASES`). When the service dies, or its machine, nobody
-renews: the actor cancels its run (which writes its stop checkpoint at the next step
-boundary) and exits ``ray.service_lease_s`` later, as a training process does when its
-service is gone. An idle actor simply exits.
-
-An actor whose run completed waits for this service's next run that asks the same of the
-cluster (:data:`WARM`, ``ray.keep_warm``): its imports (torch, core, the user's modules)
-are done, so that run's first step comes within about a second of ``train()``.
+"""The actors a service's runs train in: asked of the cluster, waited for (visibly), kept warm
+between runs (:data:`WARM`, ``ray.keep_warm``), and leased. Each is detached and named
+``core-run-<hex>``; the service renews its lease every second from a thread (:data:`LEASES`),
+and an actor nobody renews stops its run and exits (docs/ray.md).
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""A run's actors on the cluster, as its service reaches them: one actor (the run, with its
-``devices``), or ``ray.actors=N`` actors in a placement group, one rank each, forming their
-process group from rank 0's address.
-
-Each actor's stream is read by a thread of its own into one inbox, tagged with the rank:
-rank 0's records are the run's; every rank's ``ended`` (or its death: the stream raises when
-the actor or its node is lost) says how it ended. The gang is ``Stoppable``
-(``core.trainer.running.placement``): asked to cancel, every rank is; silent, frozen ranks
-are killed (``ray.cancel`` of their streams, then ``ray.kill`` of those still there).
+"""A run's actors as its service reaches them: one actor, or ``ray.actors=N`` in a placement
+group, one rank each. Each actor's stream is read by a thread into one inbox tagged with the
+rank; asked to cancel, every rank is, and silent ranks are killed (``ray.cancel``, then
+``ray.kill``).
 """
 
 from __future__ import annotations

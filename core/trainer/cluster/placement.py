@@ -1,24 +1,9 @@
 """One ``train()`` on a Ray cluster (``run.isolation="ray"``), relayed to the service's loop.
 
-The run trains in an actor (``core.trainer.cluster.actor``) as it would in a training
-process: what crosses obeys the same rules (``core.trainer.process.crossing``), records
-arrive in order and in batches, published to the job's event hub (``events()``, callbacks),
-and ``request_stop`` crosses to the actor. The service's event loop only relays: connecting,
-serializing the job's objects, waiting for Ray and loading the weights run in worker threads.
-
-How each ending reaches the caller of ``train()``:
-
-- completed: the trained weights come back through Ray's object store (from any node) and
-  are loaded into the service's model, in place; the run's results are returned;
-- failed: the run's error, raised;
-- cancelled (``task.cancel()``, a timeout, Ctrl-C under ``asyncio.run``, an anyio scope), at
-  any moment (``core.trainer.running.placement``): before the actors exist, none is made (a
-  run still pending leaves Ray's queue); after, the run is cancelled in its actor (its stop
-  checkpoint written at a step boundary, ``run_end`` delivered), and actors that then say
-  nothing for ``stop_grace_s`` are killed (``ray.cancel``, then ``ray.kill``);
-- died (the actor's process, its node): :class:`~core.errors.TrainingProcessDied` naming the
-  run's own last good checkpoint (on the shared storage: ``core.trainer.cluster.storage``);
-- never placed: :class:`~core.errors.ClusterStartTimeout` after ``ray.start_timeout_s``.
+The run trains in an actor as it would in a training process: the same crossing rules, records
+in order and in batches to the job's event hub, ``request_stop`` forwarded. Connecting,
+serializing, waiting for Ray and loading the weights run in worker threads. How each ending
+reaches the caller (and :class:`~core.errors.ClusterStartTimeout`): docs/ray.md.
 """
 
 from __future__ import annotations

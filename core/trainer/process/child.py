@@ -1,16 +1,9 @@
-"""The training process: the same job in thread mode, its records relayed to the parent.
+"""The training process: the same job as in thread mode, its records relayed to the parent.
 
-Started by :mod:`core.trainer.process.supervisor` (from its fork server), in a process group
-of its own (a terminal's Ctrl-C reaches the service, which decides) and at a lower CPU
-priority than the service (``NICENESS``). It builds the job from what
-crossed (``core.trainer.process.crossing``), trains it under asyncio with SIGTERM/SIGINT as
-graceful stops, and ends with one ``ended`` message. On success it first writes the model's
-final weights as a verified checkpoint under ``<run_dir>/final_weights/`` (a smoke run's,
-whose directory is gone: in a temporary folder the parent removes), which the parent
-loads into its own model. A ``"cancel"`` from the parent, or the parent's end (the control
-pipe reads end-of-file: the service was killed), cancels the run: the stop checkpoint is
-written as under a cancelled ``train()`` in thread mode. A ``("stop", reason)`` becomes the
-job's ``request_stop``, held by the job until its run has begun if it comes that early.
+Started from the supervisor's fork server in a process group of its own (a terminal's Ctrl-C
+reaches the service, which decides) at a lower CPU priority (``NICENESS``), it builds the job
+from what crossed, trains it under asyncio and ends with one ``ended`` message. A ``"cancel"``,
+or the control pipe's end-of-file (the service is gone), cancels the run as in thread mode.
 """
 
 from __future__ import annotations

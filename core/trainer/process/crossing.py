@@ -1,20 +1,9 @@
 """What crosses into a training process (``run.isolation="process"``), checked before it starts.
 
-Each runtime object crosses either pickled (a module, a ``DataLoader`` over a dataset, an
-optimizer over the model's parameters: pickled together, so the optimizer still holds the
-model's parameters on the other side; their tensors through shared memory, never as bytes:
-``core.trainer.process.shared``) or as a factory named ``"package.module:function"``,
-imported and called in each process that needs it. A factory name stands for:
-
-- ``model``, ``train_loader``, ``val_loader``: a function of no arguments returning the object;
-- ``loss_fn``, ``training_step``, ``validation_step``: the function itself;
-- ``optimizer``: a function of the model's parameters; ``scheduler``: a function of the
-  optimizer (as when a callable is passed).
-
-Anything else (a lambda, a class defined inside a function or in a ``__main__`` the training
-process cannot import, an open file, a lock) is a :class:`~core.errors.ConfigError` naming
-the argument and the fix: a name that cannot be imported when the run is created, an object
-that does not pickle when it starts (pickling is work the event loop's thread is spared).
+Each runtime object crosses pickled (its tensors through shared memory:
+``core.trainer.process.shared``) or as a factory named ``"package.module:function"``; anything
+else is a :class:`~core.errors.ConfigError` naming the argument and the fix. The rules:
+docs/services.md#how-process-isolation-works.
 
 Example::
 

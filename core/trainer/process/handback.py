@@ -1,14 +1,7 @@
 """The trained weights' way back from a training process, through the shared memory they
-crossed in (``core.trainer.process.shared``).
-
-The training process trained on views of that memory, so at the end there is mostly nothing
-to copy: :meth:`HandBack.write` copies only the entries that no longer lie where they
-crossed (a model built there from a factory name, moved to a GPU, or whose weights were
-replaced), and the service copies the block into its own model, in place
-(:meth:`HandBack.load_into`). Names are matched without the prefixes wrappers add
-(``module.``, ``_orig_mod.``). A state dict whose names or shapes differ from the given
-model's cannot come back this way: :meth:`write` says so, and the training process writes
-the verified checkpoint instead (``child.save_final_weights``).
+crossed in: :meth:`HandBack.write` copies only the entries no longer where they crossed, and
+:meth:`HandBack.load_into` copies the block into the service's model in place. A state dict
+whose names or shapes differ comes back as a verified checkpoint instead.
 """
 
 from __future__ import annotations

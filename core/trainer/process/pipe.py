@@ -1,12 +1,9 @@
 """The two one-way pipes between a service and its training process, and what goes through.
 
-Child to parent: lists of messages, batched by a sender thread so that neither side's event
-loop ever blocks on a pipe: ``("records", [record, ...])``, ``("opened", run_dir)``,
-``("alive",)`` every second (a child that sends nothing is frozen) and one
-``("ended", how, detail)`` last (``how``: ``completed`` with ``(results, final_weights)``,
-``failed`` with the exception, ``cancelled`` with the last checkpoint). Parent to child:
-``("stop", reason)`` (``request_stop``, possibly sent before the child started: it waits in
-the pipe) and ``"cancel"``. A pipe that reads end-of-file means the other process is gone.
+Child to parent, batched by a sender thread so neither event loop blocks: ``("records", [...])``,
+``("opened", run_dir)``, ``("alive",)`` every second, and one ``("ended", how, detail)`` last
+(``completed``, ``failed`` or ``cancelled``). Parent to child: ``("stop", reason)`` and
+``"cancel"``. End-of-file means the other process is gone.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""One rank of a ``devices=N`` job (``core.trainer.process.ranks``): started by torch's
-elastic launcher with torchrun's environment (forked from the launcher, which imported torch
-and never touched CUDA), it rebuilds the job from what crossed and trains it as a rank of a
-torchrun job does.
-
-Rank 0 relays its records to the launcher and returns ``(results, final weights path)``, the
-model's full weights saved under ``<run_dir>/final_weights/``. :data:`CANCEL` (the launcher's
-cancel, passed on by torch's agent) cancels ``train()``: the rank stops at a step boundary
-with its checkpoint and exits (status 129). Any other exception is pickled into the launcher's
-folder (with the rank's traceback as a note on Python 3.11+) before it ends the rank. A rank
-whose launcher is gone cancels itself the same way, and exits if that takes longer than
-``stop_grace_s`` + :data:`STOP_MARGIN_S`.
+"""One rank of a ``devices=N`` job, started by torch's elastic launcher: it rebuilds the job
+from what crossed and trains it as a rank of a torchrun job does. Rank 0 relays its records
+and returns ``(results, final weights path)``; :data:`CANCEL`, or a launcher gone, cancels
+``train()`` (exit 129 after the stop checkpoint); any other exception is pickled into the
+launcher's folder for it to raise.
 """
 
 from __future__ import annotations

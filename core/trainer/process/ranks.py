@@ -1,27 +1,10 @@
 """``devices=N`` from the Python API: ``train()`` starts the job's N ranks itself.
 
-The job runs in a supervised training process exactly as under ``isolation="process"``
-(``core.trainer.process.supervisor``: what crosses, cancellation, heartbeat, a process that
-died, the final weights loaded into the caller's model, records relayed to ``events()`` and
-the callbacks). Here that process is the launcher: :func:`main` starts N ranks with torch's
-elastic launcher (``core.distributed.launch.launch_local_ranks``, the launch ``torchrun
---standalone --nproc-per-node N`` makes) and waits for them. Each rank (:func:`rank_main`)
-rebuilds the job from what crossed and trains it as a rank of a torchrun job does; rank 0
-relays its records to the launcher, which forwards them with its own heartbeat (one writer
-on the pipe to the caller), then returns its results and its final weights.
-
-How the ranks end:
-
-- completed: rank 0's results, its model's full weights saved under ``final_weights/``;
-- cancelled (``task.cancel()``; the caller gone): the launcher sends itself SIGHUP, which
-  torch's agent passes to every rank, where it cancels ``train()``: each stops at a step
-  boundary with its checkpoint; a rank still running ``stop_grace_s`` + 15 s later is killed;
-- a signal forwarded by the caller (``handle_signals``): passed on the same way, the ranks
-  stop as signalled ones do and ``train()`` raises rank 0's ``SignalReceived``;
-- a rank failed: the agent stops the others; ``train()`` raises the first failing rank's
-  exception (each rank pickles its own into a folder the launcher reads), or
-  ``TrainingProcessDied`` naming the rank for one killed by a signal;
-- the launcher killed: each rank sees its parent gone and cancels itself the same way.
+The job runs in a supervised training process as under ``isolation="process"``; that process
+is the launcher (:func:`main`): it starts N ranks as ``torchrun --standalone`` would and
+relays rank 0's records with its own heartbeat. A cancel reaches every rank through torch's
+agent (SIGHUP); a rank still running ``stop_grace_s`` + 15 s later is killed; a failed rank's
+own exception is raised.
 """
 
 from __future__ import annotations

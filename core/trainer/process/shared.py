@@ -1,26 +1,10 @@
 """Objects holding tensors, crossing into another process through one block of shared memory.
 
-Pickling a model writes every weight into the pickle's bytes, and unpickling copies them out
-again: a 58M-parameter model was copied four times on its way into a training process and
-back. Here the pickle holds only the structure (modules, settings, and which storage each
-tensor views, at what offset, size and stride), and each tensor storage it meets is laid out
-in one block of shared memory, copied there once (:func:`pack`). The block crosses with the
-process's start as one file descriptor; in the other process (:meth:`Packed.unpack`) every
-tensor is a view of the block, and no byte is copied.
-
-The block is the other process's own copy: the objects given are left untouched, and the
-other process may train on it. Tensors that shared a storage still share one there (a tied
-embedding, the optimizer holding the model's parameters, views). A CUDA tensor crosses
-through host memory (one device-to-host copy here) and is put back on its device there.
-
-:data:`Packed.model` lays out the given model's state dict in the same block (its own
-storages, or, for a model named by a factory, regions only it uses), so that the trained
-weights come back the same way (``core.trainer.process.handback``).
-
-Where no memory is shared (a Ray actor, possibly on another machine), :func:`portable` gives
-the same structure with each storage's bytes as a numpy array: Ray's object store carries
-arrays beside the pickle, without pickling them (pickled tensors are written into the
-pickle's bytes while the interpreter lock is held: a stall of the service's event loop).
+The pickle holds only the structure (modules, settings, which storage each tensor views);
+each storage is copied once into the block (:func:`pack`), and on the other side every tensor
+is a view of it (:meth:`Packed.unpack`): no byte is copied. Shared storages stay shared (tied
+weights, the optimizer's parameters). :func:`portable` gives the same structure with numpy
+arrays instead, for Ray's object store where no memory is shared.
 """
 
 from __future__ import annotations
@@ -249,6 +233,8 @@ def pack(objects: object, model: torch.nn.Module | None) -> Packed:
     """``objects`` as they cross: their structure pickled, their storages copied into one new
     block; with ``model``, its state dict laid out in the block too (for the way back: a
     storage ``objects`` did not hold gets a range of its own, left unwritten)."""
+    # A plain pickle writes every weight into its bytes and copies them out again: a
+    # 58M-parameter model was copied four times on its way into a training process and back.
     buffer = io.BytesIO()
     pickler = _StructurePickler(buffer)
     pickler.dump(objects)
@@ -341,6 +327,8 @@ def _view(buffer: Any) -> torch.Tensor:
 def portable(objects: object) -> Portable:
     """``objects`` as :class:`Portable` (the arrays view the storages' memory: put them in the
     object store, which copies them, before the objects change)."""
+    # Ray carries arrays beside the pickle; pickled tensors would be written into the pickle's
+    # bytes while the interpreter lock is held, stalling the service's event loop.
     buffer = io.BytesIO()
     pickler = _StructurePickler(buffer)
     pickler.dump(objects)

@@ -1,29 +1,9 @@
 """One ``train()`` in a supervised training process (``run.isolation="process"``).
 
-The process is a fresh interpreter forked from a fork server (``start_method``), never from
-the service itself: the same guarantees as ``spawn`` (no inherited threads, CUDA state or
-locks), without paying the imports again for every run.
-
-The service's event loop only relays: the job's objects are pickled and the process is
-started in worker threads; records arrive in batches, read by a worker thread, and are
-published to the job's event hub, so ``events()`` and callbacks work as in thread mode.
-
-How each ending reaches the caller of ``train()``:
-
-- completed: the final weights are verified and loaded into the service's model, in place
-  (a worker thread), and the child's :class:`~core.trainer.state.results.TrainingResults` returned;
-- failed (bad input, non-finite loss, a signal the child received): the child's error, raised;
-- cancelled (``task.cancel()``, a timeout, Ctrl-C under ``asyncio.run``, an anyio scope), at
-  any moment (``core.trainer.running.placement``): before the child is started, it never is;
-  after, it is told to cancel, its stop checkpoint is written at a step boundary, then the
-  cancellation propagates; a child that then sends nothing (not even its heartbeat) for
-  ``stop_grace_s`` is frozen, and killed. Either way the child has exited and its pidfd,
-  pipes and shared memory are released before the caller sees the cancellation;
-- died (the OOM killer, a segfault, ``os._exit``): :class:`~core.errors.TrainingProcessDied`
-  naming the exit code or signal and the last good checkpoint.
-
-With ``handle_signals=True`` the service's SIGTERM/SIGINT are forwarded to the child, whose
-run stops as a signalled one does in thread mode (the first stops, the second hurries).
+The process is forked from a fork server, never from the service (``spawn``'s guarantees
+without paying the imports for every run). The service's event loop only relays: pickling,
+starting and reading records run in worker threads, and records reach the job's event hub.
+How each ending (completed, failed, cancelled, died) reaches the caller: docs/services.md.
 """
 
 from __future__ import annotations

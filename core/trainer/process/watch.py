@@ -1,24 +1,6 @@
-"""A training process watched itself, whether or not the fork server that started it lives.
-
-A process started from a fork server is the fork server's child: the fork server reaps it
-and reports its exit status through a pipe, and ``multiprocessing``'s ``is_alive()``,
-``exitcode`` and ``join()`` read only that pipe. A fork server that dies (killed, or picked
-by the OOM killer) closes the pipe, and the training process then looks dead (exit code 255)
-while it trains on: its signals would not be forwarded, a frozen one never killed, its end
-misreported.
-
-Here the training process itself is watched (Linux):
-
-- a pidfd tells when it exits and carries signals to it (never to a later process that
-  reused its pid);
-- the service is a child subreaper while training processes run, so one whose fork server
-  died becomes the service's own child, and its true exit status is reaped here;
-- what the training process leaves behind when it dies (its loader workers, the ranks of a
-  ``devices=N`` job) comes to the service the same way; they share the training process's
-  process group, and a reaper thread collects that group until none of it is left.
-
-Elsewhere, liveness falls back to ``os.kill(pid, 0)`` and the status of a process whose fork
-server died is unknown, and said so.
+"""A training process watched itself (Linux: a pidfd, and the service as child subreaper),
+whether or not the fork server that started it lives; elsewhere ``os.kill(pid, 0)``, and the
+exit status of a process whose fork server died is reported as unknown.
 """
 
 from __future__ import annotations
@@ -90,12 +72,17 @@ subreaper = _Subreaper()
 
 
 class WatchedProcess:
-    """A started training process, watched by its pid rather than through its fork server."""
+    """A started training process, watched by its pid rather than through its fork server.
+
+    ``multiprocessing``'s ``is_alive()``/``exitcode``/``join()`` read the fork server's pipe
+    only: were the fork server killed, the process would look dead (exit code 255) while it
+    trains on, its signals not forwarded, a frozen one never killed."""
 
     def __init__(self, process: BaseProcess) -> None:
         assert process.pid is not None, "watch a started process"
         self.process, self.pid = process, process.pid
         self._pidfd: int | None = None
+        # A pidfd carries signals to this process, never to a later one that reused its pid.
         with contextlib.suppress(AttributeError, OSError):  # not Linux, or already gone
             self._pidfd = os.pidfd_open(self.pid)
         self._status: ExitStatus | None = None
