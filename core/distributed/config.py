@@ -63,6 +63,8 @@ class MultiGPUConfig:
     enable_gpu_monitoring: bool = True
     sync_bn: bool = False
     timeout_s: float = 1800.0
+    # A 4-byte gloo all-reduce costs ~50 us alone, ~200 us between two local processes: voting
+    # every 16 boundaries keeps it near 1% of a small CPU step, and a stop lands within 32 steps.
     stop_vote_interval: int = 16
     fsdp_shard_policy: ShardPolicy | None = None
     fsdp_mixed_precision: bool = False

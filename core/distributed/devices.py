@@ -1,16 +1,7 @@
-"""``devices=N``: whether this process starts the job's N ranks, checked against the machine.
-
-``MultiGPUConfig(devices=N)`` asks for N processes on this machine, each a rank of one job,
-as ``torchrun --standalone --nproc-per-node N`` would start them. This module decides, once
-per job (at creation), what that means here:
-
-- outside torchrun, N > 1: this process starts N ranks (``core.distributed.launch``), and
-  each runs the job as one of torchrun's ranks would;
-- a rank that the launcher (or torchrun) started, with the same N per machine: nothing to
-  start, it is one of them;
-- under torchrun with another number of processes per machine, N above this machine's CUDA
-  devices, NCCL without CUDA: a :class:`~core.errors.ConfigError` naming the field, the
-  value and the fix.
+"""``devices=N``: whether this process starts the job's N ranks, checked against the machine
+once per job: outside torchrun it starts them (``core.distributed.launch``); in a rank with the
+same N per machine there is nothing to start; another number under torchrun, N above the CUDA
+devices, or NCCL without CUDA is a :class:`~core.errors.ConfigError`.
 
 Example::
 

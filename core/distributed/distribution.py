@@ -1,14 +1,7 @@
-"""``Distribution``: where a run trains (one device, DataParallel, DDP or FSDP2) on
-torch.distributed: the strategy chosen for this machine, the model wrapped for it, the loaders
-sharded over the ranks, and the training throughput counted.
-
-``MultiGPUConfig(training_mode="auto")`` resolves once, when it is built:
-
-- inside a torchrun environment (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` set): DDP (ask for
-  FSDP2 with ``training_mode="fsdp"``);
-- no CUDA: CPU;  one GPU: that GPU;
-- several GPUs without torchrun: DataParallel when ``enable_data_parallel``, else one GPU,
-  with a log line saying how to launch DDP.
+"""``Distribution``: where a run trains (one device, DataParallel, DDP or FSDP2): the strategy
+chosen for this machine, the model wrapped for it, the loaders sharded over the ranks, and the
+training throughput counted. ``training_mode="auto"`` resolves once: DDP under torchrun, else
+CPU, one GPU, or DataParallel over several when ``enable_data_parallel``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
-"""Expert parallelism under torchrun: each rank holds ``E / world_size`` experts of every
-MoE layer; everything else is data parallel (DDP).
-
-- **Experts.** Rank ``r`` keeps experts ``r * E/W ... (r+1) * E/W - 1`` of each layer and
-  drops the rest; tokens reach them and come back by all-to-all (:mod:`core.moe.exchange`).
-  An expert's gradient already sums every rank's tokens, so it is not all-reduced; it is
-  divided by the world size (a hook on the parameter), matching DDP's average of the rest.
-- **Dense parameters** (router, attention, embeddings) are replicated and all-reduced by
-  DDP, which ignores the expert parameters; off-boundary micro-batches skip the all-reduce.
-- **Global quantities** combine over ranks: the gradient norm (the dense part once, the
-  experts' parts summed) and the fp16 overflow flag.
-- **Checkpoints** go through ``torch.distributed.checkpoint`` (like FSDP2): every rank writes
-  its own experts, the dense state once. Expert names carry the global index, so the files
-  name the whole model; resuming needs the same world size (the run's fingerprint says so).
-- **Exchange.** ``token_exchange="auto"`` uses ``all_to_all_single`` where the backend runs
-  it (gloo and NCCL do), else an equivalent from ``all_gather``; ``run_start`` says which.
+"""Expert parallelism under torchrun: each rank holds ``E / world_size`` experts of every MoE
+layer, reached by all-to-all (:mod:`core.moe.exchange`); everything else is data parallel
+(DDP). Gradients, norms, checkpoints and the exchange: docs/experts.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""Expert parallelism in one process: experts placed on this machine's GPUs.
-
-Without torchrun, ``training_mode="expert_parallel"`` plans where every expert of every MoE
-layer should live by the cost model of :mod:`core.moe.placement` (parameters x expected
-tokens against each device's SM count and free memory). With several CUDA devices the
-experts move there: the gate and every dense part stay on the primary device, tokens go to
-their experts with non-blocking copies and come back; ``add_expert()`` puts a new expert on
-the least-loaded device. With one device (or none) everything stays on it, and the plan is
-still computed for the devices described and recorded in ``run_start``.
+"""Expert parallelism in one process: every expert of every MoE layer placed on this machine's
+GPUs by :mod:`core.moe.placement`'s cost model; the gate and dense parts stay on the primary
+device and tokens travel with non-blocking copies. With one device (or none) everything stays
+there, and the plan is still recorded in ``run_start``.
 """
 
 from __future__ import annotations

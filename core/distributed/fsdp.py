@@ -1,12 +1,7 @@
-"""FSDP2 (``torch.distributed.fsdp.fully_shard``): parameters, gradients and optimizer state
-sharded over ranks.
-
-Each block is sharded on its own, then the root: by default every child of every
-``nn.ModuleList`` in the model (transformer layers), or the modules a user policy returns.
-With ``mixed_precision=True`` a ``MixedPrecisionPolicy`` computes in the precision object's
-dtype and reduces gradients in fp32. Gradients are DTensors; the gradient norm and the fp16
-overflow flag are therefore combined over ranks. Full state dicts go through
-``torch.distributed.checkpoint.state_dict``.
+"""FSDP2 (``fully_shard``): parameters, gradients and optimizer state sharded over ranks.
+Each block (by default every child of every ``nn.ModuleList``, or what a user policy returns)
+is sharded on its own, then the root; gradients are DTensors, so the gradient norm and the
+fp16 overflow flag are combined over ranks.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
-"""Launch helpers: a free port, an in-process group, torchrun, and the ranks of ``devices=N``
-(torch's elastic launcher, as ``torchrun --standalone`` runs it).
+"""Launch helpers: a free port, an in-process group, torchrun, and the ranks of ``devices=N``.
 
-``launch_distributed_training`` runs ``torchrun`` (``python -m torch.distributed.run``) as a
-subprocess in its own session, so a timeout can stop torchrun and every worker it started.
-Multi-node: run the same command on every node with ``nnodes=N`` and the same
-``rdzv_endpoint="HOST:PORT"`` (c10d rendezvous)::
+``launch_distributed_training`` runs ``torchrun`` as a subprocess in its own session, so a
+timeout stops it and every worker; multi-node: the same command on every node with ``nnodes``
+and one ``rdzv_endpoint``. ``launch_local_ranks`` is ``torchrun --standalone --nproc-per-node
+N`` without the command (torch's elastic agent, no restarts, ``OMP_NUM_THREADS=1``)::
 
     launch_distributed_training("train.py", world_size=8, nnodes=2, rdzv_endpoint="10.0.0.1:29500")
-
-``launch_local_ranks`` is ``torchrun --standalone --nproc-per-node N`` without the command:
-torch's elastic agent, no restarts, the same ``OMP_NUM_THREADS=1`` default, for a function or
-a command, and two differences that take seconds off the start (measured in
-``benchmarks/startup.py``): the rendezvous is the static one on a free local port (one
-machine, no nodes to wait for), and a function's ranks are forked from this process, which
-has imported torch already, where it never initialized CUDA (``spawn`` otherwise)::
-
     launch_local_ranks(2, *python_module("core", ["fit", "--example", "digits"]))
 """
 
@@ -180,6 +171,9 @@ def launch_local_ranks(
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     quiet_agent(logging.ERROR)  # not "Received 2 death signal, shutting down workers"
+    # Two differences from torchrun take seconds off the start (benchmarks/startup.py): ranks
+    # forked from this process, which imported torch already (never where it touched CUDA),
+    # and the static rendezvous on a free local port (one machine, no nodes to wait for).
     start_method, target = "spawn", entrypoint
     if callable(entrypoint) and not torch.cuda.is_initialized():
         start_method, target = "fork", _as_if_spawned(entrypoint)

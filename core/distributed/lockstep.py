@@ -1,24 +1,8 @@
-"""Keeping ranks in step when their loaders differ in length.
-
-Every DDP/FSDP2 step is a collective, so every rank must take the same number of steps;
-a rank that finishes its epoch early and enters the next collective (a stop vote, the
-epoch's loss all-reduce) while a peer still waits in a gradient all-reduce crashes gloo or
-hangs NCCL. Core's ``DistributedSampler`` shards evenly; ``use_distributed_sampler=False``
-(or a stream) leaves it to the user, so:
-
-- where every rank's loader has an exact ``len()``, the lengths are compared with one
-  all-gather (``train_loader`` at the start of each epoch, ``val_loader`` once when the
-  optimizer is built); unequal lengths raise :class:`~core.errors.UnevenLoadersError` on
-  every rank, naming each rank's length and the fix. Nothing is agreed per step: such
-  epochs end together by themselves.
-- where some rank's loader has no ``len()`` (a stream, an ``IterableDataset``), the ranks
-  all-gather how many batches each has in hand before every step, and every rank ends the
-  epoch at the first boundary where one rank has none (the step loop then records
-  ``uneven_inputs``). A stream is not read further, as it may be endless: the batches
-  counted unused are those fetched for the step that was not taken. A validation stream is
-  wrapped in :class:`LockstepLoader`, which agrees before every batch the same way (the
-  evaluation loop's stop votes and FSDP2's all-gathers need every rank in step) and logs
-  ``uneven_inputs`` as a warning: the longer ranks' remaining samples are not evaluated.
+"""Keeping ranks in step when their loaders differ in length: every DDP/FSDP2 step is a
+collective, and a rank that ends its epoch early crashes gloo or hangs NCCL. Loaders with an
+exact ``len()`` are compared once (:class:`~core.errors.UnevenLoadersError` when unequal);
+streams are agreed on before every step (or batch: :class:`LockstepLoader`), and every rank
+ends the epoch at the first boundary where one has none (``uneven_inputs``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""How each rank's run ended, exchanged through the job's key-value store.
-
-At the end of every ``train()`` each rank publishes its outcome and waits, up to a timeout,
-for every other rank's. A store is point to point: unlike a collective it cannot be matched
-against a collective a stuck peer is still inside, and a peer that never publishes (stuck
-in a step) only costs the timeout. What the ranks then do with the outcomes (raise the same
-error everywhere) is decided in ``core.trainer.running.agreement``; waiting for each other here is
-also what keeps a rank that fails first from exiting, and torchrun from tearing the others
-down, while they are still closing their run.
+"""How each rank's run ended, exchanged through the job's key-value store: each rank publishes
+its outcome and waits, up to a timeout, for the others' (``core.trainer.running.agreement``
+decides what to raise). A store, unlike a collective, cannot be matched against one a stuck
+peer is inside; the wait also keeps a rank that failed first from exiting (and torchrun from
+tearing the others down) while they still close their run.
 """
 
 from __future__ import annotations

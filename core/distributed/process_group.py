@@ -1,19 +1,9 @@
 """What DDP and FSDP2 share: one process per device and a torch.distributed process group.
 
-``setup`` joins the group torchrun prepared (``env://``) unless one exists already; only a
-group created here is destroyed in ``teardown``. With NCCL, control-plane collectives (stop
-votes, early-stopping decisions, broadcast of the run id) use a separate gloo group, so
-they never make the host wait for the GPU.
-
-Stop votes are lagged and sparse: at every ``vote_interval``-th step boundary each rank
-starts an asynchronous all-reduce of its stop wish and acts on the result of the previous
-vote, so all ranks leave the loop at the same boundary and none is left waiting in a
-collective. A 4-byte gloo all-reduce costs ~50 us alone and ~200 us between two local
-processes, a large share of a small CPU step; voting every 16 boundaries keeps the cost
-near 1% while a stop still lands within 32 steps.
-
-Loaders of unequal length (``use_distributed_sampler=False``, streams) are checked or kept
-in step as ``core.distributed.lockstep`` describes.
+``setup`` joins the group torchrun prepared (``env://``) unless one exists; only a group
+created here is destroyed in ``teardown``. With NCCL, control-plane collectives (stop votes,
+early stopping, the run id) use a separate gloo group so the host never waits for the GPU.
+Stop votes are lagged and sparse (every ``stop_vote_interval`` boundaries, asynchronous).
 """
 
 from __future__ import annotations

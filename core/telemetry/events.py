@@ -1,16 +1,9 @@
 """Fan-out of run records to async consumers that can never slow the step loop.
 
-The step thread (and the async side) call :meth:`EventHub.publish`, which only appends to a
-bounded per-subscriber buffer under a short lock: it never waits for a consumer and never
-touches the event loop. A consumer that falls behind loses its oldest records, counted in
-:attr:`EventStream.dropped`. Consumers poll their buffer from the event loop, so the hub
-works the same under asyncio and trio. A waiting consumer is woken at once when its stream
-closes or when :meth:`EventStream.wake` asks (the end of a run is never a poll interval late),
-and the run wakes every consumer with a backlog after each periodic drain of its log
-(:meth:`EventHub.wake_all`, on the event loop's thread); records themselves never wake it
-(publishing stays free of the event loop). The poll is a fallback: a consumer's wait costs
-the event loop (and so the interpreter lock the step thread launches kernels with) one
-wake-up per ``poll_interval_s``, not fifty a second.
+:meth:`EventHub.publish` only appends to a bounded per-subscriber buffer under a short lock:
+it never waits for a consumer nor touches the event loop. A consumer that falls behind loses
+its oldest records (:attr:`EventStream.dropped`). Consumers poll their buffer from the event
+loop, so the hub works the same under asyncio and trio.
 
 Example::
 
@@ -102,6 +95,10 @@ class EventStream:
                     raise StopAsyncIteration
                 event = anyio.Event()
                 self._waiting = (event, anyio.lowlevel.current_token(), threading.get_ident())
+            # Woken at once by close(), wake() or the run's wake_all() after each periodic drain
+            # of its log (records never wake: publishing stays off the event loop); the poll is
+            # a fallback costing one wake-up per poll_interval_s (and one take of the interpreter
+            # lock the step thread launches kernels with), not fifty a second.
             try:
                 with anyio.move_on_after(self._poll_interval_s):
                     await event.wait()

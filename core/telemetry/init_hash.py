@@ -1,13 +1,6 @@
-"""A fingerprint of a model's initial weights, and the one the experiment's previous run
-recorded, so that ``run_start`` can say whether two runs started from the same weights.
-
-The fingerprint costs the same for a 1M- and a 7B-parameter model: it reads every
-``state_dict()`` entry's name, dtype and shape, and a fixed number of evenly spaced values of
-each tensor (its first and last included), gathered on the tensor's own device and copied
-to the host in one transfer per device. Never a copy of the weights: a full hash of a 7B
-model would read 14 GB through the host at every run. Two models with different names,
-dtypes, shapes or initialisations (any random init differs at every sampled value) get
-different fingerprints; two that differ only in values between the sampled ones do not.
+"""A fingerprint of a model's initial weights (names, dtypes, shapes and a fixed number of
+sampled values per tensor: the same cost for 1M and 7B parameters), and the one the
+experiment's previous run recorded, so ``run_start`` can say whether two runs started alike.
 
 Example::
 
@@ -29,6 +22,8 @@ __all__ = ("HASH_METHOD", "SAMPLES_PER_TENSOR", "previous_init_hash", "weights_h
 
 _EVENTS = "events.jsonl"
 
+# Sampled, never a full hash: that would read a 7B model's 14 GB through the host at every
+# run. Any random init differs at every sampled value; values between samples are not seen.
 SAMPLES_PER_TENSOR = 64
 HASH_METHOD = (
     f"sampled-sha256/{SAMPLES_PER_TENSOR}: sha256 of every state_dict entry's name, dtype and "

@@ -1,15 +1,9 @@
 """The first profiler start of a process, without kineto's false alarm on stderr.
 
-torch registers its kineto client on the thread that imports torch, and kineto initialises
-itself lazily, at the first profiler start. When that start comes from another thread (a
-run's step thread always is one) kineto prints ``ERROR: External init callback must run in
-same thread as registerClient`` and skips the client's init callback, which is empty in
-torch: nothing is lost, but the line alarms users. The fix cannot be to start kineto on the
-importing thread: the step thread must start the profiler (it records the thread that
-starts it) and core does not run code on the thread that imported torch. So the first start
-in a process passes the process's stderr (file descriptor 2, where kineto's C code writes)
-through a filter that drops that one line; everything else written meanwhile, by any
-thread, is written out after it, in order.
+Started from a thread other than the one that imported torch (a run's step thread always is),
+kineto prints ``ERROR: External init callback must run in same thread as registerClient`` and
+skips a callback that is empty in torch: nothing is lost. The profiler must start on the step
+thread, so the first start passes stderr (fd 2) through a filter that drops that one line.
 
 Example::
 

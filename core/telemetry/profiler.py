@@ -1,16 +1,7 @@
-"""Profiling a window of optimizer steps with ``torch.profiler``: one Chrome trace, one
-operator table, one ``profile`` record, then nothing.
-
-:class:`StepProfiler` is a step hook. The step loop calls :meth:`~StepProfiler.start`
-before the first step and the hook after every optimizer step, both on the step thread:
-the profiler records the thread that started it (and the autograd threads its backward
-passes use), so it must be started, stepped and closed on the thread that runs the steps.
-Steps ``wait`` are skipped, ``warmup`` are traced and discarded (the first profiled steps
-carry the profiler's own start-up), ``active`` are kept. When the window completes,
-``<run_dir>/profile/trace.json`` (open it in Perfetto or ``chrome://tracing``) and
-``<run_dir>/profile/top_ops.txt`` are written, one ``profile`` record is emitted, and the
-profiler stops: later calls cost one attribute check. Without a ``StepProfiler`` nothing
-is profiled and nothing is paid.
+"""Profiling a window of optimizer steps with ``torch.profiler``: one Chrome trace
+(``<run_dir>/profile/trace.json``), one operator table (``top_ops.txt``), one ``profile``
+record, then nothing. :class:`StepProfiler` is a step hook, started, stepped and closed on the
+step thread (the profiler records the thread that started it); without one nothing is paid.
 
 Example::
 
@@ -65,9 +56,10 @@ def check_profile_steps(value: object) -> tuple[int, int, int] | None:
 
 
 class StepProfiler:
-    """After :meth:`start`, skips ``wait`` optimizer steps, warms up on ``warmup`` and
-    records the next ``active`` (reported by their global step numbers); ``row_limit``
-    operators go into the table."""
+    """After :meth:`start`, skips ``wait`` optimizer steps, warms up on ``warmup`` (traced and
+    discarded: the first profiled steps carry the profiler's own start-up) and records the next
+    ``active`` (reported by their global step numbers); ``row_limit`` operators go into the
+    table. Once the window is written, a call costs one attribute check."""
 
     def __init__(
         self,

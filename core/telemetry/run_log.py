@@ -1,25 +1,10 @@
 """A run's directory and its structured event log (orjson, one JSON object per line).
 
-``logs/<experiment>/<run_id>/`` holds ``events.jsonl`` (rank 0; rank N > 0 writes
-``events.rank<N>.jsonl``), ``config.json`` and ``amp_stats.json``; a smoke run's lies in a
-temporary folder instead, removed when the run ends (:meth:`RunLog.create`,
-:meth:`RunLog.discard`). Every record carries
-``event``, ``ts`` (ISO 8601, UTC, taken when the record was emitted), ``level``, ``run_id``
-and ``rank``. The same records go to the :class:`~core.telemetry.events.EventHub`, so
-``run.events()`` sees exactly what the log gets, in the same order.
-
-``emit`` is cheap and safe from any thread: it stamps the time and appends the fields to a
-queue. ``drain`` renders the queued records with orjson directly (about 1 us a record; the
-structlog processor chain cost 4-5 us and a flush per record), writes them in chunks and
-flushes once; a worker thread drains every ``flush_interval_s`` (0.25 s), and the run drains
-at every epoch end, before every checkpoint and at the end, so the step thread does no I/O
-and no JSON work. Between chunks the drain lets other threads run, so a step waiting for
-the interpreter lock waits for one chunk at most. If records pile up (an event loop blocked
-by someone else), ``emit`` drains itself rather than grow without bound.
-
-The run log never touches logging configuration: ``core`` never calls
-``structlog.configure()``, so an application's own logging setup is left alone (``core``'s
-own process-level messages go through ``structlog.get_logger("core")``).
+``logs/<experiment>/<run_id>/`` holds ``events.jsonl`` (rank N > 0: ``events.rank<N>.jsonl``),
+``config.json`` and ``amp_stats.json`` (a smoke run's: a temporary folder, removed at the end).
+Every record carries ``event``, ``ts``, ``level``, ``run_id`` and ``rank``, and goes to the
+:class:`~core.telemetry.events.EventHub` too. ``emit`` only queues (any thread); ``drain``
+writes, from a worker thread every ``flush_interval_s`` and at epoch ends, checkpoints and the end.
 """
 
 from __future__ import annotations
@@ -45,12 +30,13 @@ from core.telemetry.events import EventHub
 
 __all__ = ("CurrentLog", "RunLog", "new_run_id", "record_before_the_run")
 
-_MAX_QUEUED = 10_000
+_MAX_QUEUED = 10_000  # emit drains itself past this (an event loop blocked by someone else)
 _CHUNK = 64  # records rendered between two chances for other threads to run
 _ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE
 _Queued = tuple[str, str, float, dict[str, Any]]
 
 
+# Never structlog.configure(): an application's own logging setup is left alone.
 _process_log = structlog.get_logger("core")
 
 
@@ -219,6 +205,8 @@ class RunLog:
 
     def drain(self) -> int:
         """Render, publish, write and flush every queued record, in order; return how many."""
+        # orjson directly costs about 1 us a record; structlog's processor chain cost 4-5 us
+        # and a flush per record.
         with self._drain_lock:
             if self._file.closed:
                 return 0

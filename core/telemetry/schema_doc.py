@@ -1,8 +1,5 @@
-"""Checking records against ``core.telemetry.records`` and rendering it as Markdown.
-
-:func:`check_record` lists what is wrong with one parsed JSON record (an unknown event, a
-missing or unexpected field, a value of the wrong JSON type); :func:`schema_markdown` is the
-generated part of the docs' log-schema page, ``docs/log-schema.md`` (``python -m
+"""Checking records against ``core.telemetry.records`` (:func:`check_record`) and rendering it
+as the generated part of ``docs/log-schema.md`` (:func:`schema_markdown`; ``python -m
 core.telemetry.schema_doc`` prints it).
 
 >>> check_record({"event": "nope"})
