@@ -1,15 +1,6 @@
-"""Keeping CPU work in the step thread as fast as in the main thread (libgomp).
-
-libgomp throttles the spin-wait of its worker threads (to ~1,000 spins instead of ~300,000)
-once it manages more threads than there are CPUs. Every thread that runs a parallel torch
-op owns an OpenMP pool of its own, so when both the event loop thread (which built the
-model) and the step thread hold one, each parallel region of the step hands off to workers
-that have gone to sleep. Measured on 2 cores: forward+backward of a small MLP took 2.8 ms in
-a worker thread against 1.1 ms in the main thread.
-
-``omp_pause_resource_all``, which libgomp implements as "free the calling thread's pool",
-called on the event loop thread before work is handed to the step thread, leaves one pool
-and restores full speed. Other OpenMP runtimes are left alone.
+"""Keeping CPU work in the step thread as fast as in the main thread (libgomp):
+:func:`release_thread_pool` frees the event loop thread's OpenMP pool before work is handed
+to the step thread. Other OpenMP runtimes are left alone.
 """
 
 from __future__ import annotations
@@ -47,5 +38,10 @@ def release_thread_pool() -> bool:
 
     Returns True if a libgomp runtime was found and accepted the request.
     """
+    # Every thread running a parallel torch op owns a pool, and libgomp throttles its workers'
+    # spin-wait (~1,000 spins, not ~300,000) once it manages more threads than CPUs: with two
+    # pools each parallel region hands off to sleeping workers (a small MLP's step on 2 cores:
+    # 2.8 ms in a worker thread, 1.1 ms in the main thread). omp_pause_resource_all frees the
+    # calling thread's pool.
     lib = _libgomp()
     return lib is not None and lib.omp_pause_resource_all(_OMP_PAUSE_SOFT) == 0
