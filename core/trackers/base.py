@@ -1,25 +1,9 @@
 """``Tracker``: the shared base of experiment trackers, a callback that feeds a backend.
 
-The base turns the run's records into what every tracker logs, and hands it to six small
-backend methods that a subclass implements (they run on the tracker's own thread, in
-order, never on the event loop):
-
-* ``_open(run, run_start)``: once, with the ``run_start`` record (``{}`` if it was lost);
-* ``_log_params(params)``: once, the config tree as dotted keys (``run.max_epochs``), the
-  run's plan (``plan.effective_batch_size``) and its random seed (``seed``);
-* ``_log_text(name, text)``: the model summary (``model_summary``, Markdown);
-* ``_log_scalars(rows)``: batches of :class:`~core.trackers.convert.Scalar` rows, x = the
-  optimizer step: ``train/*`` per step, ``val/*`` per validation, ``epoch/*`` per epoch;
-* ``_log_artifact(path)``: the run's report files, once the run's files are complete
-  (the tracker's thread waits for the report writer; ``train()`` waits for the tracker);
-* ``_close(status)``: last, ``"FINISHED"``, ``"FAILED"`` or ``"KILLED"``.
-
-Scalars are buffered and written every ``flush_every`` records, at each epoch end and at the
-end. A failing backend: the error is raised from the tracker's next hook (the run reports
-it once, ``callback_failed``, and stops calling this tracker; training goes on), after
-``_close("FAILED")`` was queued, so files and backend runs are not left open. A tracker
-cancelled when the run's callback grace runs out closes the same way, with the run's status
-(``"KILLED"`` before ``run_end``). A tracker given to a second run starts afresh.
+The base turns the run's records into params, texts, scalar rows (x = the optimizer step;
+``train/*``, ``val/*``, ``epoch/*``) and report files, and hands them to six backend methods a
+subclass implements, run in order on the tracker's own thread. A failing backend is closed
+(``_close("FAILED")``) and its error raised from the tracker's next hook; training goes on.
 
 Example::
 
@@ -110,7 +94,8 @@ class Tracker(Callback, ABC):
     """Base of experiment trackers: records in, backend calls out, on a thread of its own.
 
     ``rank_zero_only`` (default): only global rank 0 tracks; with False every rank does
-    (each gets its own backend run, named ``<run_id>-rank<N>``).
+    (each gets its own backend run, named ``<run_id>-rank<N>``). A tracker given to a second
+    run starts afresh.
     """
 
     def __init__(self, *, flush_every: int = 200, rank_zero_only: bool = True) -> None:
@@ -131,27 +116,33 @@ class Tracker(Callback, ABC):
 
     @abstractmethod
     def _open(self, run: TrackedRun, run_start: Record) -> None:
-        """Open the backend (files, a writer, a tracking-server run)."""
+        """Open the backend (files, a writer, a tracking-server run), once, with the
+        ``run_start`` record (``{}`` if it was lost)."""
 
     @abstractmethod
     def _log_params(self, params: dict[str, ParamValue]) -> None:
-        """Log the hyper-parameters, once."""
+        """Log the hyper-parameters, once: the config tree as dotted keys (``run.max_epochs``),
+        the run's plan (``plan.effective_batch_size``) and its ``seed``."""
 
     @abstractmethod
     def _log_text(self, name: str, text: str) -> None:
-        """Log a text (Markdown) under ``name``."""
+        """Log a text (Markdown) under ``name`` (the model summary, ``model_summary``)."""
 
     @abstractmethod
     def _log_scalars(self, rows: list[Scalar]) -> None:
-        """Log a batch of scalar rows."""
+        """Log a batch of scalar rows (buffered: every ``flush_every`` records, at each epoch
+        end and at the end)."""
 
     @abstractmethod
     def _log_artifact(self, path: Path) -> None:
-        """Log a report file of the run."""
+        """Log a report file of the run, once the run's files are complete (the tracker's
+        thread waits for the report writer; ``train()`` waits for the tracker)."""
 
     @abstractmethod
     def _close(self, status: Status) -> None:
-        """Flush and release the backend; ``status`` is how the run ended."""
+        """Flush and release the backend, last; ``status`` is how the run ended:
+        ``"FINISHED"``, ``"FAILED"`` or ``"KILLED"`` (also when cancelled as the run's callback
+        grace runs out, before ``run_end``)."""
 
     # -- the callback hooks -----------------------------------------------------------
 

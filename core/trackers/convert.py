@@ -1,7 +1,5 @@
-"""Turns run records into what a tracker logs: hyper-parameters, text and scalar rows.
-
-Pure functions over ``events.jsonl`` records (dicts); absent fields are skipped, so runs
-written before a field existed convert too.
+"""Turns run records into what a tracker logs: hyper-parameters, text and scalar rows. Pure
+functions over ``events.jsonl`` records; absent fields are skipped, so older runs convert too.
 
 Example::
 

@@ -1,10 +1,7 @@
-"""``CSVLogger``: the run's scalars and hyper-parameters as CSV files (stdlib ``csv`` only).
-
-``metrics.csv`` is in long format, one row per value: ``step,epoch,name,value`` (``epoch``
-empty when unknown); ``pandas.read_csv(path).pivot_table(index="step", columns="name",
-values="value")`` makes it wide. ``params.csv`` holds ``name,value``, the model summary goes
-to ``model_summary.md``. The files live in ``directory``, by default the run's directory;
-with another ``directory`` the report files are copied there at the end.
+"""``CSVLogger``: the run's scalars and hyper-parameters as CSV files (stdlib ``csv`` only):
+``metrics.csv`` in long format (``step,epoch,name,value``; ``pandas.read_csv(path).pivot_table(
+index="step", columns="name", values="value")`` makes it wide), ``params.csv`` and
+``model_summary.md``, in the run's directory or ``directory`` (report files copied there).
 
 Example::
 

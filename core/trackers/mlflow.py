@@ -1,18 +1,8 @@
-"""``MLflowLogger``: the run as an MLflow run, through an ``MlflowClient`` of its own.
-
-Never MLflow's global "active run" (``mlflow.start_run``): two runs in one process, or a
-user's own MLflow run, do not collide. ``tracking_uri`` is passed through as given (a
-server ``http://...``, ``databricks``, ``file:...``); by default a local store beside the
-runs: ``sqlite:///<log_dir>/mlflow.db`` with artifacts under ``<log_dir>/mlartifacts`` (any
-local ``sqlite:///`` store gets its artifacts beside its database, not in ``./mlruns``;
-MLflow 3 refuses its old file store unless an environment variable allows it; browse with
-``mlflow ui --backend-store-uri sqlite:///<log_dir>/mlflow.db``). The experiment defaults to
-the run's experiment name, the run name to its ``run_id``. Params are logged in batches of
-100, values cut at 500 characters; metrics in batches of 1000; the model summary with
-``log_text``; report files with ``log_artifact``; the end with ``set_terminated``. Needs
-``mlflow-skinny`` (and, for the default store, ``sqlalchemy`` and ``alembic``):
-``pip install -e '.[trackers]'`` in core's checkout. mlflow is imported on the tracker's
-thread (it is slow).
+"""``MLflowLogger``: the run as an MLflow run, through an ``MlflowClient`` of its own (never
+MLflow's global active run, so two runs in one process, or a user's own, do not collide). By
+default a local store beside the runs, ``sqlite:///<log_dir>/mlflow.db`` (artifacts under
+``<log_dir>/mlartifacts``). Needs ``mlflow-skinny`` (the ``trackers`` extra), imported on the
+tracker's thread.
 
 Example::
 
@@ -87,7 +77,9 @@ class MLflowLogger(Tracker):
 
     def _open_run(self, client_class: type[MlflowClient], run: TrackedRun) -> None:
         uri, artifacts = self.tracking_uri, None
-        if uri is None:  # the default sqlite store
+        # The default store is sqlite: MLflow 3 refuses its old file store unless an environment
+        # variable allows it (browse: mlflow ui --backend-store-uri sqlite:///<log_dir>/mlflow.db).
+        if uri is None:
             root = run.log_dir.resolve()
             root.mkdir(parents=True, exist_ok=True)
             uri = f"sqlite:///{(root / 'mlflow.db').as_posix()}"

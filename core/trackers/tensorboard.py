@@ -1,13 +1,7 @@
-"""``TensorBoardLogger``: the run in TensorBoard, through ``torch.utils.tensorboard``.
-
-One event file per run under ``<log_dir>/<name>/<run_id>`` (``name`` defaults to the run's
-experiment name), so ``tensorboard --logdir <log_dir>`` lists runs by experiment. Scalars go
-to the Scalars tab (x = the optimizer step). Hyper-parameters go to the Text tab as a
-Markdown table (``hparams``), not through ``add_hparams``: that one writes a separate
-sub-run per call and shows only scalars logged with it, which reads worse than one table
-beside the run. The model summary and ``performance_summary.txt`` are texts too;
-``training_metrics.png`` is an image (decoded with Pillow, else matplotlib; skipped without
-either). Needs the ``tensorboard`` package (``pip install -e '.[trackers]'`` in core's checkout).
+"""``TensorBoardLogger``: the run in TensorBoard, through ``torch.utils.tensorboard``: one
+event file per run under ``<log_dir>/<name>/<run_id>``; scalars by optimizer step, the
+hyper-parameters, model summary and performance summary as texts, ``training_metrics.png``
+as an image. Needs ``tensorboard`` (the ``trackers`` extra).
 
 Example::
 
@@ -67,6 +61,8 @@ class TensorBoardLogger(Tracker):
 
     @override
     def _log_params(self, params: dict[str, ParamValue]) -> None:
+        # One Markdown table in the Text tab, not add_hparams: that writes a sub-run per call
+        # showing only the scalars logged with it.
         table = markdown_table(("name", "value"), sorted(params.items()))
         self._open_writer().add_text("hparams", table)
 

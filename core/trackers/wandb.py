@@ -1,21 +1,7 @@
-"""``WandbLogger``: the run as a Weights & Biases run, offline unless wandb has credentials.
-
-With ``mode=None`` (the default) the run is written offline, into the run's directory
-(``<run_dir>/wandb/offline-run-*``), unless wandb itself finds credentials: an API key in
-``WANDB_API_KEY``, a netrc login or its settings file (asked through
-``wandb.login(prompt=False, verify=False)``: no prompt, no network call); a mode chosen in
-wandb's own settings (``WANDB_MODE``, ``wandb offline``) is kept. Upload an offline run
-later with ``wandb sync <run_dir>/wandb/offline-run-*``. The project defaults to the run's
-experiment name, the run's display name to its ``run_id``. Params become the run's config
-(nested: ``run.max_epochs`` is ``config["run"]["max_epochs"]``), scalars are logged with
-``step`` = the optimizer step (and ``epoch`` beside them), the model summary and the report
-files are saved into the run's files. The end maps to an exit code: FINISHED 0, FAILED 1,
-KILLED 255 (what wandb records for Ctrl-C), and the summary's ``status`` keeps the word.
-
-Each run is its own ``wandb.init(reinit="create_new")``: a program's own ``wandb.run`` and
-other trainings in the process are left alone. wandb's service process (``wandb-core``) is
-stopped when the last wandb run of the process finishes. Needs ``wandb``
-(``pip install -e '.[trackers]'`` in core's checkout); it is imported on the tracker's thread.
+"""``WandbLogger``: the run as a Weights & Biases run, offline (into ``<run_dir>/wandb/``)
+unless wandb finds credentials itself; each run its own ``wandb.init(reinit="create_new")``.
+The end maps to an exit code (FINISHED 0, FAILED 1, KILLED 255). Options and uploading:
+docs/logging-and-trackers.md. Needs ``wandb`` (the ``trackers`` extra).
 
 Example::
 

@@ -1,11 +1,8 @@
-"""The one thread a tracker's backend runs on, so its I/O never blocks the event loop.
-
-Calls run in the order they were submitted. Submitting does not wait: a tracker keeps
-draining its records while a slow backend opens (MLflow creating its database takes
-seconds); :meth:`BackendThread.settle` waits only when more than ``max_pending`` calls are
-queued, or for all of them at the end. After a call raises, the later ones are skipped and
-``settle`` raises that error on the event loop; :meth:`BackendThread.close` still runs its
-cleanup call.
+"""The one thread a tracker's backend runs on, so its I/O never blocks the event loop. Calls
+run in submission order; submitting does not wait (MLflow creating its database takes
+seconds) unless more than ``max_pending`` are queued. After a call raises, later ones are
+skipped and :meth:`BackendThread.settle` raises that error; :meth:`BackendThread.close` still
+runs its cleanup call.
 
 Example::
 
