@@ -1,10 +1,7 @@
 """The metric contract: a ``Metric`` adds per-batch sums into a small float64 tensor on the
-device, and computes its value on the host from those sums summed over every rank. Also
-``MeanOf``, which turns a plain function ``(outputs, targets) -> Tensor`` into a Metric.
-
-Why sums: an all-reduce adds tensors, so a metric whose state is additive (hits and counts,
-a total and a count, per-class confusion counts) has the same global value on one process
-as on many, and every metric of a run travels in one all-reduce per evaluation.
+device and computes its value on the host from those sums summed over every rank (additive
+state has the same global value on one process as on many, and every metric travels in one
+all-reduce). ``MeanOf`` turns a plain function ``(outputs, targets) -> Tensor`` into one.
 
 A user-defined metric, the mean squared error::
 

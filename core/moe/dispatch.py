@@ -1,13 +1,8 @@
-"""From routed tokens to the experts and back: in one process, or over expert-parallel ranks.
-
-Both paths gather the kept assignments sorted by expert (stable: token order within an
-expert), run every expert on its rows (an expert with no rows runs on an empty batch, so its
-gradients are zeros rather than missing, the same on every path), and add each output row,
-times its routing weight, to its token's output.
-
-Over ranks (:func:`dispatch_parallel`), expert ``e`` lives on rank ``e // experts_per_rank``:
-the sorted rows are already grouped by destination rank. The per-expert counts go first,
-then the rows; the received rows are regrouped by local expert, run, ungrouped and sent back.
+"""From routed tokens to the experts and back, in one process or over expert-parallel ranks:
+the kept assignments sorted by expert (stable), every expert run on its rows (an expert with
+none runs on an empty batch, so its gradients are zeros rather than missing), and each output
+row, times its routing weight, added to its token's output. Over ranks
+(:func:`dispatch_parallel`) expert ``e`` lives on rank ``e // experts_per_rank``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
-"""Moving tokens between expert-parallel ranks, with autograd.
-
-Each rank sends every other rank the tokens routed to that rank's experts, and later takes
-the experts' outputs back: two ``all_to_all_single`` calls with variable splits per MoE
-layer forward, and two more in backward (the same exchanges, reversed). The split sizes are
-exchanged first (a small all-to-all of per-expert counts), so every rank knows how many
-tokens it will receive from each; on CUDA reading them is a host sync per layer, as in
-every dropless MoE that exchanges variable splits.
-
-:class:`AllGatherExchange` builds the same exchange from ``all_gather`` for backends without
-``all_to_all`` (every rank receives every rank's tokens, padded to the longest, and keeps
-its own part): it moves ``world_size`` times the data, so it is a fallback, named in
-``run_start`` when used.
-
-Both count the seconds their collectives take (``seconds``; on CUDA the time to queue them,
-not to run them).
+"""Moving tokens between expert-parallel ranks, with autograd: two ``all_to_all_single`` calls
+with variable splits per MoE layer forward and two in backward, after a small all-to-all of
+per-expert counts (a host sync per layer on CUDA). :class:`AllGatherExchange` builds the same
+from ``all_gather`` for backends without all-to-all, moving ``world_size`` times the data.
+Both count their collectives' seconds (on CUDA: the time to queue them).
 """
 
 from __future__ import annotations

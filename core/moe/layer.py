@@ -1,13 +1,9 @@
 """``MoELayer``: a mixture-of-experts feed-forward block (router + experts + statistics).
 
-``forward(x)`` takes ``[..., d_model]`` and returns the same shape: every token is routed to
-its ``top_k`` experts (:mod:`core.moe.router`), runs through them (in this process, or on
-the ranks holding them under expert parallelism: :mod:`core.moe.dispatch`) and comes back
-as the routing-weighted sum of their outputs.
-
-While training, each forward keeps its load-balancing loss for the step to add to the loss
-(``aux_loss_weight`` times it: see :func:`core.moe.probe.auxiliary_loss`), and adds to
-per-step device counters: assignments per expert, dropped assignments, the loss's sum.
+``forward(x)`` maps ``[..., d_model]`` to the same shape: every token goes to its ``top_k``
+experts (:mod:`core.moe.router`, :mod:`core.moe.dispatch`) and comes back as the
+routing-weighted sum of their outputs. While training, each forward keeps its load-balancing
+loss for the step and adds to per-step device counters.
 """
 
 from __future__ import annotations

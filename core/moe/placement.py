@@ -1,16 +1,7 @@
-"""Where each expert lives on a machine with several GPUs, by a cost model.
-
-An expert's *cost* is its parameter count times the share of tokens it expects
-(``top_k / num_experts`` of its layer's tokens under balanced routing): the work it adds to
-every step. A device's *capability* is its SM count; its *room* is its free memory.
-
-Experts are placed largest cost first (longest-processing-time order) on the device where
-``(load + cost) / capability`` is smallest among those with room for the expert's training
-memory (parameters, gradients and two Adam moments: 16 bytes per fp32 parameter); ties go to
-the device with fewer experts, then the lower index. So more complex experts land on more
-powerful GPUs. A new expert (:meth:`PlacementPlan.place_new`) goes to the least-loaded
-device (lowest ``load / capability``; ties: fewest experts). The gate
-(router) and everything dense stay on the primary device.
+"""Where each expert lives on a machine with several GPUs, by a cost model: an expert's cost
+(parameters x its expected share of tokens) placed largest first on the device with the
+smallest ``(load + cost) / SM count`` among those with room for its training memory. The gate
+and everything dense stay on the primary device.
 """
 
 from __future__ import annotations

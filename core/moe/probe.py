@@ -1,10 +1,6 @@
-"""What a training step needs from a model's MoE layers: their loss terms and statistics.
-
-:class:`MoEProbe` is the step loop's view of every :class:`~core.moe.layer.MoELayer` in a
-model (``core.loop.terms.ModelTerms``): after each micro-batch's forward it hands over the
-layers' weighted load-balancing losses, to be added to the loss before backward; at the
-end of the step it packs the layers' counters into one device tensor, read back lagged with
-the loss and turned into the ``train_step`` record's ``moe_*`` fields.
+"""What a training step needs from a model's MoE layers: :class:`MoEProbe` hands over their
+weighted load-balancing losses after each forward and packs their counters into one device
+tensor at the end of the step (read back lagged into ``train_step``'s ``moe_*`` fields).
 
 A hand-written loop adds the same term with :func:`auxiliary_loss`::
 

@@ -1,24 +1,6 @@
-"""Top-k gating: which experts each token goes to, with what weight, and what is dropped.
-
-The router is a linear map from a token to one logit per expert, computed in fp32 even
-under autocast (small logit differences decide the routing; bf16 would blur them). Each
-token picks its ``top_k`` experts by softmax probability; its weights are those
-probabilities, renormalised over the chosen experts when ``top_k > 1``.
-
-**Capacity.** An expert takes at most ``capacity = ceil(capacity_factor * T * top_k / E)``
-of the ``T`` tokens' assignments (at least one). Assignments are served first choices
-first, in token order, then second choices (GShard's priority), so a token loses its second
-expert before any token loses its first. An assignment past capacity is *dropped*: it adds
-nothing to the token's output (the residual connection around the layer carries the token
-on). ``capacity_factor=None`` drops nothing.
-
-**Load-balancing loss** (Switch Transformer, eq. 4, over all ``top_k`` choices)::
-
-    aux = E * sum_e f_e * P_e
-    f_e = assignments routed to expert e (before dropping) / (T * top_k)
-    P_e = mean over tokens of the router probability of expert e
-
-It is 1.0 when routing is uniform and grows as tokens crowd onto few experts.
+"""Top-k gating: which experts each token goes to, with what weight, and what is dropped
+(past ``capacity``, first choices served first: GShard's priority), and the Switch
+Transformer load-balancing loss (1.0 for uniform routing). Definitions: docs/experts.md.
 """
 
 from __future__ import annotations
@@ -62,7 +44,9 @@ def capacity_of(tokens: int, experts: int, top_k: int, capacity_factor: float | 
 
 def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
     """``E * sum_e f_e * P_e`` for router probabilities ``probs`` ``[T, E]`` and the chosen
-    ``experts`` ``[T, top_k]`` (see the module's docstring)."""
+    ``experts`` ``[T, top_k]`` (Switch Transformer, eq. 4, over all ``top_k`` choices): ``f_e``
+    the share of assignments routed to ``e`` (before dropping), ``P_e`` the mean router
+    probability of ``e``."""
     n_experts = probs.shape[-1]
     assigned = torch.zeros(n_experts, dtype=torch.float32, device=probs.device)
     assigned.scatter_add_(
@@ -75,7 +59,10 @@ def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Ten
 def route(
     logits: torch.Tensor, top_k: int, capacity_factor: float | None, *, normalize: bool = True
 ) -> Routing:
-    """Route tokens by their router ``logits`` ``[T, E]`` (see the module's docstring)."""
+    """Route tokens by their router ``logits`` ``[T, E]``: each picks its ``top_k`` experts by
+    softmax probability (weights renormalised over them when ``normalize``); an expert takes
+    at most ``capacity_of(...)`` assignments, first choices first, in token order, so a token
+    loses its second expert before any token loses its first; the rest are dropped."""
     tokens, n_experts = logits.shape
     probs = logits.float().softmax(dim=-1)
     weights, experts = probs.topk(top_k, dim=-1)
@@ -131,6 +118,7 @@ class TopKRouter(nn.Module):
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """``[T, E]`` fp32 logits for ``tokens`` ``[T, d]``, autocast or not."""
         weight = torch.stack(list(self.gates))
+        # fp32 even under autocast: small logit differences decide the routing, bf16 blurs them.
         with torch.autocast(tokens.device.type, enabled=False):
             return F.linear(tokens.float(), weight.float())
 
