@@ -1,18 +1,8 @@
-"""A per-epoch verdict on what limits training speed, in plain words.
-
-Two numbers decide it, checked in this order:
-
-1. **Input stall**: the fraction of step time spent waiting for the next batch. Above
-   :data:`INPUT_STALL_FRACTION` (20%) the device is starved by the input pipeline:
-   ``input_bound``, whatever the utilisation says (a starved device also looks idle).
-2. **Utilisation**: the monitor's mean ``util_pct`` over the epoch. Below
-   :data:`UNDERUTILISED_PCT` (60%) with the input keeping up, the device does too little work
-   per launch: ``underutilised``. A GPU's NVML utilisation is the share of time a kernel
-   was running, so 60% means 40% of the time it sat idle between launches. A psutil (CPU)
-   reading is 100 per busy core, so it is first divided by the number of torch threads.
-
-Otherwise, or when utilisation is unknown: ``compute_bound``, the model's own arithmetic is
-the limit.
+"""A per-epoch verdict on what limits training speed, in plain words: ``input_bound`` when
+waiting for the next batch exceeds :data:`INPUT_STALL_FRACTION` of step time (a starved device
+also looks idle, so this is checked first), ``underutilised`` when the mean utilisation is
+under :data:`UNDERUTILISED_PCT` (a CPU's psutil reading divided by the torch threads), else
+``compute_bound``.
 
 >>> bottleneck_verdict(step_time_s=0.1, data_time_s=0.05, util_mean_pct=90.0,
 ...                    util_source="nvml")["verdict"]

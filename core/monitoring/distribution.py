@@ -1,11 +1,9 @@
-"""``MonitoredDistribution``: a run's :class:`~core.distributed.distribution.Distribution`
-(the strategy and its process group, the model wrap, the loaders' sharding, the throughput)
-with a monitor of this rank's devices.
+"""``MonitoredDistribution``: a run's :class:`~core.distributed.distribution.Distribution` with
+a monitor of this rank's devices.
 
 Example::
 
     distribution = MonitoredDistribution(MultiGPUConfig(training_mode="auto"))
-    distribution.gpu_monitor.get_gpu_info()["device_count"]
     distribution.record_gpu_metrics()                     # kept in the monitor's history
     distribution.gpu_monitor.get_gpu_summary()["memory_allocated_mean"]
 """

@@ -1,6 +1,5 @@
-"""A :class:`~core.monitoring.gpu_monitor.GPUMonitor`'s samples (NVML, or psutil without a
-GPU) read back as flat metrics: each sample's first device at the top, and the devices' summed
-memory and mean utilisation summarised over the history.
+"""A :class:`~core.monitoring.gpu_monitor.GPUMonitor`'s samples read back as flat metrics: each
+sample's first device at the top, the devices' summed memory and mean utilisation summarised.
 
 Example::
 

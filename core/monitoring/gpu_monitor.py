@@ -1,13 +1,8 @@
-"""``GPUMonitor``: samples of the training devices on a fixed schedule, off the event loop.
-
-:meth:`GPUMonitor.run` takes one sample of each device every ``interval_s`` in a worker thread
-(NVML calls block, briefly) and writes one ``gpu_sample`` record per device; the step thread
-merges :attr:`GPUMonitor.record_fields` (replaced after each sample) into its records.
-Without a usable NVML (no pynvml, driver or CUDA device), or when it fails mid-run, one
-``monitor_degraded`` record is written and the host is sampled through psutil under the same
-field names (``util_pct``: this process's CPU percent, 100 per busy core). A failing monitor
-never raises into training. ``async with GPUMonitor(config, emit=log.emit):`` samples
-meanwhile; ``start_monitoring()`` does so from a daemon thread for synchronous callers.
+"""``GPUMonitor``: samples of the training devices every ``interval_s``, in a worker thread
+(NVML calls block, briefly): one ``gpu_sample`` record per device, and
+:attr:`GPUMonitor.record_fields` for the step thread's records. Without a usable NVML, or
+when it fails mid-run, one ``monitor_degraded`` record and psutil under the same field names.
+A failing monitor never raises into training.
 """
 
 from __future__ import annotations

@@ -1,17 +1,5 @@
-"""NVML for the GPU monitor: one shared session, torch-to-NVML device mapping, fast counters.
-
-Only cheap queries are made, each a few microseconds: utilisation, memory, temperature,
-power, enforced power limit, clocks and current throttle reasons. Per-process queries
-(running processes, process utilisation) are never made: they take milliseconds and hold the
-driver lock that the training process's own CUDA calls need too.
-
-NVML is process-global state and ``nvmlInit`` costs tens to hundreds of milliseconds (it
-enumerates the boards), so the process opens it once: :func:`nvml_acquire` initialises it
-for the first user, :func:`nvml_release` drops a user and keeps the session open for the
-next run, and it is shut down when the interpreter exits (or by :func:`shutdown_idle_nvml`).
-A session that failed (:func:`nvml_release` with ``failed=True``) is shut down as soon as
-no monitor uses it, so the next user starts afresh. Sessions are kept per module object, so
-a test's fake library never touches the real one.
+"""NVML for the GPU monitor: one shared session per process, torch-to-NVML device mapping,
+and cheap counters only (utilisation, memory, temperature, power, clocks, throttle reasons).
 """
 
 from __future__ import annotations
@@ -39,6 +27,10 @@ __all__ = (
 
 _log = structlog.get_logger("core")
 
+# nvmlInit costs tens to hundreds of ms (it enumerates the boards), so a process opens it
+# once and keeps it between runs (shut down at exit or by shutdown_idle_nvml); a failed
+# session is shut down once unused so the next user starts afresh. Sessions are kept per
+# module object, so a test's fake library never touches the real one.
 _session_lock = threading.Lock()
 _session_users: dict[Any, int] = {}  # nvml module (held, so ids are never reused) -> users
 _failed_sessions: set[Any] = set()
@@ -172,7 +164,9 @@ class NvmlReader:
 
     A counter the board does not support (``NVMLError_NotSupported``) reads None from then on
     and is reported once through ``on_unsupported(device, field, reason)``. Any other NVML
-    error propagates: the monitor decides what to do with a failing driver.
+    error propagates: the monitor decides what to do with a failing driver. Per-process
+    queries are never made: they take milliseconds and hold the driver lock the training's
+    own CUDA calls need.
     """
 
     def __init__(

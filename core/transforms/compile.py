@@ -1,8 +1,7 @@
-"""``torch.compile`` in place, never fatal: the model (or each of its blocks) is compiled as
-``nn.Module.compile`` does it (through ``_compiled_call_impl``), which keeps ``state_dict()``
-keys. The first compiled call is timed and its graph breaks counted (one ``compile``
-record); a compiler error at any call reverts that module to eager mode, reports
-``compile_failed`` once, and returns the eager result.
+"""``torch.compile`` in place, never fatal: the model (or each of its blocks) compiled as
+``nn.Module.compile`` does it, keeping ``state_dict()`` keys. The first compiled call is timed
+and its graph breaks counted (a ``compile`` record); a compiler error reverts that module to
+eager, reports ``compile_failed`` once, and returns the eager result.
 
 Example::
 
