@@ -151,7 +151,7 @@ def _gone(host: str, pid: str) -> bool:
 
 
 def sweep(directory: Path) -> list[Path]:
-    """Clean up what killed writers left in ``directory`` (see the module's docstring): a
+    """Clean up the hidden names in ``directory`` of writers of this host no longer alive: a
     checkpoint set aside by an unfinished replace is put back, the rest removed. Returns
     the entries removed or put back; another live writer's are left alone."""
     if not directory.exists():

@@ -1,10 +1,5 @@
-"""DistributedDataParallel: a full replica per rank, gradients all-reduced in buckets.
-
-At world size 1 (``torchrun --nproc_per_node=1``, a one-GPU job launched like the others)
-the model is not wrapped: there is nothing to all-reduce, and DDP's buffer broadcast before
-every forward, its autograd hooks and its bucket copies would cost every step for nothing.
-The process group is still set up, so the job's collectives (stop votes, checkpoints, the
-run id) run as with more ranks; the weights are those of a single device.
+"""DistributedDataParallel: a full replica per rank, gradients all-reduced in buckets. At world
+size 1 the model is not wrapped (the process group still is set up).
 """
 
 from __future__ import annotations
@@ -51,7 +46,9 @@ class DDPStrategy(ProcessGroupStrategy):
     ) -> nn.Module:
         module = self._prepare_module(model)
         if self.world_size == 1:
-            return module  # one rank: nothing to synchronise (module docstring)
+            # One rank: nothing to all-reduce, and DDP's buffer broadcast, autograd hooks and
+            # bucket copies would cost every step for nothing.
+            return module
         device_ids = device_of(self.device).indices() or None
         return DistributedDataParallel(module, device_ids=device_ids, **self.ddp_options)
 

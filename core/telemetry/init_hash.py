@@ -69,7 +69,7 @@ def _entries(model: nn.Module) -> Iterator[tuple[str, object]]:
 
 def weights_hash(model: nn.Module) -> str:
     """The sampled fingerprint (sha256, hex) of ``model``'s parameters and buffers, in
-    ``state_dict()`` order (see the module's docstring and :data:`HASH_METHOD`).
+    ``state_dict()`` order (:data:`HASH_METHOD`).
 
     Cost: a few small device ops per tensor and one host copy per device of at most 64
     values per tensor, whatever the model's size; one host sync.
