@@ -1,10 +1,7 @@
-"""What decides the order of a train loader's batches, as a checkpoint captures it.
-
-A ``DataLoader`` draws its shuffle (and its workers' base seed) from its own ``generator=``
-or its sampler's, else from torch's global generator, which ``core.rng`` captures.
-:class:`LoaderOrder` finds the loader's own generators, captures and restores their states,
-and says where a resume cannot restore the order (an ``IterableDataset``, a sampler core
-cannot see into, persistent workers after the first epoch).
+"""What decides the order of a train loader's batches, as a checkpoint captures it:
+:class:`LoaderOrder` captures and restores the loader's own generators (torch's global one is
+``core.rng``'s), and says where a resume cannot restore the order (an ``IterableDataset``, an
+opaque sampler, persistent workers after the first epoch).
 
 Example::
 

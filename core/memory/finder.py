@@ -1,11 +1,7 @@
-"""The largest batch size whose full training step fits a memory target.
-
-The search grows from a start size, jumping to where the measured peaks (close to affine
-in the batch size) say the limit lies, then closes in on it between the last size that fit
-and the first that did not; it falls back to doubling and bisection wherever a prediction
-disappoints. The answer is always a size measured to fit. At most 12 trials are run (more
-only while sizes keep failing on the way down to 1); with memory close to affine in the
-batch size the search usually ends on the exact maximum in 5 to 9 trials.
+"""The largest batch size whose full training step fits a memory target: grown from a start
+size by the measured peaks' (near affine) prediction, then closed in between the last size
+that fit and the first that did not, falling back to doubling and bisection. The answer is
+always a measured fit; at most :data:`MAX_TRIALS` (usually 5 to 9).
 
 Example::
 
@@ -31,7 +27,7 @@ from core.memory.trial import Autocast, LossFn, OptimizerFactory, Trial, preserv
 
 __all__ = ("BatchSizeSearch", "MAX_TRIALS", "find_batch_size", "optimize_batch_size")
 
-MAX_TRIALS = 12
+MAX_TRIALS = 12  # more only while sizes keep failing on the way down to 1
 _GROWTH_CAP = 8  # the most a size grows per trial before any failure bounds the search
 _SLOW_LIMIT = 3  # slow marks (see _Search._judge) before predictions are set aside
 _FLAT = 1 << 62  # "no limit in sight": peaks that do not grow with the batch size

@@ -1,9 +1,7 @@
 """One full training step at a given batch size, measured: the unit of every memory search.
-
-A trial builds a throwaway optimizer, runs forward, loss, backward and an optimizer step in
-the run's precision, measures the peak, and frees everything it held. An out-of-memory error
-means "does not fit"; any other error propagates. :func:`preserved` puts the model's weights,
-gradients and every RNG back as they were once the trials are over.
+A trial runs forward, loss, backward and a throwaway optimizer's step in the run's precision,
+measures the peak and frees what it held; out of memory means "does not fit".
+:func:`preserved` restores the weights, gradients and RNGs afterwards.
 
 Example::
 

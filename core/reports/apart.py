@@ -1,14 +1,6 @@
-"""Writing a run's reports in a child Python process, in the background: they never pause
-the training process, never delay ``train()``'s return and never delay the process's exit.
-
-Reading a long ``events.jsonl`` and drawing the figure allocate many Python objects: in the
-training process that triggers full garbage collections over its large heap (torch, the
-model, the application), which hold the GIL for a few hundred milliseconds and so stall the
-application's event loop; and matplotlib costs about a second. A child process has its own
-heap and GIL. It loads ``core.reports`` alone (it needs neither torch nor the rest of
-``core``). It runs in its own session: it finishes its files even after the training
-process has exited, and a Ctrl-C meant for the training process does not reach it. It runs
-at a low CPU priority (:data:`NICENESS`): a service's next training goes first.
+"""Writing a run's reports in a child Python process, in the background (its own heap, GIL
+and session, at :data:`NICENESS`, loading ``core.reports`` alone): they never pause the
+training process, nor delay ``train()``'s return or the process's exit.
 
 Example::
 

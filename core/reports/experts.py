@@ -1,7 +1,6 @@
-"""The mixture-of-experts content of a run's records: routing per optimizer step (the
-``train_step`` records' ``moe_*`` fields) and where the experts were placed (``run_start``'s
-``resolved.strategy``), read into plain objects for the Experts section and the two expert
-figures. Odd content is skipped, never raised on.
+"""The mixture-of-experts content of a run's records (routing per step from ``train_step``'s
+``moe_*`` fields, placement from ``run_start``), read into plain objects for the Experts
+section and the expert figures; odd content is skipped.
 
 Example::
 

@@ -1,7 +1,5 @@
-"""Numbers for people: percentiles, durations, bytes, rates and fractions as report text.
-
-Every formatter takes ``None`` (unknown) and answers a dash or a given note, so a report
-over empty or partial data never raises.
+"""Numbers for people: percentiles, durations, bytes, rates and fractions as report text;
+``None`` (unknown) gives a dash or a given note, so partial data never raises.
 
 Example::
 

@@ -1,7 +1,5 @@
-"""The six panels of ``training_metrics.png``, each drawn from the run's records onto one
-matplotlib ``Axes``; a panel without data keeps its frame and says "no data" and why.
-
-Needs matplotlib (imported inside the functions, as everywhere in ``core``).
+"""The six panels of ``training_metrics.png``, each drawn from the records onto one matplotlib
+``Axes``; a panel without data keeps its frame and says "no data" and why.
 
 Example::
 

@@ -1,9 +1,7 @@
-"""``training_metrics.png``: six panels of a run's records, drawn with matplotlib's Agg
-canvas directly (never pyplot, never the global backend: an application may have its own).
-
-matplotlib is an optional extra (``pip install -e '.[plots]'`` in a checkout): without it no
-PNG is
-written and one ``plots_unavailable`` warning is logged per process.
+"""``training_metrics.png``: six panels of a run's records, drawn with matplotlib's Agg canvas
+directly (never pyplot nor the global backend: an application may have its own). Without
+matplotlib (the ``plots`` extra) no PNG is written and one ``plots_unavailable`` warning is
+logged per process.
 
 Example::
 

@@ -1,8 +1,5 @@
-"""Read a run's ``events.jsonl`` back into records, and pick series out of them.
-
-Reports are built from the records alone, so they can be rebuilt for any finished or
-crashed run. Every helper here tolerates odd content: a field that is absent, null, not a
-number or not finite is skipped, never raised on.
+"""Read a run's ``events.jsonl`` back into records, and pick series out of them. Every helper
+tolerates odd content: a field absent, null, not a number or not finite is skipped.
 
 Example::
 

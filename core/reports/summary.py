@@ -1,9 +1,6 @@
-"""The performance summary: a plain-text report of a run, built from its records alone.
-
-Sections: Run, Throughput, Step time, Input pipeline, Bottleneck verdicts (here), then AMP,
-Compile, Memory peaks, Validation, Errors and warnings and Profile (``sections``), and for
-mixture-of-experts runs Experts (``expert_summary``). A section whose data is absent says
-so; empty or partial records never raise.
+"""The performance summary: a plain-text report of a run, built from its records alone (Run,
+Throughput, Step time, Input pipeline and Bottleneck verdicts here; the others in
+``sections`` and ``expert_summary``). A section without data says so; nothing raises.
 
 Example::
 
