@@ -1,15 +1,10 @@
 """Where ``fit`` gets its model and data: ``package.module:name`` import paths, and the
-examples that ship with the source checkout (``--example digits``).
-
-The contracts::
+examples that ship with the source checkout (``--example digits``). The contracts::
 
     model_factory(**kwargs) -> nn.Module
     data_factory(batch_size: int, num_workers: int) -> (train_loader, val_loader | None)
 
-A run is given its model as the :class:`BuiltModel` that names its factory and keywords, so
-its checkpoints record them and ``core.load_model(checkpoint)`` rebuilds it.
-
-Example::
+Example (the run is given a :class:`BuiltModel`, so its checkpoints name the factory)::
 
     model_factory, data_factory = example_factories("digits")
     made_by = model_record("examples.digits:build_model", {})

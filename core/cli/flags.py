@@ -1,12 +1,8 @@
-"""Flags generated from the config tree: every leaf of ``TrainingConfig`` gets one, so
-``--help`` is complete and a new setting gets its flag without code here.
-
-A leaf with a flat keyword (``core.facades.flat.FLAT_KEYWORDS``) is ``--<keyword>`` in kebab case
-(``--amp-hysteresis``), any other ``--<section>-<leaf>`` (``--data-loader-pin-memory``).
-A ``bool`` is ``--x`` / ``--no-x``; a leaf that takes ``true``/``false`` besides other
-values (``"auto"``, class names) is ``--x [VALUE]`` / ``--no-x``; ``Literal`` values are
-the choices; ``none`` sets an optional leaf to ``None``; sequences are comma-separated.
-A flag that is not given leaves its leaf alone.
+"""Flags generated from the config tree: every leaf of ``TrainingConfig`` gets one (named by
+``core.cli.leaves``), so ``--help`` is complete and a new setting gets its flag without code
+here. A ``bool`` is ``--x``/``--no-x``; a leaf taking ``true``/``false`` besides other values
+is ``--x [VALUE]``/``--no-x``; ``Literal`` values are the choices; ``none`` sets an optional
+leaf to ``None``; sequences are comma-separated. A flag not given leaves its leaf alone.
 
 Example::
 

@@ -222,6 +222,8 @@ def _help(section: type, name: str) -> str:
 
 
 def _flag(path: str, keyword: str | None) -> str:
+    """``--<flat keyword>`` in kebab case (``--amp-hysteresis``), else ``--<section>-<leaf>``
+    (``--data-loader-pin-memory``)."""
     return "--" + (keyword or path.replace(".", "-")).replace("_", "-")
 
 

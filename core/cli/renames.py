@@ -1,9 +1,6 @@
-"""The command line's own names for the leaves whose flat keyword reads ambiguously there.
-
-``monitor`` is the checkpoint's metric in Python (``save_best=True, monitor="val_loss"``),
-while the ``monitor`` section is the GPU monitor: on a command line, beside
-``--monitor-gpu``, ``--monitor`` and ``--monitor-interval-s`` would look like one thing. Here
-each gets the name of what it sets (``--checkpoint-monitor``, ``--gpu-monitor-interval-s``);
+"""The command line's own names for leaves whose flat keyword reads ambiguously there:
+``monitor`` is the checkpoint's metric in Python, but beside ``--monitor-gpu`` it would read
+as the GPU monitor, so it is ``--checkpoint-monitor`` (likewise ``--gpu-monitor-interval-s``);
 the old spellings still work, as aliases the help names once.
 
 Example::

@@ -1,11 +1,7 @@
-"""Shorthand switches (those of the founding documents' programs: seed 001's trainer, seed
-003's GPU example) for flags of the tree (the recipes' flags are in ``core.cli.recipes``).
-
-A shorthand sets the same leaf as its flag: giving both (``--epochs 2 --max-epochs 3``) is
-an error naming both. ``--gpu-mode`` is resolved against this machine when it is parsed;
-with ``--parallel-strategy expert_parallel`` (in either order) the two set
-``distributed.training_mode`` to ``expert_parallel`` together. ``--experts N`` is not a leaf:
-``fit`` passes it to the model factory.
+"""Shorthand switches (those of the founding documents' programs) for flags of the tree. A
+shorthand sets the same leaf as its flag, so giving both is an error naming both;
+``--gpu-mode`` is resolved against this machine when parsed; ``--experts N`` is not a leaf
+(``fit`` passes it to the model factory).
 
 Example::
 
