@@ -1,5 +1,5 @@
-"""Which checkpoint ``resume="auto"`` continues: the newest lineage it can, saying why it
-passed over each newer one (other settings, ``"held"`` by a live run, ``"unreadable"``).
+"""Which checkpoint ``resume="auto"`` continues: the newest lineage it can, saying why it passed
+over each newer one. Reasons: other settings, ``"held"`` by a live run, ``"unreadable"``.
 
 >>> from pathlib import Path
 >>> lineages = [[Path("step-000000009-b")], [Path("step-000000020-a")]]

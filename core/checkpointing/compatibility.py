@@ -1,6 +1,6 @@
 """Whether a run may continue a checkpoint: a state this version of core reads, the same
-settings, the same model, unfinished (:func:`unreadable`, :func:`incompatibility`,
-:func:`finished`).
+settings, the same model, unfinished. See :func:`unreadable`, :func:`incompatibility` and
+:func:`finished`.
 
 >>> differences({"lr": 0.1, "seed": 0}, {"lr": 0.01, "seed": 0})
 ['lr (checkpoint 0.1, now 0.01)']

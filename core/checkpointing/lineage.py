@@ -1,4 +1,4 @@
-"""The checkpoints of a run, as users see them: ``run.checkpoints``, a read-only view read from
+"""The checkpoints of a run, as users see them: ``run.checkpoints``. A read-only view read from
 the manifests each time it is asked (another run may commit meanwhile), the last committed
 first, with ``latest``, ``best``, ``verify``, ``load`` and ``lineage``.
 

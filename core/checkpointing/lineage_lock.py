@@ -1,7 +1,8 @@
-"""One writer per lineage: an exclusive ``flock`` on ``<checkpoint_dir>/.lineage-<lineage>.lock``,
-held by the committing process until the run ends (the kernel releases it when that process
-dies). The file names the holder (pid, host, run). Where it holds, and where it does not
-(NFS ``nolock``, some FUSE): docs/checkpoints-and-reliability.md.
+"""One writer per lineage: the advisory lock a run holds on the lineage it commits to. It is an
+exclusive ``flock`` on ``<checkpoint_dir>/.lineage-<lineage>.lock``, held by the committing
+process until the run ends (the kernel releases it when that process dies); the file names the
+holder. Where it holds, and where not (NFS ``nolock``, some FUSE):
+docs/checkpoints-and-reliability.md.
 
 >>> import tempfile
 >>> directory = Path(tempfile.mkdtemp())

@@ -1,6 +1,6 @@
-"""A checkpoint's manifest, read as untrusted input, and the check that every file agrees with
-it: exact schema, plain relative names, no symlink, no unlisted file, sizes (compared before
-hashing) and sha256.
+"""A checkpoint's manifest: what it must say, and the check that every file agrees with it. It
+is read as untrusted input: exact schema, plain relative names, no symlink, no unlisted file,
+sizes (compared before hashing) and sha256.
 
 Example of a manifest::
 

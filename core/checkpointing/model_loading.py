@@ -1,5 +1,6 @@
-"""``load_model``: rebuild a model from a checkpoint alone, by calling the factory its run was
-given (``model="package.module:function"`` or ``Factory(...)``, recorded in every manifest).
+"""``load_model``: rebuild a model from a checkpoint alone, when its run was given a factory.
+The factory (``model="package.module:function"`` or ``Factory(...)``) is recorded in every
+manifest.
 
 Example::
 

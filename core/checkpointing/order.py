@@ -1,6 +1,6 @@
-"""What "newest" means among the checkpoints of one directory, without the wall clock: the
-``sequence`` each commit records (one more than the highest the directory held), then, for
-ties and older manifests without one, step and ``committed_at_ns``.
+"""What "newest" means among the checkpoints of one directory, without the wall clock. Each
+commit records a ``sequence`` (one more than the highest the directory held); ties and older
+manifests without one fall back on step and ``committed_at_ns``.
 
 >>> old = Entry(Path("step-000000020-a"), "a", "a", step=20, sequence=None, committed_at_ns=9)
 >>> new = Entry(Path("step-000000021-b"), "a", "b", step=21, sequence=1, committed_at_ns=1)

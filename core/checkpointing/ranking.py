@@ -1,5 +1,6 @@
-"""The best ``k`` checkpoints by a monitored value (``save_best``, ``save_top_k``): ``[value,
-path]`` pairs, the best first; a later checkpoint must be strictly better to pass an earlier.
+"""The best ``k`` checkpoints by a monitored value (``save_best``, ``save_top_k``). Entries are
+``[value, path]`` pairs, the best first; a later checkpoint must be strictly better to pass an
+earlier one.
 
 >>> offer([[0.5, "a"], [0.7, "b"]], 0.6, "c", k=2, mode="min")
 [[0.5, 'a'], [0.6, 'c']]

@@ -1,6 +1,7 @@
 """Loading only the model weights of a run's checkpoint into a model, for inference or
-fine-tuning (no optimizer, RNG or trainer state, no process group): verified first, read as
-safely as a resume reads it, wrapper prefixes (``module.``, ``_orig_mod.``, ...) matched.
+fine-tuning: no optimizer, RNG or trainer state, no process group. The checkpoint is verified
+first and read as safely as a resume reads it; wrapper prefixes (``module.``, ``_orig_mod.``,
+...) are matched.
 
 Example::
 

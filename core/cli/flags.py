@@ -1,8 +1,9 @@
-"""Flags generated from the config tree: every leaf of ``TrainingConfig`` gets one (named by
-``core.cli.leaves``), so ``--help`` is complete and a new setting gets its flag without code
-here. A ``bool`` is ``--x``/``--no-x``; a leaf taking ``true``/``false`` besides other values
-is ``--x [VALUE]``/``--no-x``; ``Literal`` values are the choices; ``none`` sets an optional
-leaf to ``None``; sequences are comma-separated. A flag not given leaves its leaf alone.
+"""Flags generated from the config tree: every leaf of ``TrainingConfig`` gets one, so
+``--help`` is complete and a new setting gets its flag without code here. Names come from
+``core.cli.leaves``. A ``bool`` is ``--x``/``--no-x``; a leaf taking ``true``/``false`` besides
+other values is ``--x [VALUE]``/``--no-x``; ``Literal`` values are the choices; ``none`` sets an
+optional leaf to ``None``; sequences are comma-separated. A flag not given leaves its leaf
+alone.
 
 Example::
 

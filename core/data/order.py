@@ -1,4 +1,4 @@
-"""What decides the order of a train loader's batches, as a checkpoint captures it:
+"""What decides the order of a train loader's batches, as a checkpoint captures it.
 :class:`LoaderOrder` captures and restores the loader's own generators (torch's global one is
 ``core.rng``'s), and says where a resume cannot restore the order (an ``IterableDataset``, an
 opaque sampler, persistent workers after the first epoch).

@@ -1,7 +1,7 @@
-"""``devices=N``: whether this process starts the job's N ranks, checked against the machine
-once per job: outside torchrun it starts them (``core.distributed.launch``); in a rank with the
-same N per machine there is nothing to start; another number under torchrun, N above the CUDA
-devices, or NCCL without CUDA is a :class:`~core.errors.ConfigError`.
+"""``devices=N``: whether this process starts the job's N ranks, checked against the machine.
+Outside torchrun it starts them (``core.distributed.launch``); in a rank with the same N per
+machine there is nothing to start; another number under torchrun, N above the CUDA devices, or
+NCCL without CUDA is a :class:`~core.errors.ConfigError`.
 
 Example::
 

@@ -1,6 +1,6 @@
 """Expert parallelism under torchrun: each rank holds ``E / world_size`` experts of every MoE
-layer, reached by all-to-all (:mod:`core.moe.exchange`); everything else is data parallel
-(DDP). Gradients, norms, checkpoints and the exchange: docs/experts.md.
+layer; everything else is data parallel (DDP). Tokens reach the experts by all-to-all
+(:mod:`core.moe.exchange`); gradients, norms and checkpoints: docs/experts.md.
 """
 
 from __future__ import annotations

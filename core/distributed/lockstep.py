@@ -1,8 +1,8 @@
-"""Keeping ranks in step when their loaders differ in length: every DDP/FSDP2 step is a
+"""Keeping ranks in step when their loaders differ in length. Every DDP/FSDP2 step is a
 collective, and a rank that ends its epoch early crashes gloo or hangs NCCL. Loaders with an
 exact ``len()`` are compared once (:class:`~core.errors.UnevenLoadersError` when unequal);
-streams are agreed on before every step (or batch: :class:`LockstepLoader`), and every rank
-ends the epoch at the first boundary where one has none (``uneven_inputs``).
+streams are agreed on before every step (or batch: :class:`LockstepLoader`), and every rank ends
+the epoch at the first boundary where one has none (``uneven_inputs``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""How each rank's run ended, exchanged through the job's key-value store: each rank publishes
+"""How each rank's run ended, exchanged through the job's key-value store. Each rank publishes
 its outcome and waits, up to a timeout, for the others' (``core.trainer.running.agreement``
-decides what to raise). A store, unlike a collective, cannot be matched against one a stuck
-peer is inside; the wait also keeps a rank that failed first from exiting (and torchrun from
-tearing the others down) while they still close their run.
+decides what to raise). A store, unlike a collective, cannot be matched against one a stuck peer
+is inside; the wait also keeps a rank that failed first from exiting (and torchrun from tearing
+the others down) while they still close their run.
 """
 
 from __future__ import annotations

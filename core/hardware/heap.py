@@ -1,6 +1,6 @@
-"""Keeping the cyclic garbage collector off the import heap, so it never stalls the event loop:
-:func:`set_aside_import_heap` (``gc.freeze()``), called once at the end of ``import core``.
-An application may call ``gc.unfreeze()`` to undo it.
+"""Keeping the cyclic garbage collector off the import heap, so it never stalls the loop.
+:func:`set_aside_import_heap` (``gc.freeze()``) is called once, at the end of ``import core``;
+an application may call ``gc.unfreeze()`` to undo it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Keeping CPU work in the step thread as fast as in the main thread (libgomp):
-:func:`release_thread_pool` frees the event loop thread's OpenMP pool before work is handed
-to the step thread. Other OpenMP runtimes are left alone.
+"""Keeping CPU work in the step thread as fast as in the main thread (libgomp).
+:func:`release_thread_pool` frees the event loop thread's OpenMP pool before work is handed to
+the step thread. Other OpenMP runtimes are left alone.
 """
 
 from __future__ import annotations

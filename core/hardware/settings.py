@@ -1,6 +1,6 @@
-"""``DeviceManager``: the one place that applies process-wide device settings (TF32, cuDNN
-autotuning, the allocator's memory cap), so the run records exactly what was set
-(``apply()``'s report goes into ``run_start``), and reports on the device and its memory.
+"""``DeviceManager``: the one place that applies process-wide device settings, and reports on
+the device and its memory. TF32, cuDNN autotuning and the allocator's memory cap are applied
+here, so the run records exactly what was set (``apply()``'s report goes into ``run_start``).
 
 Example::
 

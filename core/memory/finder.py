@@ -1,5 +1,5 @@
-"""The largest batch size whose full training step fits a memory target: grown from a start
-size by the measured peaks' (near affine) prediction, then closed in between the last size
+"""The largest batch size whose full training step fits a memory target. The search grows from a
+start size by the measured peaks' (near affine) prediction, then closes in between the last size
 that fit and the first that did not, falling back to doubling and bisection. The answer is
 always a measured fit; at most :data:`MAX_TRIALS` (usually 5 to 9).
 

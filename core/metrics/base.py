@@ -1,7 +1,7 @@
 """The metric contract: a ``Metric`` adds per-batch sums into a small float64 tensor on the
-device and computes its value on the host from those sums summed over every rank (additive
+device, and computes its value on the host from those sums summed over every rank. Additive
 state has the same global value on one process as on many, and every metric travels in one
-all-reduce). ``MeanOf`` turns a plain function ``(outputs, targets) -> Tensor`` into one.
+all-reduce. ``MeanOf`` turns a plain function ``(outputs, targets) -> Tensor`` into a Metric.
 
 A user-defined metric, the mean squared error::
 

@@ -1,8 +1,8 @@
-"""From routed tokens to the experts and back, in one process or over expert-parallel ranks:
-the kept assignments sorted by expert (stable), every expert run on its rows (an expert with
-none runs on an empty batch, so its gradients are zeros rather than missing), and each output
-row, times its routing weight, added to its token's output. Over ranks
-(:func:`dispatch_parallel`) expert ``e`` lives on rank ``e // experts_per_rank``.
+"""From routed tokens to the experts and back: in one process, or over expert-parallel ranks.
+The kept assignments are sorted by expert (stable), every expert runs on its rows (one with none
+runs on an empty batch, so its gradients are zeros rather than missing), and each output row,
+times its routing weight, is added to its token's output. Over ranks (:func:`dispatch_parallel`)
+expert ``e`` lives on rank ``e // experts_per_rank``.
 """
 
 from __future__ import annotations

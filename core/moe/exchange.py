@@ -1,8 +1,8 @@
-"""Moving tokens between expert-parallel ranks, with autograd: two ``all_to_all_single`` calls
-with variable splits per MoE layer forward and two in backward, after a small all-to-all of
+"""Moving tokens between expert-parallel ranks, with autograd. Two ``all_to_all_single`` calls
+with variable splits per MoE layer forward, two in backward, after a small all-to-all of
 per-expert counts (a host sync per layer on CUDA). :class:`AllGatherExchange` builds the same
-from ``all_gather`` for backends without all-to-all, moving ``world_size`` times the data.
-Both count their collectives' seconds (on CUDA: the time to queue them).
+from ``all_gather`` for backends without all-to-all, moving ``world_size`` times the data. Both
+count their collectives' seconds (on CUDA: the time to queue them).
 """
 
 from __future__ import annotations

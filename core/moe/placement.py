@@ -1,5 +1,5 @@
-"""Where each expert lives on a machine with several GPUs, by a cost model: an expert's cost
-(parameters x its expected share of tokens) placed largest first on the device with the
+"""Where each expert lives on a machine with several GPUs, by a cost model. An expert's cost
+(parameters x its expected share of tokens) is placed largest first on the device with the
 smallest ``(load + cost) / SM count`` among those with room for its training memory. The gate
 and everything dense stay on the primary device.
 """

@@ -1,6 +1,7 @@
-"""What a training step needs from a model's MoE layers: :class:`MoEProbe` hands over their
-weighted load-balancing losses after each forward and packs their counters into one device
-tensor at the end of the step (read back lagged into ``train_step``'s ``moe_*`` fields).
+"""What a training step needs from a model's MoE layers: their loss terms and statistics.
+:class:`MoEProbe` hands over their weighted load-balancing losses after each forward and packs
+their counters into one device tensor at the end of the step (read back lagged into
+``train_step``'s ``moe_*`` fields).
 
 A hand-written loop adds the same term with :func:`auxiliary_loss`::
 

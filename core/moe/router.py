@@ -1,6 +1,6 @@
-"""Top-k gating: which experts each token goes to, with what weight, and what is dropped
-(past ``capacity``, first choices served first: GShard's priority), and the Switch
-Transformer load-balancing loss (1.0 for uniform routing). Definitions: docs/experts.md.
+"""Top-k gating: which experts each token goes to, with what weight, and what is dropped.
+An expert serves first choices first (GShard's priority) up to its ``capacity``; the
+load-balancing loss is Switch Transformer's (1.0 for uniform routing). See docs/experts.md.
 """
 
 from __future__ import annotations

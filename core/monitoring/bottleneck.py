@@ -1,7 +1,7 @@
-"""A per-epoch verdict on what limits training speed, in plain words: ``input_bound`` when
-waiting for the next batch exceeds :data:`INPUT_STALL_FRACTION` of step time (a starved device
-also looks idle, so this is checked first), ``underutilised`` when the mean utilisation is
-under :data:`UNDERUTILISED_PCT` (a CPU's psutil reading divided by the torch threads), else
+"""A per-epoch verdict on what limits training speed, in plain words. ``input_bound`` when
+waiting for the next batch exceeds :data:`INPUT_STALL_FRACTION` of step time (checked first: a
+starved device also looks idle), ``underutilised`` when the mean utilisation is under
+:data:`UNDERUTILISED_PCT` (a CPU's psutil reading divided by the torch threads), else
 ``compute_bound``.
 
 >>> bottleneck_verdict(step_time_s=0.1, data_time_s=0.05, util_mean_pct=90.0,

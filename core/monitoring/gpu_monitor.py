@@ -1,8 +1,8 @@
-"""``GPUMonitor``: samples of the training devices every ``interval_s``, in a worker thread
-(NVML calls block, briefly): one ``gpu_sample`` record per device, and
-:attr:`GPUMonitor.record_fields` for the step thread's records. Without a usable NVML, or
-when it fails mid-run, one ``monitor_degraded`` record and psutil under the same field names.
-A failing monitor never raises into training.
+"""``GPUMonitor``: samples of the training devices on a fixed schedule, off the event loop.
+Every ``interval_s`` a worker thread (NVML calls block, briefly) writes one ``gpu_sample``
+record per device and updates :attr:`GPUMonitor.record_fields` for the step thread's records.
+Without a usable NVML, or when it fails mid-run, one ``monitor_degraded`` record, then psutil
+under the same field names. A failing monitor never raises into training.
 """
 
 from __future__ import annotations

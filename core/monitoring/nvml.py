@@ -1,5 +1,5 @@
-"""NVML for the GPU monitor: one shared session per process, torch-to-NVML device mapping,
-and cheap counters only (utilisation, memory, temperature, power, clocks, throttle reasons).
+"""NVML for the GPU monitor: one shared session, torch-to-NVML device mapping, fast counters.
+Only cheap queries: utilisation, memory, temperature, power, clocks, throttle reasons.
 """
 
 from __future__ import annotations

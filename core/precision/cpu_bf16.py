@@ -1,5 +1,5 @@
 """Whether this CPU computes bf16 in hardware, and the warning a run gets when it asks for bf16
-on one that does not (see docs/memory-and-speed.md: emulated bf16 runs several times slower).
+on one that does not. Emulated bf16 runs several times slower (docs/memory-and-speed.md).
 
 Example::
 

@@ -1,6 +1,6 @@
-"""Dynamic loss scaling for fp16 whose state (scale, growth tracker, hysteresis budget) stays
-on the device: ``update`` uses tensor ops only, so no step waits on the GPU. Unlike
-``torch.amp.GradScaler`` it has hysteresis (as DeepSpeed defines it) and scale bounds;
+"""Dynamic loss scaling for fp16, kept entirely on the device. The scale, growth tracker and
+hysteresis budget are device tensors updated with tensor ops, so no step waits on the GPU.
+Unlike ``torch.amp.GradScaler`` it has hysteresis (as DeepSpeed defines it) and scale bounds;
 ``hysteresis=1`` reproduces GradScaler's scale and skipped steps within the bounds.
 """
 

@@ -1,6 +1,6 @@
-"""Precision policies as small objects with one interface: ``FP32`` (does nothing),
-``Autocast`` (bf16/fp16, plain backward) and ``ScaledFP16`` (scaled backward, unscale with an
-overflow flag, scale update); each overrides only what differs from fp32.
+"""Precision policies as small objects with one interface. ``FP32`` does nothing, ``Autocast``
+(bf16/fp16) backs up plainly, ``ScaledFP16`` scales the backward, unscales with an overflow flag
+and updates the scale; each overrides only what differs from fp32.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Mixed precision: ``PrecisionPolicy`` resolves the config once into a precision object,
-hands the active one to the step loop at each optimizer step, and keeps the AMP statistics.
-``enable_amp()``/``disable_amp()``/``toggle_amp()`` may be called from any thread; they take
-effect at the next optimizer step.
+"""Mixed precision: the choice of precision object, and AMP statistics. ``PrecisionPolicy``
+resolves the config once into a precision object and hands the active one to the step loop at
+each optimizer step. ``enable_amp()``/``disable_amp()``/``toggle_amp()`` may be called from any
+thread; they take effect at the next optimizer step.
 
 Example::
 

@@ -1,6 +1,6 @@
-"""Writing a run's reports in a child Python process, in the background (its own heap, GIL
-and session, at :data:`NICENESS`, loading ``core.reports`` alone): they never pause the
-training process, nor delay ``train()``'s return or the process's exit.
+"""Writing a run's reports in a child Python process, in the background: they never pause the
+training process, never delay ``train()``'s return and never delay the process's exit. The child
+has its own heap, GIL and session, runs at :data:`NICENESS` and loads ``core.reports`` alone.
 
 Example::
 

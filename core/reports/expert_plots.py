@@ -1,6 +1,7 @@
-"""The two expert figures of a mixture-of-experts run, drawn like ``training_metrics.png``:
-``expert_activations.png`` (each expert's share of its layer's assignments over the steps, the
-balance loss, the dropped fraction) and ``expert_device_distribution.png`` (experts per device).
+"""The two expert figures of a mixture-of-experts run: ``expert_activations.png`` (each expert's
+share of its layer's assignments over the steps, the balance loss and the dropped fraction) and
+``expert_device_distribution.png`` (experts per device or rank). They are drawn like
+``training_metrics.png``.
 
 Example::
 

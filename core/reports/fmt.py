@@ -1,4 +1,4 @@
-"""Numbers for people: percentiles, durations, bytes, rates and fractions as report text;
+"""Numbers for people: percentiles, durations, bytes, rates and fractions as report text.
 ``None`` (unknown) gives a dash or a given note, so partial data never raises.
 
 Example::

@@ -1,6 +1,6 @@
-"""The performance summary: a plain-text report of a run, built from its records alone (Run,
-Throughput, Step time, Input pipeline and Bottleneck verdicts here; the others in
-``sections`` and ``expert_summary``). A section without data says so; nothing raises.
+"""The performance summary: a plain-text report of a run, built from its records alone. Run,
+Throughput, Step time, Input pipeline and Bottleneck verdicts are here, the other sections in
+``sections`` and ``expert_summary``; a section without data says so.
 
 Example::
 

@@ -1,6 +1,7 @@
-"""A fingerprint of a model's initial weights (names, dtypes, shapes and a fixed number of
-sampled values per tensor: the same cost for 1M and 7B parameters), and the one the
-experiment's previous run recorded, so ``run_start`` can say whether two runs started alike.
+"""A fingerprint of a model's initial weights, and the one the experiment's previous run
+recorded, so that ``run_start`` can say whether two runs started from the same weights. It reads
+names, dtypes, shapes and a fixed number of sampled values per tensor: the same cost for 1M and
+7B parameters.
 
 Example::
 

@@ -1,6 +1,6 @@
-"""Checking records against ``core.telemetry.records`` (:func:`check_record`) and rendering it
-as the generated part of ``docs/log-schema.md`` (:func:`schema_markdown`; ``python -m
-core.telemetry.schema_doc`` prints it).
+"""Checking records against ``core.telemetry.records`` and rendering it as Markdown.
+:func:`check_record` checks one record; :func:`schema_markdown` is the generated part of
+``docs/log-schema.md`` (``python -m core.telemetry.schema_doc`` prints it).
 
 >>> check_record({"event": "nope"})
 ["unknown event 'nope'"]

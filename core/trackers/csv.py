@@ -1,7 +1,8 @@
-"""``CSVLogger``: the run's scalars and hyper-parameters as CSV files (stdlib ``csv`` only):
-``metrics.csv`` in long format (``step,epoch,name,value``; ``pandas.read_csv(path).pivot_table(
-index="step", columns="name", values="value")`` makes it wide), ``params.csv`` and
-``model_summary.md``, in the run's directory or ``directory`` (report files copied there).
+"""``CSVLogger``: the run's scalars and hyper-parameters as CSV files (stdlib ``csv`` only).
+``metrics.csv`` is in long format (``step,epoch,name,value``;
+``pandas.read_csv(path).pivot_table(index="step", columns="name", values="value")`` makes it
+wide), beside ``params.csv`` and ``model_summary.md``, in the run's directory or ``directory``
+(report files copied there).
 
 Example::
 

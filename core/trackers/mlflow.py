@@ -1,5 +1,5 @@
-"""``MLflowLogger``: the run as an MLflow run, through an ``MlflowClient`` of its own (never
-MLflow's global active run, so two runs in one process, or a user's own, do not collide). By
+"""``MLflowLogger``: the run as an MLflow run, through an ``MlflowClient`` of its own. Never
+MLflow's global active run, so two runs in one process, or a user's own, do not collide. By
 default a local store beside the runs, ``sqlite:///<log_dir>/mlflow.db`` (artifacts under
 ``<log_dir>/mlartifacts``). Needs ``mlflow-skinny`` (the ``trackers`` extra), imported on the
 tracker's thread.

@@ -1,7 +1,7 @@
-"""``TensorBoardLogger``: the run in TensorBoard, through ``torch.utils.tensorboard``: one
-event file per run under ``<log_dir>/<name>/<run_id>``; scalars by optimizer step, the
-hyper-parameters, model summary and performance summary as texts, ``training_metrics.png``
-as an image. Needs ``tensorboard`` (the ``trackers`` extra).
+"""``TensorBoardLogger``: the run in TensorBoard, through ``torch.utils.tensorboard``. One event
+file per run under ``<log_dir>/<name>/<run_id>``; scalars by optimizer step; the
+hyper-parameters, model summary and performance summary as texts; ``training_metrics.png`` as an
+image. Needs ``tensorboard`` (the ``trackers`` extra).
 
 Example::
 

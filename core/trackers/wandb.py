@@ -1,7 +1,8 @@
-"""``WandbLogger``: the run as a Weights & Biases run, offline (into ``<run_dir>/wandb/``)
-unless wandb finds credentials itself; each run its own ``wandb.init(reinit="create_new")``.
-The end maps to an exit code (FINISHED 0, FAILED 1, KILLED 255). Options and uploading:
-docs/logging-and-trackers.md. Needs ``wandb`` (the ``trackers`` extra).
+"""``WandbLogger``: the run as a Weights & Biases run, offline unless wandb has credentials.
+Offline runs go into ``<run_dir>/wandb/``; each run is its own
+``wandb.init(reinit="create_new")``; the end maps to an exit code (FINISHED 0, FAILED 1, KILLED
+255). Options and uploading: docs/logging-and-trackers.md. Needs ``wandb`` (the ``trackers``
+extra).
 
 Example::
 

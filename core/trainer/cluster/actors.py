@@ -1,7 +1,7 @@
 """The actors a service's runs train in: asked of the cluster, waited for (visibly), kept warm
-between runs (:data:`WARM`, ``ray.keep_warm``), and leased. Each is detached and named
-``core-run-<hex>``; the service renews its lease every second from a thread (:data:`LEASES`),
-and an actor nobody renews stops its run and exits (docs/ray.md).
+between runs, and leased. Each is detached and named ``core-run-<hex>``; the service renews its
+lease every second from a thread (:data:`LEASES`), and an actor nobody renews stops its run and
+exits (docs/ray.md). Warm actors: :data:`WARM`, ``ray.keep_warm``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The trained weights' way back from a training process, through the shared memory they
-crossed in: :meth:`HandBack.write` copies only the entries no longer where they crossed, and
-:meth:`HandBack.load_into` copies the block into the service's model in place. A state dict
-whose names or shapes differ comes back as a verified checkpoint instead.
+"""The trained weights' way back from a training process, through the shared memory they crossed
+in (``core.trainer.process.shared``). :meth:`HandBack.write` copies only the entries no longer
+where they crossed; :meth:`HandBack.load_into` copies the block into the service's model in
+place. A state dict whose names or shapes differ comes back as a verified checkpoint instead.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""A training process watched itself (Linux: a pidfd, and the service as child subreaper),
-whether or not the fork server that started it lives; elsewhere ``os.kill(pid, 0)``, and the
-exit status of a process whose fork server died is reported as unknown.
+"""A training process watched itself, whether or not the fork server that started it lives.
+On Linux through a pidfd, with the service as child subreaper; elsewhere ``os.kill(pid, 0)``,
+and the exit status of a process whose fork server died is reported as unknown.
 """
 
 from __future__ import annotations
