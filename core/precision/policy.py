@@ -36,6 +36,18 @@ __all__ = (
     "resolve_precision",
 )
 
+# The statistics a checkpoint keeps, in the order its "stats" list holds them.
+_SAVED_STATS = (
+    "_total_steps",
+    "_amp_steps",
+    "_recorded_steps",
+    "_scaler_updates",
+    "_overflow_count",
+    "_skipped_steps",
+    "_nonfinite_steps",
+    "_step_time_total",
+)
+
 
 def loss_scaler(config: LossScalerConfig, device: torch.device) -> DynamicLossScaler:
     """The on-device loss scaler ``config`` describes."""
@@ -239,16 +251,7 @@ class PrecisionPolicy:
             "amp_enabled": self._amp_wanted,
             "fallbacks": list(self._fallbacks),
             "precision": self._amp.state_dict(),
-            "stats": [
-                self._total_steps,
-                self._amp_steps,
-                self._recorded_steps,
-                self._scaler_updates,
-                self._overflow_count,
-                self._skipped_steps,
-                self._nonfinite_steps,
-                self._step_time_total,
-            ],
+            "stats": [getattr(self, name) for name in _SAVED_STATS],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -257,16 +260,8 @@ class PrecisionPolicy:
             self.fall_back()
         self._active = self._amp if self._amp_wanted else self._fp32
         self._amp.load_state_dict(state["precision"])
-        (
-            self._total_steps,
-            self._amp_steps,
-            self._recorded_steps,
-            self._scaler_updates,
-            self._overflow_count,
-            self._skipped_steps,
-            self._nonfinite_steps,
-            self._step_time_total,
-        ) = state["stats"]
+        for name, value in zip(_SAVED_STATS, state["stats"], strict=True):
+            setattr(self, name, value)
 
 
 FORMER_NAMES = {"MixedPrecisionTrainer": "PrecisionPolicy"}

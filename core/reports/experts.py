@@ -70,14 +70,6 @@ class ExpertSteps:
         """Kept assignments of every layer at ``steps[index]``."""
         return sum(sum(rows[index]) for rows in self.counts.values())
 
-    def dropped_fraction(self, index: int) -> float | None:
-        """Dropped / (kept + dropped) assignments at ``steps[index]``; None when unknown."""
-        dropped = self.dropped[index]
-        if dropped is None:
-            return None
-        total = self.kept(index) + dropped
-        return dropped / total if total > 0 else None
-
 
 def expert_steps(records: Records) -> ExpertSteps | None:
     """The ``moe_*`` fields of the ``train_step`` records; None when no record has any.
