@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from core.reports.expert_devices import device_figure
 from core.reports.expert_summary import LAST_STEPS
 from core.reports.experts import ExpertSteps, expert_steps, run_id
+from core.reports.panels import no_data
 from core.reports.plots import warn_unavailable
 from core.reports.read import Records
 
@@ -83,16 +84,7 @@ def _heatmap(figure: Figure, ax: Axes, routing: ExpertSteps, layer: str) -> None
     experts, steps = routing.experts(layer), len(routing.steps)
     ax.set_title(f"{layer}: share of kept assignments", fontsize=10, loc="left")
     if experts == 0:
-        ax.text(
-            0.5,
-            0.5,
-            "no data: no expert counts recorded",
-            transform=ax.transAxes,
-            ha="center",
-            va="center",
-            fontsize=10,
-            color="0.4",
-        )
+        no_data(ax, "no expert counts recorded")
         return
     size = _bin_size(steps)
     columns = math.ceil(steps / size)

@@ -23,6 +23,7 @@ __all__ = (
     "loss_scale_panel",
     "lr_panel",
     "metrics_panel",
+    "no_data",
     "step_time_panel",
 )
 
@@ -49,7 +50,8 @@ def _rolling_median(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[floa
     ]
 
 
-def _no_data(ax: Axes, why: str) -> None:
+def no_data(ax: Axes, why: str) -> None:
+    """A panel's frame saying "no data" and why, without tick labels."""
     ax.text(
         0.5,
         0.5,
@@ -100,7 +102,7 @@ def loss_panel(ax: Axes, records: Records) -> None:
     if vals[0]:
         ax.plot(*vals, marker="s", markersize=4, color="tab:orange", label="val loss")
     if not (steps or ends[0] or vals[0]):
-        _no_data(ax, "no finite loss recorded")
+        no_data(ax, "no finite loss recorded")
     _epoch_lines(ax, records)
     _finish(ax, "Loss", "optimizer step", "loss")
 
@@ -127,7 +129,7 @@ def metrics_panel(ax: Axes, records: Records) -> None:
         if xs:
             ax.plot(xs, ys, marker="^", markersize=4, label=f"val {name}")
     if not ax.get_legend_handles_labels()[0]:
-        _no_data(ax, "no validation metrics" if runs else "no validation ran")
+        no_data(ax, "no validation metrics" if runs else "no validation ran")
     _finish(ax, "Validation metrics", "optimizer step", "value")
 
 
@@ -144,7 +146,7 @@ def lr_panel(ax: Axes, records: Records) -> None:
         # plain tick labels: an offset text ("1e-3") above the axis collides with the title
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
     else:
-        _no_data(ax, "no train_step records")
+        no_data(ax, "no train_step records")
     _epoch_lines(ax, records)
     _finish(ax, "Learning rate", "optimizer step", "learning rate")
 
@@ -177,7 +179,7 @@ def loss_scale_panel(ax: Axes, records: Records) -> None:
         ax.set_yscale("log", base=2)
     else:
         precision = text((first(records, "run_start") or {}).get("precision"))
-        _no_data(ax, f"no loss scaler (precision {precision})")
+        no_data(ax, f"no loss scaler (precision {precision})")
     _epoch_lines(ax, records)
     _finish(ax, "Loss scale (fp16)", "optimizer step", "loss scale (log2)")
 
@@ -221,7 +223,7 @@ def step_time_panel(ax: Axes, records: Records) -> None:
     if drawn:
         ax.set_yscale("log")
     else:
-        _no_data(ax, "no train_step records")
+        no_data(ax, "no train_step records")
     _epoch_lines(ax, records)
     _finish(ax, "Step time", "optimizer step", "seconds (log)")
 
@@ -248,7 +250,7 @@ def device_panel(ax: Axes, records: Records) -> None:
     handles, labels = ax.get_legend_handles_labels()
     more_handles, more_labels = memory_ax.get_legend_handles_labels()
     if not handles + more_handles:
-        _no_data(ax, "no gpu_sample records (monitor off)")
+        no_data(ax, "no gpu_sample records (monitor off)")
         memory_ax.tick_params(labelright=False)
     _finish(ax, "Device utilisation and memory", "seconds since the first sample", "utilisation %")
     memory_ax.set_ylabel("memory GiB", fontsize=9)
