@@ -42,6 +42,8 @@ def choose(
     passed: Passed = []
     held_ones: list[Sequence[Path]] = []
     for members in lineages:
+        # Passed over on its manifest's record alone: no file hashed or loaded, so an edited
+        # script's old lineages cost a manifest read each, whatever the model's size.
         detail = differs_on_record(members[0])
         if detail is not None:
             passed.append({"path": str(members[0]), "reason": "incompatible", "detail": detail})

@@ -87,13 +87,16 @@ class StreamLockstep(Lockstep):
             return None
         return {
             "exhausted_ranks": [rank for rank, n in enumerate(counts) if n == 0],
+            # At least: a stream is not read further (it may be endless); these batches were
+            # fetched for the step not taken.
             "unused_batches_at_least": counts,
         }
 
 
 class LockstepLoader:
     """A stream that every rank reads in step, agreeing before each batch (for evaluation,
-    which takes no optimizer steps); it ends on every rank where the first rank's ends."""
+    which takes no optimizer steps); it ends on every rank where the first rank's ends, and
+    the longer ranks' remaining samples are not evaluated (an ``uneven_inputs`` warning)."""
 
     def __init__(self, loader: Iterable[Any], lockstep: Lockstep, name: str) -> None:
         self.loader = loader
