@@ -42,6 +42,7 @@ COMPONENTS = (
     "trackers",
     "losses",
     "moe",
+    "stopping",
 )
 FOUNDING_VOCABULARY = re.compile(
     r"\b(?:MixedPrecisionTrainer|MultiGPUTrainer|OptimizedTrainingOptimizer|GradientAccumulation"

@@ -45,6 +45,7 @@ from core.monitoring.gpu_monitor import GPUMonitor
 from core.precision.compatibility import check_amp_compatibility
 from core.precision.policy import PrecisionPolicy
 from core.rng import capture_rng, restore_rng
+from core.stopping.early_stopping import EarlyStopping, watched
 from core.telemetry.describe import fingerprint
 from core.telemetry.init_hash import weights_hash
 from core.telemetry.profiler import StepProfiler
@@ -61,7 +62,6 @@ from core.trainer.assembly.optimization import (
     scheduler_for,
     trial_optimizer,
 )
-from core.trainer.state.early_stopping import EarlyStopping, watched
 from core.trainer.state.run_state import RunState
 
 __all__ = ("Parts", "Runtime", "build")
