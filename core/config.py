@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from core.checkpointing.checkpointer import CheckpointConfig
-from core.checks import check_bool_fields, is_finite_number
-from core.data.config import LoaderConfig
+from core.checks import is_finite_number
+from core.data.config import DataConfig, LoaderConfig
 from core.distributed.config import MultiGPUConfig
 from core.errors import ConfigError, config_error
 from core.flat_keyword import flat
@@ -71,22 +71,6 @@ class OptimConfig:
         if not (is_finite_number(self.weight_decay) and self.weight_decay >= 0):
             raise config_error("weight_decay", self.weight_decay, "a finite float >= 0")
         check_max_grad_norm(self.max_grad_norm)
-
-
-@dataclass(frozen=True, kw_only=True)
-class DataConfig:
-    """How loaders are fed. ``use_distributed_sampler``: under DDP/FSDP2 a plain DataLoader
-    is rebuilt with a DistributedSampler (off: each rank's loader is used as given).
-    ``loader``: how :func:`~core.data.create_dataloader` builds loaders; of it, a run uses
-    ``device_prefetch`` (its loaders are the user's own)."""
-
-    use_distributed_sampler: bool = field(default=True, metadata=flat("use_distributed_sampler"))
-    loader: LoaderConfig = field(default_factory=LoaderConfig)
-
-    def __post_init__(self) -> None:
-        check_bool_fields(self)
-        if not isinstance(self.loader, LoaderConfig):
-            raise config_error("loader", self.loader, "a LoaderConfig")
 
 
 @dataclass(frozen=True, kw_only=True)
