@@ -24,6 +24,7 @@ LOADED_ON_FIRST_USE = (
     "core.reports.plots",
     "core.reports.summary",
     "core.trackers",
+    "core.trainer.cluster.placement",
     "core.tuning",
     "matplotlib",
     "mlflow",
@@ -32,7 +33,7 @@ LOADED_ON_FIRST_USE = (
     "wandb",
 )
 """Modules a run does not need: the command line, the founding facades' extras, trackers,
-reports, tuning, experts, memory tools, and the libraries only they import."""
+reports, tuning, memory tools, Ray runs' side, and the libraries only they import."""
 
 FRESH_IMPORT = """
 import json, sys
