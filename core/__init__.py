@@ -13,6 +13,9 @@ program. Settings form one config tree; the seed factory maps flat keywords onto
             results = await run.train()
 
     anyio.run(main)
+
+``import core`` loads what a run uses; the other public names (trackers, reports, tuning,
+experts, memory tools, the founding facades' extras) load when first asked for.
 """
 
 from __future__ import annotations

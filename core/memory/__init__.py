@@ -55,6 +55,8 @@ __all__ = (
     "run_trial",
 )
 
+# Each name's module loads when first asked for: importing one module of this package
+# (a run imports a few) loads none of the others.
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 __all__ = ("EagerEpochs", "EagerSteps", "ManualSteps", "emit_to", "measure_amp_savings")
 
+# Each name's module loads when first asked for: importing one module of this package
+# (a run imports a few) loads none of the others.
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
