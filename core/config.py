@@ -24,13 +24,12 @@ from typing import Any, Literal
 
 from core.checkpointing.checkpointer import CheckpointConfig
 from core.checkpointing.config import METRIC_NAME
-from core.checks import check_bool_fields, is_finite_number, is_int
+from core.checks import check_bool_fields, check_max_grad_norm, is_finite_number, is_int
 from core.data.config import LoaderConfig
 from core.distributed.config import MultiGPUConfig
 from core.errors import ConfigError, config_error
 from core.hardware.settings import GPUManagerConfig
 from core.loop.accumulation import GradientAccumulationConfig
-from core.loop.gradients import check_max_grad_norm
 from core.loop.recovery import ErrorHandlerConfig
 from core.memory.config import MemoryConfig
 from core.monitoring.config import GPUMonitorConfig
