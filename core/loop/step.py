@@ -209,6 +209,8 @@ class OptimizerStep(GradientUpdate):
             self._bind(precision)
         if self.rewinds is not None:
             self.rewinds.rng = self.rng_state()  # an OOM runs the window again, same draws
+        # Forward and loss under autocast, the loss checked, backward: inline for one batch,
+        # as weighted micro-batches for anything more (or since an OOM split the batch).
         if self.windowed or self.accumulation.micro_batch_size is not None:
             losses, extra = self.micro_batches(window, precision, step, epoch)
         else:
@@ -236,7 +238,7 @@ class OptimizerStep(GradientUpdate):
                 losses = [loss.detach().float()]
                 logged = self.objective.logged if self.objective.logs else None
                 extra = LoggedValues([(logged, window.samples)]) if logged else None
-
+        # Unscale (fp16: the overflow flag over all ranks), the global norm, the clip.
         grads = list(filter(_is_not_none, map(_grad_of, self.params)))  # C all the way: no frame
         scaled = precision.scales_loss
         found_inf = self.strategy.reduce_found_inf(precision.unscale_(grads)) if scaled else None
