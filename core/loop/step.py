@@ -144,7 +144,8 @@ class GradientUpdate:
 
 class OptimizerStep(GradientUpdate):
     """One optimizer step over a window of loader batches (module docstring), built by
-    :func:`build_step`."""
+    :func:`build_step`. Its second half is :meth:`GradientUpdate.apply`'s sequence, written
+    inline so that the lagged read stands where it happens, between the clip and the step."""
 
     def __init__(
         self,
