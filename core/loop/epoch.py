@@ -50,8 +50,8 @@ class StepLoop:
     ``step_hooks`` run on the step thread after the optimizer steps each one names (a
     checkpoint due, a profiler step; a plain callable runs after every step), with the
     global step; more are added to :attr:`schedule`. The epoch ends early once ``max_steps``
-    optimizer steps were taken. ``precision.config.clear_cache`` empties the CUDA cache
-    after each epoch.
+    optimizer steps were taken. The precision's ``clear_cache`` empties the CUDA cache after
+    each epoch.
     """
 
     def __init__(
