@@ -23,14 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from core.checkpointing.checkpointer import CheckpointConfig
-from core.checks import is_finite_number
+from core.checks import check_max_grad_norm, is_finite_number
 from core.data.config import DataConfig, LoaderConfig
 from core.distributed.config import MultiGPUConfig
 from core.errors import ConfigError, config_error
 from core.flat_keyword import flat
 from core.hardware.settings import GPUManagerConfig
 from core.loop.accumulation import GradientAccumulationConfig
-from core.loop.gradients import check_max_grad_norm
 from core.loop.recovery import ErrorHandlerConfig
 from core.memory.config import MemoryConfig
 from core.monitoring.config import GPUMonitorConfig

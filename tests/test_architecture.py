@@ -253,7 +253,7 @@ def test_the_top_of_core_holds_only_shared_modules_and_the_documented_import_pat
 
 
 POST_BACKWARD = {"clip_grad_norm_", "clip_grads_with_norm_", "unscale_", "stepper_for"}
-"""Calls only the post-backward sequence makes (``core.loop.gradients``): a module that makes
+"""Calls only the post-backward sequence makes (``core.loop.step``): a module that makes
 one writes a second copy of it."""
 
 
@@ -277,4 +277,14 @@ def test_the_post_backward_sequence_is_written_once() -> None:
         if calls_in(path) & POST_BACKWARD
         and not name.startswith("core.precision")  # the scaler's own unscale_ and its plugin
     )
-    assert writers == ["core.loop.gradients"]
+    assert writers == ["core.loop.step"]
+
+
+KERNEL = {"OptimizerStep", "GradientUpdate"}
+"""The optimizer step and its post-backward sequence: built by ``core.loop.step``'s
+factories (``build_step``, ``build_update``) only."""
+
+
+def test_the_step_is_built_in_one_place() -> None:
+    builders = sorted(name for name, path in MODULES.items() if calls_in(path) & KERNEL)
+    assert builders == ["core.loop.step"]

@@ -36,6 +36,7 @@ from core.loop.epoch import Scheduler, StepLoop
 from core.loop.limit import limit_batches
 from core.loop.objective import LossFn, Objective
 from core.loop.recovery import ErrorHandler
+from core.loop.step import build_step
 from core.loop.step_function import StepFn, objective_for
 from core.memory.amp_savings import measure_amp_savings
 from core.metrics import MetricSet
@@ -214,21 +215,23 @@ def _build(
     )
     hooks = [hook for hook in (profiler, compile_rule) if hook is not None]
     loop = StepLoop(
-        model=model,
-        optimizer=optimizer,
-        scheduler=None if plateau else scheduler,
-        precision=policy,
-        accumulation=accumulation,
-        strategy=strategy,
-        objective=objective,
-        errors=errors,
-        max_grad_norm=config.optim.max_grad_norm,
-        emit=emit,
+        build_step(
+            model=model,
+            optimizer=optimizer,
+            policy=policy,
+            strategy=strategy,
+            objective=objective,
+            errors=errors,
+            optim=config.optim,
+            emit=emit,
+            scheduler=None if plateau else scheduler,
+            accumulation=accumulation,
+            device_fields=monitor,
+            prepare_batch=prepared.prepare_batch,
+            terms=MoEProbe.of(strategy.unwrap(model)),
+        ),
         step_hooks=hooks,
-        device_fields=monitor,
-        prepare_batch=prepared.prepare_batch,
         max_steps=config.run.max_steps,
-        terms=MoEProbe.of(strategy.unwrap(model)),
     )
     early_stopping = EarlyStopping(config.early_stopping, mode=mode, monitor=watching)
     state = RunState(
