@@ -247,41 +247,30 @@ def sync_errors(cuda: bool) -> Iterator[list[int]]:
     or ``torch.cuda.synchronize()`` inside it raises); yields the checked steps' numbers.
     The first step is left out: the optimizer creates its state there. Off CUDA the steps
     are only counted (the plumbing of a dry run)."""
-    from core.loop.step import BatchStep, WindowStep  # the step kernels
+    from core.loop.step import OptimizerStep  # the step
 
     checked: list[int] = []
     calls = [0]
-    inside = [False]  # a BatchStep hands an OOM's window to its WindowStep: one step
-    originals = {kind: kind.__call__ for kind in (BatchStep, WindowStep)}
+    original = OptimizerStep.__call__
 
-    def guarded_call(original: Callable[..., None]) -> Callable[..., None]:
-        def guarded(self: Any, window: Any, **kwargs: Any) -> None:
-            if inside[0]:
-                original(self, window, **kwargs)
-                return
-            calls[0] += 1
-            checking = cuda and calls[0] > 1
+    def guarded(self: Any, window: Any, **kwargs: Any) -> None:
+        calls[0] += 1
+        checking = cuda and calls[0] > 1
+        if checking:
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            original(self, window, **kwargs)
+        finally:
             if checking:
-                torch.cuda.set_sync_debug_mode("error")
-            inside[0] = True
-            try:
-                original(self, window, **kwargs)
-            finally:
-                inside[0] = False
-                if checking:
-                    torch.cuda.set_sync_debug_mode("default")
-            if calls[0] > 1:
-                checked.append(kwargs.get("step", calls[0]))
+                torch.cuda.set_sync_debug_mode("default")
+        if calls[0] > 1:
+            checked.append(kwargs.get("step", calls[0]))
 
-        return guarded
-
-    for kind, original in originals.items():
-        kind.__call__ = guarded_call(original)  # type: ignore[method-assign]
+    OptimizerStep.__call__ = guarded  # type: ignore[method-assign]
     try:
         yield checked
     finally:
-        for kind, original in originals.items():
-            kind.__call__ = original  # type: ignore[method-assign]
+        OptimizerStep.__call__ = original  # type: ignore[method-assign]
 
 
 def _causes(error: BaseException) -> str:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 __all__ = (
     "check_bool",
     "check_bool_fields",
+    "check_max_grad_norm",
     "check_writable_dir",
     "is_finite_number",
     "is_int",
@@ -57,6 +58,15 @@ def check_bool_fields(config: DataclassInstance) -> None:
     for field in fields(config):
         if field.type in ("bool", bool):
             check_bool(field.name, getattr(config, field.name))
+
+
+def check_max_grad_norm(value: object) -> None:
+    """Raise a :class:`~core.errors.ConfigError` naming ``max_grad_norm`` unless ``value`` is
+    None (no clipping) or a finite number > 0: the one rule of every section with a clip."""
+    if value is not None and not (is_finite_number(value) and value > 0):
+        raise config_error(
+            "max_grad_norm", value, "None (no clipping) or a finite float > 0", "try 1.0."
+        )
 
 
 def check_writable_dir(field: str, path: str | os.PathLike[str]) -> None:

@@ -42,6 +42,7 @@ COMPONENTS = (
     "trackers",
     "losses",
     "moe",
+    "stopping",
 )
 FOUNDING_VOCABULARY = re.compile(
     r"\b(?:MixedPrecisionTrainer|MultiGPUTrainer|OptimizedTrainingOptimizer|GradientAccumulation"
@@ -245,13 +246,14 @@ def test_the_top_of_core_holds_only_shared_modules_and_the_documented_import_pat
         "core.flat_keyword",
     }
     sections = {"core.run_config", "core.ray_config"}  # the config tree's, beside core.config
-    assert top - IMPORT_PATHS - shared == {"core.__main__", "core.rng", *sections}
+    lazy = {"core.lazy_exports"}  # what the packages' names loaded on first use share
+    assert top - IMPORT_PATHS - shared - lazy == {"core.__main__", "core.rng", *sections}
     for path in IMPORT_PATHS:  # a re-export, nothing more
         assert GRAPH[path] == {path.replace("core.", "core.facades.", 1)}
 
 
 POST_BACKWARD = {"clip_grad_norm_", "clip_grads_with_norm_", "unscale_", "stepper_for"}
-"""Calls only the post-backward sequence makes (``core.loop.gradients``): a module that makes
+"""Calls only the post-backward sequence makes (``core.loop.step``): a module that makes
 one writes a second copy of it."""
 
 
@@ -275,4 +277,14 @@ def test_the_post_backward_sequence_is_written_once() -> None:
         if calls_in(path) & POST_BACKWARD
         and not name.startswith("core.precision")  # the scaler's own unscale_ and its plugin
     )
-    assert writers == ["core.loop.gradients"]
+    assert writers == ["core.loop.step"]
+
+
+KERNEL = {"OptimizerStep", "GradientUpdate"}
+"""The optimizer step and its post-backward sequence: built by ``core.loop.step``'s
+factories (``build_step``, ``build_update``) only."""
+
+
+def test_the_step_is_built_in_one_place() -> None:
+    builders = sorted(name for name, path in MODULES.items() if calls_in(path) & KERNEL)
+    assert builders == ["core.loop.step"]

@@ -27,7 +27,7 @@ from core.hardware.settings import GPUManagerConfig
 from core.loop.recovery import ErrorHandlerConfig
 from core.monitoring.config import GPUMonitorConfig
 from core.precision.config import LossScalerConfig, MixedPrecisionConfig
-from core.trainer.state.early_stopping import EarlyStopping
+from core.stopping.early_stopping import EarlyStopping
 from tests.helpers import loaders, make_classification, make_model
 
 pytestmark = pytest.mark.anyio

@@ -13,7 +13,7 @@ from torch import nn
 from core import create_optimized_training_optimizer
 from core.config import EarlyStoppingConfig
 from core.errors import ConfigError
-from core.trainer.state.early_stopping import EarlyStopping
+from core.stopping.early_stopping import EarlyStopping
 from tests.helpers import loaders, make_model
 
 NAN = float("nan")

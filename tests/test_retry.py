@@ -56,8 +56,8 @@ def run(model: nn.Module, micro: int | None, log_dir: Path, accumulation: int = 
     return optimizer, anyio.run(optimizer.train)
 
 
-# One batch a step takes the plain kernel (BatchStep), which hands the batch to the window
-# kernel after the error; two take the window kernel throughout.
+# One batch a step runs inline and turns to micro-batches after the error; two run as
+# micro-batches throughout.
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_a_recovered_run_equals_a_run_started_at_the_smaller_micro_batch_with_dropout(
     log_dir: Path, accumulation: int

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.config import EarlyStoppingConfig
-from core.trainer.state.early_stopping import EarlyStopping
-from core.trainer.state.stopping_rules import (
+from core.stopping.early_stopping import EarlyStopping
+from core.stopping.rules import (
     DivergenceThreshold,
     NotFinite,
     Patience,

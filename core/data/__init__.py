@@ -13,10 +13,15 @@ Example::
 
 from __future__ import annotations
 
-from core.data.cache import CachedDataset
-from core.data.config import LoaderConfig
-from core.data.loader import auto_num_workers, create_dataloader, seed_worker, usable_cores
-from core.data.prefetch import DevicePrefetcher, prefetch_to_device
+from typing import TYPE_CHECKING
+
+from core.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from core.data.cache import CachedDataset
+    from core.data.config import LoaderConfig
+    from core.data.loader import auto_num_workers, create_dataloader, seed_worker, usable_cores
+    from core.data.prefetch import DevicePrefetcher, prefetch_to_device
 
 __all__ = (
     "CachedDataset",
@@ -27,4 +32,20 @@ __all__ = (
     "prefetch_to_device",
     "seed_worker",
     "usable_cores",
+)
+
+# Each name's module loads when first asked for: importing one module of this package
+# (a run imports a few) loads none of the others.
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "CachedDataset": "core.data.cache",
+        "DevicePrefetcher": "core.data.prefetch",
+        "LoaderConfig": "core.data.config",
+        "auto_num_workers": "core.data.loader",
+        "create_dataloader": "core.data.loader",
+        "prefetch_to_device": "core.data.prefetch",
+        "seed_worker": "core.data.loader",
+        "usable_cores": "core.data.loader",
+    },
 )

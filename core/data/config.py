@@ -1,4 +1,5 @@
-"""The data-loading section of the config tree: ``LoaderConfig``, how a DataLoader is built.
+"""The data section of the config tree: ``DataConfig``, how a run's loaders are fed, and its
+``LoaderConfig``, how a DataLoader is built.
 
 Example::
 
@@ -16,7 +17,7 @@ from core.checks import check_bool_fields, is_int
 from core.errors import config_error
 from core.flat_keyword import flat
 
-__all__ = ("LoaderConfig",)
+__all__ = ("DataConfig", "LoaderConfig")
 
 
 def _check_auto_or_bool(field: str, value: object) -> None:
@@ -92,3 +93,19 @@ class LoaderConfig:
         if self.device_prefetch == "auto":
             return device.type == "cuda"
         return bool(self.device_prefetch)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """How loaders are fed. ``use_distributed_sampler``: under DDP/FSDP2 a plain DataLoader
+    is rebuilt with a DistributedSampler (off: each rank's loader is used as given).
+    ``loader``: how :func:`~core.data.create_dataloader` builds loaders; of it, a run uses
+    ``device_prefetch`` (its loaders are the user's own)."""
+
+    use_distributed_sampler: bool = field(default=True, metadata=flat("use_distributed_sampler"))
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
+
+    def __post_init__(self) -> None:
+        check_bool_fields(self)
+        if not isinstance(self.loader, LoaderConfig):
+            raise config_error("loader", self.loader, "a LoaderConfig")

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from core.config import OptimConfig
 from core.errors import config_error
 from core.facades.eager import EagerEpochs, EagerSteps, ManualSteps, emit_to
 from core.hardware.device import device_of
@@ -85,7 +86,8 @@ class MixedPrecisionTrainer(policy.PrecisionPolicy):
         place = torch.device(device) if device is not None else _model_device(model)
         super().__init__(config or MixedPrecisionConfig(), place)
         self.model, self.optimizer, self.logger = model, optimizer, logger
-        self.loss_fn, self.scheduler, self.max_grad_norm = loss_fn, scheduler, max_grad_norm
+        self.loss_fn, self.scheduler = loss_fn, scheduler
+        self.optim = OptimConfig(max_grad_norm=max_grad_norm)  # the clip, validated here
         self._emit = emit_to(logger)
         self._steps: EagerSteps | None = None
         self._calls: ManualSteps | None = None
@@ -147,7 +149,7 @@ class MixedPrecisionTrainer(policy.PrecisionPolicy):
                 emit=self._emit,
                 loss_fn=self.loss_fn,
                 scheduler=self.scheduler,
-                max_grad_norm=self.max_grad_norm,
+                optim=self.optim,
                 track_memory=self.config.track_memory_usage,
             )
         elif device is not None:
@@ -164,7 +166,7 @@ class MixedPrecisionTrainer(policy.PrecisionPolicy):
                     "not measured: the four-call form never sees a whole batch; "
                     "train_step and runs measure it",
                 )
-            self._calls = ManualSteps(self, emit=self._emit, max_grad_norm=self.max_grad_norm)
+            self._calls = ManualSteps(self, emit=self._emit, optim=self.optim)
         return self._calls
 
     # -- seed 002: one call, one optimizer step --------------------------------------------

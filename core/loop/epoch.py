@@ -1,8 +1,8 @@
 """The synchronous step loop: epochs of optimizer steps.
 
 Plain PyTorch, run in a worker thread by the orchestrator; nothing in here awaits. The loop
-pulls windows of batches, runs one optimizer step per window in the kernel built for the
-run (``core.loop.step``), calls the step hooks on the steps they are due
+pulls windows of batches (the wait for data is timed here), runs one optimizer step per
+window (``core.loop.step``), calls the step hooks on the steps they are due
 (``core.loop.schedule``), and stops at a step boundary all ranks agree on. Step N's loss,
 gradient norm, skip flag and loss scale are read back during step N+1, and the LR scheduler
 stepped then (``core.loop.recorder``); :meth:`StepLoop.flush` settles the last step. The
@@ -21,27 +21,16 @@ from functools import partial
 from time import perf_counter
 from typing import Any, NamedTuple
 
-import torch
-from torch import nn
-
 from core.data.order import LoaderOrder
-from core.distributed import Strategy
 from core.errors import EmptyLoaderError
 from core.hardware.device import device_of
-from core.loop.accumulation import Accumulation
 from core.loop.data_wait import DataWait
-from core.loop.objective import Objective
-from core.loop.recorder import DeviceFields, EpochStats, Scheduler, StepRecorder
-from core.loop.recovery import ErrorHandler
+from core.loop.recorder import EpochStats, Scheduler
 from core.loop.schedule import StepHook, StepSchedule
-from core.loop.step import WindowStep, optimizer_step_for
-from core.loop.terms import ModelTerms
-from core.precision.policy import PrecisionPolicy
+from core.loop.step import OptimizerStep
 from core.rng import capture_rng, restore_rng
 
 __all__ = ("EpochStats", "ResumePoint", "Scheduler", "StepLoop")
-
-Emit = Callable[..., None]
 
 
 class ResumePoint(NamedTuple):
@@ -56,67 +45,32 @@ class ResumePoint(NamedTuple):
 class StepLoop:
     """Runs optimizer steps for the orchestrator; owns no thread and no file.
 
+    ``step`` is the run's optimizer step (``core.loop.step.build_step``); the loop reads
+    its parts (model, accumulation, strategy, error handler, recorder) from it.
     ``step_hooks`` run on the step thread after the optimizer steps each one names (a
     checkpoint due, a profiler step; a plain callable runs after every step), with the
     global step; more are added to :attr:`schedule`. The epoch ends early once ``max_steps``
-    optimizer steps were taken. ``device_fields`` holds the latest device utilisation and
-    memory for every ``train_step`` record (None: both fields null).
-    ``prepare_batch`` moves a batch to the device (default ``to_device``; channels_last
-    models convert 4-D inputs too). ``precision.config.clear_cache`` empties the CUDA cache
-    after each epoch.
+    optimizer steps were taken. The precision's ``clear_cache`` empties the CUDA cache after
+    each epoch.
     """
 
     def __init__(
         self,
+        step: OptimizerStep,
         *,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        scheduler: Scheduler | None,
-        precision: PrecisionPolicy,
-        accumulation: Accumulation,
-        strategy: Strategy,
-        objective: Objective,
-        errors: ErrorHandler,
-        max_grad_norm: float | None,
-        emit: Emit,
         step_hooks: Sequence[StepHook | Callable[[int], None]] = (),
-        device_fields: DeviceFields | None = None,
-        prepare_batch: Callable[[Any], Any] | None = None,
         max_steps: int | None = None,
-        terms: ModelTerms | None = None,
     ) -> None:
-        self.model = model
-        self.accumulation = accumulation
-        self.strategy = strategy
-        self.errors = errors
-        self.emit = emit
+        self.optimizer_step = step
+        self.model = step.model
+        self.accumulation = step.accumulation
+        self.strategy = step.strategy
+        self.errors = step.errors
+        self.emit = step.emit
+        self.recorder = step.recorder
         self.schedule = StepSchedule(step_hooks)
-        self.recorder = StepRecorder(
-            scheduler=scheduler,
-            precision=precision,
-            errors=errors,
-            device=device_of(strategy.device),
-            emit=emit,
-            device_fields=device_fields,
-        )
-        self.optimizer_step = optimizer_step_for(
-            WindowStep(
-                model=model,
-                optimizer=optimizer,
-                policy=precision,
-                accumulation=accumulation,
-                strategy=strategy,
-                objective=objective,
-                errors=errors,
-                max_grad_norm=max_grad_norm,
-                recorder=self.recorder,
-                emit=emit,
-                prepare_batch=prepare_batch,
-                terms=terms,
-            )
-        )
         self.max_steps = max_steps
-        self.clear_cache = precision.config.clear_cache
+        self.clear_cache = step.policy.config.clear_cache
         self.global_step = 0
         self.epoch = 0
         self.batches_done = 0

@@ -43,8 +43,7 @@ class Readback:
     computed on the host so the step pays for no extra device ops. On CPU the values are
     read at once (there is nothing to wait for); on CUDA they are packed into one tensor,
     copied to pinned memory without blocking, and read after an event says they landed.
-    The arguments come in the order a step knows them: ``functools.partial(Readback,
-    losses, samples, extra)`` is the ``pack`` of :class:`~core.loop.gradients.GradientUpdate`.
+    The arguments come in the order a step knows them (``core.loop.step``).
     """
 
     __slots__ = (

@@ -1,21 +1,28 @@
-"""One optimizer step, in the kernel the run was built for.
+"""One optimizer step, read top to bottom (:meth:`OptimizerStep.__call__`), and the one
+place the step is built (:func:`build_step`).
 
-Two kernels, chosen once when the loop is built (:func:`optimizer_step_for`), both ending
-in the one post-backward sequence (``core.loop.gradients``):
+The step: forward and loss under the precision's autocast, the loss checked, backward;
+unscale (fp16), the global gradient norm and its clip; step N-1 read back (the one
+deliberate doubling back, below); the optimizer step or its skip; the loss-scale update;
+the gradients cleared. What only some runs need is a small named step it calls:
 
-- :class:`BatchStep`, the plain case: one loader batch per step, one backward, gradients
-  synchronised by that backward where there are several ranks (DDP's own), no model terms.
-  Forward and loss under the precision's autocast, the loss checked, backward, then the
-  update. Nothing is called that would do nothing: no window weights, no sync context, no
-  rank vote.
-- :class:`WindowStep`, everything else: windows of several batches (accumulation),
+- :meth:`~OptimizerStep.micro_batches`: windows of several batches (accumulation),
   micro-batches (``micro_batch_size``, or halved after an out-of-memory error), each
   micro-batch's loss weighted by its share of the window's samples (or tokens), gradients
-  synchronised by the last micro-batch's backward only, ranks voting on out-of-memory
-  errors, a model's own loss terms and statistics.
+  synchronised by the last micro-batch's backward only, a model's own loss terms (MoE),
+  ranks voting on out-of-memory errors and averaging the gradients after;
+- :meth:`~OptimizerStep.recover`: after an out-of-memory error, the micro-batch halved and
+  the random generators rewound, before the window runs again as micro-batches.
 
-Both take step N-1's readback after step N's backward is queued and before its optimizer
-step (``before_step`` of the update), so the host reads N-1 while the device works on N.
+The lagged read: step N's scalars (loss, gradient norm, skip flag, loss scale) are read
+back during step N+1, after its backward is queued and before its optimizer step
+(``recorder.settle()``), so the host reads N while the device works on N+1; the LR
+scheduler is stepped then, so step N+1 runs at the LR an eager loop would give it.
+
+:func:`build_step` builds the step for the loop and the per-batch facade;
+:func:`build_update` builds its post-backward sequence alone (:class:`GradientUpdate`) for
+callers that run forward and backward themselves (the four-call facade,
+``benchmark_performance``, the learning-rate finder). Nothing else constructs either.
 
 CPU-GPU sync points (CUDA):
 
@@ -32,35 +39,399 @@ CPU-GPU sync points (CUDA):
 
 Nothing else reads a device value: the loss checks look at tensor metadata, the gradient
 norm and clip stay on the device, and batches are copied with ``non_blocking=True``.
-
-An out-of-memory error in a :class:`BatchStep` is recovered by its :class:`WindowStep`: the
-micro-batch is halved, the random generators rewound, and the window run again split; from
-then on the split windows take the :class:`WindowStep`.
 """
 
 from __future__ import annotations
 
-from core.loop.accumulation import SampleWeights
-from core.loop.batch_step import BatchStep
-from core.loop.window_step import WindowStep
+import gc
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from functools import partial
+from operator import attrgetter, is_not
+from time import perf_counter
+from typing import Any, NamedTuple, Protocol
 
-__all__ = ("BatchStep", "OptimizerStep", "WindowStep", "optimizer_step_for")
+import torch
+from torch import nn
 
-OptimizerStep = WindowStep | BatchStep
+from core.data.batches import to_device
+from core.distributed import Strategy
+from core.hardware.device import device_of
+from core.loop.accumulation import Accumulation, SampleWeights, Window
+from core.loop.objective import Objective
+from core.loop.readback import Readback
+from core.loop.recorder import DeviceFields, Scheduler, StepOutcome, StepRecorder
+from core.loop.recovery import ErrorHandler
+from core.loop.retry import LocalRetry, NoRetry, retry_policy
+from core.loop.step_function import LoggedValues, joined
+from core.loop.stepper import OptimizerStepper, SkipFlag, stepper_for
+from core.loop.terms import ModelTerms, StepTermsLike
+from core.precision.plugins import Precision
+from core.precision.policy import PrecisionPolicy
+
+__all__ = (
+    "Applied",
+    "Clipping",
+    "GradientUpdate",
+    "OptimizerStep",
+    "build_step",
+    "build_update",
+)
+
+Emit = Callable[..., None]
+
+_grad_of = attrgetter("grad")
+_is_not_none = partial(is_not, None)
 
 
-def optimizer_step_for(windows: WindowStep) -> OptimizerStep:
-    """The kernel for the run ``windows`` was built for: :class:`BatchStep` where a step is
-    one batch and one backward (no accumulation or split, samples weighting with equal
-    windows on every rank, gradients synced by that backward, no model terms), else
-    ``windows`` itself."""
-    accumulation = windows.accumulation
-    plain = (
-        accumulation.accumulation_steps == 1
-        and accumulation.micro_batch_size is None
-        and type(accumulation.loss_weights) is SampleWeights
-        and windows.strategy.equal_windows
-        and windows.retry.sync_in_backward
-        and windows.terms is None
+class Clipping(Protocol):
+    """The config section that holds the clip (``OptimConfig``, ``LRFinderConfig``),
+    validated where it was built."""
+
+    @property
+    def max_grad_norm(self) -> float | None: ...
+
+
+class Applied(NamedTuple):
+    """What :meth:`GradientUpdate.apply` did: the gradient norm (a device tensor), the
+    skip flag, the loss scale the step used (None without scaling) and its LR."""
+
+    grad_norm: torch.Tensor
+    skipped: SkipFlag
+    loss_scale: torch.Tensor | None
+    lr: float
+
+
+class GradientUpdate:
+    """The post-backward sequence alone, for a caller that ran forward and backward itself:
+    unscale, norm, clip, step or skip, scale update, gradients cleared (built by
+    :func:`build_update`)."""
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        strategy: Strategy,
+        *,
+        max_grad_norm: float | None,
+        stepper: OptimizerStepper,
+        params: Sequence[nn.Parameter],
+    ) -> None:
+        self.optimizer = optimizer
+        self.strategy = strategy
+        self.max_grad_norm = max_grad_norm
+        self.stepper = stepper
+        self.params = list(params)
+
+    def apply(self, precision: Precision) -> Applied:
+        """Apply (or skip) one optimizer step from the gradients the backward left: the
+        sequence of :meth:`OptimizerStep.__call__` without the lagged read."""
+        grads = list(filter(_is_not_none, map(_grad_of, self.params)))  # C all the way: no frame
+        scaled = precision.scales_loss
+        found_inf = self.strategy.reduce_found_inf(precision.unscale_(grads)) if scaled else None
+        grad_norm = self.strategy.total_norm(grads)  # a device tensor: no host sync
+        if self.max_grad_norm is not None:
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.max_grad_norm, grad_norm)
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        skipped = self.stepper.step(found_inf, grad_norm)
+        scale = precision.loss_scale if scaled else None
+        # A copy: the scale update below changes the scale in place (no host sync).
+        applied = Applied(grad_norm, skipped, None if scale is None else scale.clone(), lr)
+        if scaled:
+            precision.update(found_inf)
+        self.optimizer.zero_grad(set_to_none=True)
+        return applied
+
+
+class OptimizerStep(GradientUpdate):
+    """One optimizer step over a window of loader batches (module docstring), built by
+    :func:`build_step`. Its second half is :meth:`GradientUpdate.apply`'s sequence, written
+    inline so that the lagged read stands where it happens, between the clip and the step."""
+
+    def __init__(
+        self,
+        *,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        policy: PrecisionPolicy,
+        accumulation: Accumulation,
+        strategy: Strategy,
+        objective: Objective,
+        errors: ErrorHandler,
+        recorder: StepRecorder,
+        emit: Emit,
+        max_grad_norm: float | None,
+        stepper: OptimizerStepper,
+        retry: NoRetry,
+        prepare_batch: Callable[[Any], Any],
+        terms: ModelTerms | None,
+    ) -> None:
+        params = [p for p in model.parameters() if p.requires_grad]
+        super().__init__(
+            optimizer, strategy, max_grad_norm=max_grad_norm, stepper=stepper, params=params
+        )
+        self.model = model
+        self.policy = policy
+        self.accumulation = accumulation
+        self.objective = objective
+        self.errors = errors
+        self.recorder = recorder
+        self.emit = emit
+        self.retry = retry
+        self.prepare_batch = prepare_batch
+        self.terms = terms
+        self.device = strategy.device
+        # A step of one batch and one backward runs inline; anything more (accumulation, a
+        # split, token weights, unequal windows, ranks voting, model terms) runs as
+        # micro-batches. An OOM's split sets micro_batch_size: micro-batches from then on.
+        self.windowed = not (
+            accumulation.accumulation_steps == 1
+            and accumulation.micro_batch_size is None
+            and type(accumulation.loss_weights) is SampleWeights
+            and strategy.equal_windows
+            and retry.sync_in_backward
+            and terms is None
+        )
+        # Only a retry that runs the window again (LocalRetry) notes the RNG before a step.
+        self.rewinds = retry if isinstance(retry, LocalRetry) else None
+        self.rng_state = device_of(strategy.device).rng_state
+        # The precision of the step in hand, bound when it changes (AMP switched on or off,
+        # the fp16 fallback): its autocast context and its backward (the plain one for fp32
+        # and bf16, called directly).
+        self._precision: Precision | None = None
+        self._autocast: AbstractContextManager[Any] = nullcontext()
+        self._backward: Callable[[torch.Tensor], None] = torch.Tensor.backward
+
+    def __call__(
+        self, window: Window, *, step: int, epoch: int, started: float, data_time_s: float
+    ) -> None:
+        """Optimizer step number ``step`` over ``window``; ``started`` is its perf_counter()."""
+        precision = self.policy.begin_step()  # FP32 | Autocast | ScaledFP16
+        if precision is not self._precision:
+            self._bind(precision)
+        if self.rewinds is not None:
+            self.rewinds.rng = self.rng_state()  # an OOM runs the window again, same draws
+        # Forward and loss under autocast, the loss checked, backward: inline for one batch,
+        # as weighted micro-batches for anything more (or since an OOM split the batch).
+        if self.windowed or self.accumulation.micro_batch_size is not None:
+            losses, extra = self.micro_batches(window, precision, step, epoch)
+        else:
+            failed = False
+            try:
+                batch = self.prepare_batch(window.batches[0])
+                with self._autocast:
+                    _, loss = self.objective(self.model, batch)
+                loss = self.errors.check_loss(
+                    loss,
+                    epoch=epoch,
+                    batch_index=window.first_batch_index,
+                    step=step,
+                    source=self.objective.loss_source,
+                )
+                self._backward(loss)
+            except Exception as exc:
+                if not self.retry.recoverable(exc):
+                    raise
+                failed = True  # handled outside ``except``: the traceback holds the memory
+            if failed:
+                self.recover(window, step, epoch)
+                losses, extra = self.micro_batches(window, precision, step, epoch)
+            else:
+                losses = [loss.detach().float()]
+                logged = self.objective.logged if self.objective.logs else None
+                extra = LoggedValues([(logged, window.samples)]) if logged else None
+        # Unscale (fp16: the overflow flag over all ranks), the global norm, the clip.
+        grads = list(filter(_is_not_none, map(_grad_of, self.params)))  # C all the way: no frame
+        scaled = precision.scales_loss
+        found_inf = self.strategy.reduce_found_inf(precision.unscale_(grads)) if scaled else None
+        grad_norm = self.strategy.total_norm(grads)  # a device tensor: no host sync
+        if self.max_grad_norm is not None:
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.max_grad_norm, grad_norm)
+        # The one doubling back, on purpose: step N-1 is read back, recorded and its LR
+        # scheduler step taken now, with step N's backward queued ahead of the host's wait.
+        self.recorder.settle()
+        lr = float(self.optimizer.param_groups[0]["lr"])  # after step N-1's scheduler step
+        skipped = self.stepper.step(found_inf, grad_norm)  # on the device for fused ones
+        loss_scale = precision.loss_scale if scaled else None  # the scale this step used
+        readback = Readback(losses, window.sizes, extra, grad_norm, skipped, loss_scale, lr)
+        if scaled:
+            precision.update(found_inf)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.recorder.pending = StepOutcome(
+            readback, epoch, step, window.samples, perf_counter() - started, data_time_s
+        )
+
+    def _bind(self, precision: Precision) -> None:
+        self._precision = precision
+        self._autocast = precision.autocast()
+        plain = type(precision).backward is Precision.backward
+        self._backward = torch.Tensor.backward if plain else precision.backward
+
+    def micro_batches(
+        self, window: Window, precision: Precision, step: int, epoch: int
+    ) -> tuple[list[torch.Tensor], StepTermsLike | None]:
+        """Forward and backward of the window's micro-batches, each loss weighted by its
+        share of the window, run again split after an out-of-memory error (on any rank);
+        the losses and the model's statistics and logged values to read back with them."""
+        while (done := self._weighted_backward(window, precision, step, epoch)) is None:
+            self.recover(window, step, epoch)  # all ranks, together
+        losses, logged = done
+        if not self.retry.sync_in_backward:  # ranks voting: backward did not sync
+            self.retry.average_gradients([p.grad for p in self.params if p.grad is not None])
+        extra = None if self.terms is None else self.terms.collect()
+        return losses, joined(extra, LoggedValues(logged)) if logged else extra
+
+    def _weighted_backward(
+        self, window: Window, precision: Precision, step: int, epoch: int
+    ) -> tuple[list[torch.Tensor], list[tuple[Mapping[str, Any], int]]] | None:
+        """One attempt of :meth:`micro_batches`; None when a micro-batch ran out of memory."""
+        micro_batches = self.accumulation.micro_batches(window)
+        weights = self.accumulation.loss_weights(micro_batches, window, self.strategy)
+        if self.terms is not None:
+            self.terms.begin_step()  # counted afresh when an OOM makes the window run again
+        losses: list[torch.Tensor] = []
+        logged: list[tuple[Mapping[str, Any], int]] = []
+        objective = self.objective
+        for micro, weight in zip(micro_batches, weights, strict=True):
+            failed = False
+            try:
+                batch = self.prepare_batch(micro.data)
+                sync = micro.is_last and self.retry.sync_in_backward
+                # Backward inside too: FSDP2 reduces gradients during backward.
+                with self.strategy.no_backward_sync(self.model, enabled=not sync):
+                    with precision.autocast():
+                        _, loss = objective(self.model, batch)
+                    if objective.logs and objective.logged:
+                        logged.append((objective.logged, micro.samples))
+                    loss = self.errors.check_loss(
+                        loss,
+                        epoch=epoch,
+                        batch_index=window.first_batch_index,
+                        step=step,
+                        source=objective.loss_source,
+                    )
+                    aux = None if self.terms is None else self.terms.auxiliary_loss()
+                    total = loss if aux is None else loss + aux
+                    # A window of one micro-batch has weight 1.0: no multiply to launch.
+                    unweighted = type(weight) is float and weight == 1.0
+                    precision.backward(total if unweighted else total * weight)
+                losses.append(loss.detach().float())
+            except Exception as exc:
+                if not self.retry.recoverable(exc):
+                    raise
+                failed = True  # handled outside ``except``: the traceback holds the memory
+            if self.retry.failed_anywhere(failed):  # all ranks vote where they must agree
+                return None
+        return losses, logged
+
+    def recover(self, window: Window, step: int, epoch: int) -> None:
+        """After an out-of-memory error: drop the failed attempt's gradients, free memory,
+        halve the micro-batch (same result), rewind the RNG; raise when it is already one
+        sample, or on thrashing."""
+        self.optimizer.zero_grad(set_to_none=True)
+        largest = max(window.sizes)
+        size = self.accumulation.halve_micro_batch(largest)
+        if size is None:
+            raise self.errors.out_of_memory(batch_size=largest, micro_batch_size=1)
+        self.retry.rewind(step, size)
+        gc.collect()
+        device_of(self.device).empty_cache()  # a host sync on CUDA, after an OOM only
+        self.emit(
+            "oom_recovered",
+            epoch=epoch,
+            step=step,
+            batch_index=window.first_batch_index,
+            batch_size=largest,
+            micro_batch_size=size,
+        )
+
+
+def build_step(
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    policy: PrecisionPolicy,
+    strategy: Strategy,
+    objective: Objective,
+    errors: ErrorHandler,
+    optim: Clipping,
+    emit: Emit,
+    scheduler: Scheduler | None = None,
+    accumulation: Accumulation | None = None,
+    device_fields: DeviceFields | None = None,
+    prepare_batch: Callable[[Any], Any] | None = None,
+    terms: ModelTerms | None = None,
+) -> OptimizerStep:
+    """The step for a run of these parts: its recorder (the lagged read, ``scheduler``
+    stepped there), its stepper (skips on the device where the optimizer can), its OOM
+    retry (``errors.config.oom_recovery`` on ``strategy``), the clip ``optim`` holds.
+
+    ``prepare_batch`` moves a batch to the device (default ``to_device``); ``terms`` are a
+    model's own loss terms and statistics (``core.loop.terms``); ``device_fields`` the
+    monitor's latest figures for each ``train_step`` record.
+
+    Example::
+
+        step = build_step(model=model, optimizer=optimizer, policy=policy,
+                          strategy=Strategy(cpu), objective=DefaultObjective(),
+                          errors=ErrorHandler(), optim=OptimConfig(max_grad_norm=1.0),
+                          emit=emit)
+        step(window, step=1, epoch=0, started=perf_counter(), data_time_s=0.0)
+    """
+    device = device_of(strategy.device)
+    return OptimizerStep(
+        model=model,
+        optimizer=optimizer,
+        policy=policy,
+        accumulation=accumulation or Accumulation(),
+        strategy=strategy,
+        objective=objective,
+        errors=errors,
+        recorder=StepRecorder(
+            scheduler=scheduler,
+            precision=policy,
+            errors=errors,
+            device=device,
+            emit=emit,
+            device_fields=device_fields,
+        ),
+        emit=emit,
+        max_grad_norm=optim.max_grad_norm,
+        stepper=stepper_for(
+            optimizer, strategy.device, guard_nonfinite=errors.config.skip_nonfinite
+        ),
+        retry=retry_policy(strategy, device, errors),
+        prepare_batch=prepare_batch or partial(to_device, device=strategy.device),
+        terms=terms,
     )
-    return BatchStep(windows) if plain else windows
+
+
+def build_update(
+    optimizer: torch.optim.Optimizer,
+    strategy: Strategy,
+    *,
+    optim: Clipping,
+    guard_nonfinite: bool,
+    params: Sequence[nn.Parameter] | None = None,
+) -> GradientUpdate:
+    """The post-backward sequence for ``optimizer`` (its parameters, or ``params``), the
+    clip ``optim`` holds; ``guard_nonfinite`` skips a step whose gradient norm is not
+    finite.
+
+    Example::
+
+        update = build_update(optimizer, Strategy(cpu), optim=OptimConfig(max_grad_norm=1.0),
+                              guard_nonfinite=True)
+        loss.backward()
+        update.apply(FP32()).grad_norm
+    """
+    return GradientUpdate(
+        optimizer,
+        strategy,
+        max_grad_norm=optim.max_grad_norm,
+        stepper=stepper_for(optimizer, strategy.device, guard_nonfinite=guard_nonfinite),
+        params=list(
+            params
+            if params is not None
+            else (p for group in optimizer.param_groups for p in group["params"])
+        ),
+    )

@@ -15,11 +15,16 @@ A run's ``metrics`` maps names to :class:`Metric` instances or plain functions
 
 from __future__ import annotations
 
-from core.metrics.base import MeanOf, Metric, MetricFn
-from core.metrics.classification import Accuracy, F1Score
-from core.metrics.language import Perplexity
-from core.metrics.metric_set import MetricSet, check_metrics, logits_of
-from core.metrics.regression import MeanAbsoluteError
+from typing import TYPE_CHECKING
+
+from core.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from core.metrics.base import MeanOf, Metric, MetricFn
+    from core.metrics.classification import Accuracy, F1Score
+    from core.metrics.language import Perplexity
+    from core.metrics.metric_set import MetricSet, check_metrics, logits_of
+    from core.metrics.regression import MeanAbsoluteError
 
 __all__ = (
     "Accuracy",
@@ -32,4 +37,22 @@ __all__ = (
     "Perplexity",
     "check_metrics",
     "logits_of",
+)
+
+# Each name's module loads when first asked for: importing one module of this package
+# (a run imports a few) loads none of the others.
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "Accuracy": "core.metrics.classification",
+        "F1Score": "core.metrics.classification",
+        "MeanAbsoluteError": "core.metrics.regression",
+        "MeanOf": "core.metrics.base",
+        "Metric": "core.metrics.base",
+        "MetricFn": "core.metrics.base",
+        "MetricSet": "core.metrics.metric_set",
+        "Perplexity": "core.metrics.language",
+        "check_metrics": "core.metrics.metric_set",
+        "logits_of": "core.metrics.metric_set",
+    },
 )

@@ -25,7 +25,7 @@ class Precision:
     uses_autocast: bool = False
     scales_loss: bool = False
     """Whether backward scales the loss: only then do ``unscale_``, ``loss_scale`` and
-    ``update`` do anything (``core.loop.gradients`` calls them only then)."""
+    ``update`` do anything (``core.loop.step`` calls them only then)."""
 
     def __init__(self) -> None:
         self._context: AbstractContextManager[Any] = nullcontext()

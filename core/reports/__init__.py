@@ -14,13 +14,20 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
-from core.reports.expert_plots import write_expert_activations, write_expert_device_distribution
-from core.reports.plots import write_training_plot
-from core.reports.read import Records, read_events
-from core.reports.summary import format_performance_summary, write_performance_summary
+from core.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from core.reports.expert_plots import (
+        write_expert_activations,
+        write_expert_device_distribution,
+    )
+    from core.reports.plots import write_training_plot
+    from core.reports.read import Records, read_events
+    from core.reports.summary import format_performance_summary, write_performance_summary
 
 __all__ = (
     "ACTIVATIONS_FILE",
@@ -46,6 +53,20 @@ REPORT_FILES = (SUMMARY_FILE, PLOT_FILE, ACTIVATIONS_FILE, DEVICES_FILE)
 
 _log = structlog.get_logger("core")
 
+# A training process imports this package to start its reports in a child process: the
+# modules that read and draw them load in that child, or here when first used.
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "format_performance_summary": "core.reports.summary",
+        "read_events": "core.reports.read",
+        "write_expert_activations": "core.reports.expert_plots",
+        "write_expert_device_distribution": "core.reports.expert_plots",
+        "write_performance_summary": "core.reports.summary",
+        "write_training_plot": "core.reports.plots",
+    },
+)
+
 
 def write_reports(run_dir: Path, *, events_file: str = "events.jsonl") -> list[Path]:
     """Write ``performance_summary.txt`` and ``training_metrics.png`` into ``run_dir`` from
@@ -61,6 +82,16 @@ def write_reports(run_dir: Path, *, events_file: str = "events.jsonl") -> list[P
     >>> [p.name for p in write_reports(Path("logs/demo/20261122-031500.123-a1b2c3"))]
     ['performance_summary.txt', 'training_metrics.png']
     """
+    # Looked up on this package when called: loaded on first use, and a drawing function
+    # replaced on the package (a test's stand-in) is the one that draws.
+    from core.reports import (
+        format_performance_summary,
+        read_events,
+        write_expert_activations,
+        write_expert_device_distribution,
+        write_training_plot,
+    )
+
     run_dir = Path(run_dir)
     records = read_events(run_dir / events_file)
     summary = run_dir / SUMMARY_FILE

@@ -12,9 +12,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from core.checks import is_finite_number, is_int
+from core.checks import check_max_grad_norm, is_finite_number, is_int
 from core.errors import config_error
-from core.loop.gradients import check_max_grad_norm
 
 __all__ = ("LRFinderConfig", "MIN_STEPS")
 

@@ -1,8 +1,8 @@
 """One step of the learning-rate range test, taken as the run takes its steps.
 
 Autocast, the run's loss check (``ErrorHandler.check_loss``), the precision's (scaled)
-backward, then the run's own post-backward sequence (``core.loop.gradients``: clip, step or
-skip on overflow or non-finite gradients, scale update, gradients cleared). The sweep reads
+backward, then the run's own post-backward sequence (``core.loop.step.build_update``: clip,
+step or skip on overflow or non-finite gradients, scale update, gradients cleared). The sweep reads
 each step's loss; it keeps nothing else of the update.
 """
 
@@ -15,9 +15,9 @@ from torch import nn
 
 from core.data.batches import to_device
 from core.distributed.base import Strategy
-from core.loop.gradients import GradientUpdate, keep_nothing
 from core.loop.objective import Objective
 from core.loop.recovery import ErrorHandler
+from core.loop.step import build_update
 from core.precision.plugins import Precision
 from core.tuning.config import LRFinderConfig
 
@@ -40,10 +40,10 @@ class SweepStep:
         self.model, self.optimizer, self.objective, self.amp = model, optimizer, objective, amp
         self.device = device
         self.errors = ErrorHandler()
-        self.update = GradientUpdate(
+        self.update = build_update(
             optimizer,
             Strategy(device),
-            max_grad_norm=config.max_grad_norm,
+            optim=config,  # its max_grad_norm, validated with the sweep's settings
             guard_nonfinite=self.errors.config.skip_nonfinite,
             params=params,
         )
@@ -56,5 +56,5 @@ class SweepStep:
             _outputs, loss = self.objective(self.model, to_device(batch, self.device))
         loss = self.errors.check_loss(loss, epoch=0, batch_index=step)
         self.amp.backward(loss)
-        self.update(self.amp, keep_nothing)  # the sweep reads the loss
+        self.update.apply(self.amp)  # the sweep reads the loss
         return loss.detach()

@@ -4,16 +4,15 @@
 The first call of a step opens it (``PrecisionPolicy.begin_step``: the AMP switch is
 applied and the step counted); the forward and the loss run under that precision's
 autocast, the backward is the precision's (scaled for fp16). ``optimizer_step`` is the step
-loop's own post-backward sequence (:class:`~core.loop.gradients.GradientUpdate`: unscale
-with the overflow flag, global gradient norm clipped with ``max_grad_norm``, the optimizer
-step or its skip, the scale update, gradients cleared); its
+loop's own post-backward sequence (``core.loop.step.build_update``: unscale with the
+overflow flag, global gradient norm clipped to the ``max_grad_norm`` of its section, the
+optimizer step or its skip, the scale update, gradients cleared); its
 :class:`~core.loop.recorder.StepRecorder` then settles the step at once (one device sync
 per step, by design: the facade returns the step's values).
 """
 
 from __future__ import annotations
 
-from functools import partial
 from time import perf_counter
 from typing import Any
 
@@ -24,10 +23,10 @@ from core.data.batches import to_device
 from core.distributed.base import Strategy
 from core.facades.eager.emit import Emit
 from core.hardware.device import device_of
-from core.loop.gradients import GradientUpdate
 from core.loop.readback import Readback, StepScalars
 from core.loop.recorder import StepOutcome, StepRecorder
 from core.loop.recovery import ErrorHandler
+from core.loop.step import Clipping, GradientUpdate, build_update
 from core.precision.plugins import Precision
 from core.precision.policy import PrecisionPolicy
 
@@ -40,7 +39,7 @@ class ManualSteps:
     Example::
 
         calls = ManualSteps(PrecisionPolicy(MixedPrecisionConfig(dtype="bf16"), cpu),
-                            emit=emit_to(None))
+                            emit=emit_to(None), optim=OptimConfig(max_grad_norm=1.0))
         predictions = calls.forward_pass(model, inputs)
         loss = calls.compute_loss(nn.CrossEntropyLoss(), predictions, targets)
         calls.backward_pass(loss, optimizer)
@@ -52,14 +51,14 @@ class ManualSteps:
         policy: PrecisionPolicy,
         *,
         emit: Emit,
-        max_grad_norm: float | None = None,
+        optim: Clipping,
         errors: ErrorHandler | None = None,
     ) -> None:
         self.policy = policy
         self.device = policy.device
         self.strategy = Strategy(self.device)
         self.errors = errors or ErrorHandler()
-        self.max_grad_norm = max_grad_norm
+        self.optim = optim
         self.recorder = StepRecorder(
             scheduler=None,
             precision=policy,
@@ -113,9 +112,8 @@ class ManualSteps:
             )
         precision = self._precision()
         ones = [1] * len(self._losses)  # the step's loss: the mean of its backward losses
-        readback = self._update_of(optimizer)(
-            precision, partial(Readback, self._losses, ones, None)
-        )
+        applied = self._update_of(optimizer).apply(precision)
+        readback = Readback(self._losses, ones, None, *applied)
         self.steps_done += 1
         samples = self._samples or len(self._losses)
         self.recorder.defer(
@@ -138,10 +136,10 @@ class ManualSteps:
     def _update_of(self, optimizer: torch.optim.Optimizer) -> GradientUpdate:
         """The post-backward sequence for ``optimizer`` (built again if it is another)."""
         if self._update is None or self._update.optimizer is not optimizer:
-            self._update = GradientUpdate(
+            self._update = build_update(
                 optimizer,
                 self.strategy,
-                max_grad_norm=self.max_grad_norm,
+                optim=self.optim,
                 guard_nonfinite=self.errors.config.skip_nonfinite,
             )
         return self._update

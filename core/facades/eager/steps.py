@@ -18,13 +18,12 @@ from torch import nn
 from core.data.batches import count_samples, to_device
 from core.distributed.base import Strategy
 from core.facades.eager.emit import Emit
-from core.hardware.device import device_of
-from core.loop.accumulation import Accumulation, Window
+from core.loop.accumulation import Window
 from core.loop.objective import DefaultObjective, LossFn, Objective
 from core.loop.readback import StepScalars
-from core.loop.recorder import EpochStats, Scheduler, StepRecorder
+from core.loop.recorder import EpochStats, Scheduler
 from core.loop.recovery import ErrorHandler
-from core.loop.step import WindowStep, optimizer_step_for
+from core.loop.step import Clipping, build_step
 from core.memory.amp_savings import measure_amp_savings
 from core.moe.probe import MoEProbe
 from core.precision.plugins import FP32, Precision
@@ -81,7 +80,8 @@ class EagerSteps:
     Example::
 
         steps = EagerSteps(model=model, optimizer=optimizer,
-                           policy=PrecisionPolicy(MixedPrecisionConfig(dtype="bf16"), cpu))
+                           policy=PrecisionPolicy(MixedPrecisionConfig(dtype="bf16"), cpu),
+                           optim=OptimConfig(max_grad_norm=1.0), emit=emit_to(None))
         metrics = steps.train_step((inputs, targets), nn.CrossEntropyLoss())
         metrics["loss"], metrics["accuracy"], metrics["overflow"]
     """
@@ -93,9 +93,9 @@ class EagerSteps:
         optimizer: torch.optim.Optimizer,
         policy: PrecisionPolicy,
         emit: Emit,
+        optim: Clipping,
         loss_fn: LossFn | None = None,
         scheduler: Scheduler | None = None,
-        max_grad_norm: float | None = None,
         errors: ErrorHandler | None = None,
         track_memory: bool = False,
     ) -> None:
@@ -106,28 +106,19 @@ class EagerSteps:
         self.strategy = Strategy(self.device)
         self.objective = CountingObjective(loss_fn)
         self.errors = errors or ErrorHandler()
-        self.recorder = StepRecorder(
-            scheduler=scheduler,
-            precision=policy,
+        self.step = build_step(
+            model=model,
+            optimizer=optimizer,
+            policy=policy,
+            strategy=self.strategy,
+            objective=self.objective,
             errors=self.errors,
-            device=device_of(self.device),
+            optim=optim,
             emit=emit,
+            scheduler=scheduler,
+            terms=MoEProbe.of(model),  # an MoE model's balancing loss and counts
         )
-        self.step = optimizer_step_for(
-            WindowStep(
-                model=model,
-                optimizer=optimizer,
-                policy=policy,
-                accumulation=Accumulation(),
-                strategy=self.strategy,
-                objective=self.objective,
-                errors=self.errors,
-                max_grad_norm=max_grad_norm,
-                recorder=self.recorder,
-                emit=emit,
-                terms=MoEProbe.of(model),  # an MoE model's balancing loss and counts
-            )
-        )
+        self.recorder = self.step.recorder
         self.steps_done = 0
         self.track_memory = track_memory
         """Measure AMP's memory saving on the next batch (once; ``core.memory.amp_savings``)."""

@@ -19,7 +19,7 @@ from core.errors import EmptyLoaderError, config_error
 from core.loop.accumulation import GradientAccumulationConfig
 from core.loop.recovery import ErrorHandlerConfig
 from core.metrics import check_metrics
-from core.trainer.state.early_stopping import watched
+from core.stopping.early_stopping import watched
 
 __all__ = (
     "built_by",

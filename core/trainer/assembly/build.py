@@ -36,6 +36,7 @@ from core.loop.epoch import Scheduler, StepLoop
 from core.loop.limit import limit_batches
 from core.loop.objective import LossFn, Objective
 from core.loop.recovery import ErrorHandler
+from core.loop.step import build_step
 from core.loop.step_function import StepFn, objective_for
 from core.memory.amp_savings import measure_amp_savings
 from core.metrics import MetricSet
@@ -45,6 +46,7 @@ from core.monitoring.gpu_monitor import GPUMonitor
 from core.precision.compatibility import check_amp_compatibility
 from core.precision.policy import PrecisionPolicy
 from core.rng import capture_rng, restore_rng
+from core.stopping.early_stopping import EarlyStopping, watched
 from core.telemetry.describe import fingerprint
 from core.telemetry.init_hash import weights_hash
 from core.telemetry.profiler import StepProfiler
@@ -61,7 +63,6 @@ from core.trainer.assembly.optimization import (
     scheduler_for,
     trial_optimizer,
 )
-from core.trainer.state.early_stopping import EarlyStopping, watched
 from core.trainer.state.run_state import RunState
 
 __all__ = ("Parts", "Runtime", "build")
@@ -214,21 +215,23 @@ def _build(
     )
     hooks = [hook for hook in (profiler, compile_rule) if hook is not None]
     loop = StepLoop(
-        model=model,
-        optimizer=optimizer,
-        scheduler=None if plateau else scheduler,
-        precision=policy,
-        accumulation=accumulation,
-        strategy=strategy,
-        objective=objective,
-        errors=errors,
-        max_grad_norm=config.optim.max_grad_norm,
-        emit=emit,
+        build_step(
+            model=model,
+            optimizer=optimizer,
+            policy=policy,
+            strategy=strategy,
+            objective=objective,
+            errors=errors,
+            optim=config.optim,
+            emit=emit,
+            scheduler=None if plateau else scheduler,
+            accumulation=accumulation,
+            device_fields=monitor,
+            prepare_batch=prepared.prepare_batch,
+            terms=MoEProbe.of(strategy.unwrap(model)),
+        ),
         step_hooks=hooks,
-        device_fields=monitor,
-        prepare_batch=prepared.prepare_batch,
         max_steps=config.run.max_steps,
-        terms=MoEProbe.of(strategy.unwrap(model)),
     )
     early_stopping = EarlyStopping(config.early_stopping, mode=mode, monitor=watching)
     state = RunState(

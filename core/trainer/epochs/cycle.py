@@ -83,7 +83,8 @@ class RunCycle:
 
     # -- the run's files ------------------------------------------------------------------
     def open(self, description: dict[str, Any]) -> RunLog:
-        """Agree on a run id, create the run's directory and write ``run_start``."""
+        """Agree on a run id, create the run's directory and queue ``run_start`` (the run
+        drains it once the directory is announced: no callback sees a run without one)."""
         run, parts = self.config.run, self.parts
         run_id = parts.strategy.broadcast_object(new_run_id())
         try:
@@ -122,7 +123,6 @@ class RunCycle:
         )
         if parts.policy.compatibility is not None:
             log.emit("amp_compatibility", **parts.policy.compatibility)
-        log.drain()
         if parts.profiler is not None:
             parts.profiler.start(log.run_dir)
         return log

@@ -28,7 +28,7 @@ from core.config import TrainingConfig
 from core.data.batches import count_samples
 from core.errors import config_error
 from core.hardware.device import device_of
-from core.loop.gradients import GradientUpdate, keep_nothing
+from core.loop.step import build_update
 from core.memory.batches import batch_maker_from
 from core.memory.finder import find_batch_size
 from core.memory.trial import preserved
@@ -87,12 +87,12 @@ def benchmark_performance(
     if not (is_int(num_iterations) and num_iterations >= 1):
         raise config_error("num_iterations", num_iterations, "an integer >= 1", "e.g. 100.")
     model, optimizer, strategy = parts.model, parts.optimizer, parts.strategy
-    precision, max_norm = parts.policy.precision, config.optim.max_grad_norm
+    precision = parts.policy.precision
     optimizer_state = copy.deepcopy(optimizer.state_dict())
     precision_state = copy.deepcopy(precision.state_dict())
     params = [p for p in model.parameters() if p.requires_grad]
-    update = GradientUpdate(
-        optimizer, strategy, max_grad_norm=max_norm, guard_nonfinite=False, params=params
+    update = build_update(
+        optimizer, strategy, optim=config.optim, guard_nonfinite=False, params=params
     )
     clock = _timer(strategy.device)
     times = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
@@ -114,7 +114,7 @@ def benchmark_performance(
                 forward = clock()
                 precision.backward(loss)
                 backward = clock()
-                update(precision, keep_nothing)  # unscale, clip, step, scale, zero_grad
+                update.apply(precision)  # unscale, clip, step, scale, zero_grad
                 done = clock()
                 if index:  # the first step warms up
                     times["forward"] += forward - start

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from torch import nn
@@ -44,7 +44,6 @@ from core.trainer.assembly.arguments import check_directories, check_runtime
 from core.trainer.assembly.build import Parts, Runtime, build
 from core.trainer.assembly.optimization import OptimizerArgument, SchedulerArgument
 from core.trainer.cluster.connection import require_ray
-from core.trainer.cluster.placement import RayRun
 from core.trainer.epochs.cycle import RunCycle
 from core.trainer.job.benchmark import benchmark_performance, optimal_batch_size
 from core.trainer.job.inference import evaluate_with, predict_with
@@ -59,6 +58,9 @@ from core.trainer.running.placement import until_released
 from core.trainer.running.run import Run
 from core.trainer.running.starts import run_starts
 from core.trainer.state.results import TrainingResults
+
+if TYPE_CHECKING:
+    from core.trainer.cluster.placement import RayRun
 
 __all__ = ("TrainingJob",)
 
@@ -126,13 +128,14 @@ class TrainingJob(JobViews):
             model_factory=factory_of(model),
         )
         check_runtime(runtime, config, callbacks)
+        self._placement: type[TrainingProcess] | type[RayRun] = TrainingProcess
+        """Where an isolated job trains: a training process (its ranks), or a Ray actor."""
         if config.run.isolation == "ray":
             require_ray()
+            from core.trainer.cluster.placement import RayRun  # loaded for Ray runs only
+
+            self._placement = RayRun
         self._crossing = ranks_crossing(config, given) or crossing_for(config, given)
-        self._placement: type[TrainingProcess] | type[RayRun] = (
-            RayRun if config.run.isolation == "ray" else TrainingProcess
-        )
-        """Where an isolated job trains: a training process (its ranks), or a Ray actor."""
         super().__init__(config, runtime, isolated=self._crossing is not None)
         self.isolation: dict[str, Any] = {"mode": config.run.isolation}
         """Where this job trains and how its objects got there (``run_start``'s

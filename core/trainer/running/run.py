@@ -152,6 +152,7 @@ class Run:
         worker, end, stopping = self.worker, self.end, self.stopping
         log = await self._call_on_every_rank(cycle.open, description)
         on_open(log.run_dir)
+        log.drain()  # run_start reaches the callbacks once run_dir is known, not before
         run_scope = anyio.CancelScope()
         async with anyio.create_task_group() as tg:
             tg.start_soon(drain_periodically, log, self.config.logging.flush_interval_s)

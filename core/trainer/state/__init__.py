@@ -1,2 +1,2 @@
-"""What a run holds and hands back: its parts once built, the state a checkpoint carries
-beside the tensors, the early-stopping tally and the results of ``train()``."""
+"""What a run holds and hands back: the state a checkpoint carries beside the tensors and
+the results of ``train()``."""

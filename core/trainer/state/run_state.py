@@ -16,7 +16,7 @@ from core.loop.accumulation import Accumulation
 from core.loop.epoch import EpochStats, ResumePoint, Scheduler, StepLoop
 from core.loop.recovery import ErrorHandler
 from core.precision.policy import PrecisionPolicy
-from core.trainer.state.early_stopping import EarlyStopping
+from core.stopping.early_stopping import EarlyStopping
 from core.trainer.state.results import RunProgress
 
 __all__ = ("RunState",)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from core.checkpointing.ranking import better
-from core.config import EarlyStoppingConfig
+from core.stopping.config import EarlyStoppingConfig
 
 __all__ = (
     "DivergenceThreshold",

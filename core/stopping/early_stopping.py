@@ -4,7 +4,7 @@ checkpoint section's ``monitor`` may name (``val_f1``, ``val_accuracy``...), wit
 The rules are Lightning's ``EarlyStopping``'s, judged in its order at every check (every
 validation; the epoch's end for the training loss): a value that is not finite, the
 stopping threshold, the divergence threshold, then patience, each a class of
-:mod:`core.trainer.state.stopping_rules`. Each stop says why in words, which ``run_end``
+:mod:`core.stopping.rules`. Each stop says why in words, which ``run_end``
 records as its ``stop_reason``; ``min_epochs``/``min_steps`` hold a stop back (``due``).
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from core.checkpointing.ranking import WORST
-from core.config import EarlyStoppingConfig
-from core.trainer.state.stopping_rules import stopping_rules
+from core.stopping.config import EarlyStoppingConfig
+from core.stopping.rules import stopping_rules
 
 __all__ = ("EarlyStopping", "watched")
 

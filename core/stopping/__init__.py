@@ -1,0 +1,1 @@
+"""Early stopping: its config section, its rules, and the judge that asks them in turn."""
