@@ -2,10 +2,6 @@
 ``info`` (devices, their capabilities and what core recommends here), ``find-batch-size``
 (the largest batch a training step fits) and ``check-amp`` (whether a model suits mixed
 precision). Each has its parser (``info_parser()``...), which ``core.cli.reference`` lists.
-
-Example::
-
-    exit_code = info_command(["--json"])
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """Where ``--experts`` and ``--parallel-strategy expert_parallel`` meet the model: the
 ``experts`` keyword checked against the model factory, and a model without MoE layers
 refused before training starts.
-
-Example::
-
-    kwargs = with_experts({"top_k": 2}, 8, build_model)     # {'top_k': 2, 'experts': 8}
-    problem = expert_model_problem(model, "--parallel-strategy")   # None: it has MoE layers
 """
 
 from __future__ import annotations

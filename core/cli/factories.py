@@ -4,11 +4,7 @@ examples that ship with the source checkout (``--example digits``). The contract
     model_factory(**kwargs) -> nn.Module
     data_factory(batch_size: int, num_workers: int) -> (train_loader, val_loader | None)
 
-Example (the run is given a :class:`BuiltModel`, so its checkpoints name the factory)::
-
-    model_factory, data_factory = example_factories("digits")
-    made_by = model_record("examples.digits:build_model", {})
-    model = BuiltModel(made_by, model_factory())       # what the run is given as its model
+A run is given its model as a :class:`BuiltModel`, so its checkpoints name the factory.
 """
 
 from __future__ import annotations

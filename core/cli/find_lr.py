@@ -2,11 +2,6 @@
 on what ``fit`` would train, with ``fit``'s flags for the model, the data and the config
 tree (the loss, clipping, precision, seed and batch size all count), writing the curve and
 its plot into ``<log dir>/<experiment>/lr_find-<run id>/`` (this is a program: it prints).
-
-Example::
-
-    core-train find-lr --example digits --batch-size 32 --max-grad-norm 1.0
-    core-train find-lr --model mypkg.nets:build --data mypkg.data:loaders --json
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
 """``core-train fit`` (the default command): its parser, and the config tree it resolves
 from defaults, a TOML file and flags, in that order, each overriding the one before.
-
-Example::
-
-    parser = fit_parser()
-    namespace = parser.parse(["--example", "digits", "--epochs", "3"])
-    config = resolve_config(namespace, parser)          # config.run.max_epochs == 3
 """
 
 from __future__ import annotations

@@ -4,13 +4,6 @@
 other values is ``--x [VALUE]``/``--no-x``; ``Literal`` values are the choices; ``none`` sets an
 optional leaf to ``None``; sequences are comma-separated. A flag not given leaves its leaf
 alone.
-
-Example::
-
-    parser = Parser(prog="core-train")
-    add_tree_flags(parser)
-    sets(parser.parse(["--amp-hysteresis", "2", "--no-progress"]))
-    # {'precision.scaler.hysteresis': 2, 'logging.progress': False}
 """
 
 from __future__ import annotations

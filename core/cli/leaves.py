@@ -1,11 +1,6 @@
 """The config tree's leaves as the command line sees them: each leaf's dotted path, its flag,
 its type (read from the dataclass annotations), default and help, and how a string (a
 flag's value, a TOML string) becomes the leaf's value.
-
-Example::
-
-    leaf = leaf_for("precision.scaler.hysteresis")
-    leaf.flag, leaf.parse("2")          # ('--amp-hysteresis', 2)
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
 """What this machine has and what core recommends on it (``core-train info``): devices and
 their capabilities, NVML, and the settings ``auto`` resolves to here.
-
-Example::
-
-    machine_info()["recommended"]["precision"]          # 'fp32' on a CPU
 """
 
 from __future__ import annotations

@@ -2,13 +2,6 @@
 the bad value and list what is allowed (exit status 2), unknown flags with a suggestion,
 and the record of which flag set which leaf of the config tree (a leaf set by two flags is
 an error naming both).
-
-Example::
-
-    parser = Parser(prog="core-train")
-    parser.add_argument("--precision-type", type=choice("auto", "fp16", "bf16"))
-    parser.parse(["--precision-type", "fp8"])
-    # core-train: error: --precision-type 'fp8': invalid choice; allowed: auto, fp16, bf16
 """
 
 from __future__ import annotations

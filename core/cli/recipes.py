@@ -1,11 +1,6 @@
 """The training recipes ``fit`` builds around the model: the loss (cross-entropy with label
 smoothing, or focal loss), the learning-rate schedule over the run's optimizer steps, and
 batch transforms installed in the training loader (Mixup; RandAugment with torchvision).
-
-Example::
-
-    loss = loss_function(focal=True, label_smoothing=0.1, soft_targets=False)
-    scheduler = scheduler_factory("onecycle", config, train_loader, world_size=1)
 """
 
 from __future__ import annotations

@@ -2,10 +2,6 @@
 ``monitor`` is the checkpoint's metric in Python, but beside ``--monitor-gpu`` it would read as
 the GPU monitor, so it is ``--checkpoint-monitor`` (likewise ``--gpu-monitor-interval-s``); the
 old spellings still work, as aliases the help names once.
-
-Example::
-
-    RENAMES["checkpoint.monitor"].flag      # '--checkpoint-monitor'
 """
 
 from __future__ import annotations

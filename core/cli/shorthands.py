@@ -2,13 +2,6 @@
 shorthand sets the same leaf as its flag, so giving both is an error naming both;
 ``--gpu-mode`` is resolved against this machine when parsed; ``--experts N`` is not a leaf
 (``fit`` passes it to the model factory).
-
-Example::
-
-    parser = Parser(prog="core-train")
-    add_shorthands(parser)
-    sets(parser.parse(["--epochs", "3", "--no-amp"]))
-    # {'run.max_epochs': 3, 'precision.enable_amp': False}
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """The config tree as a TOML file, shaped as ``TrainingConfig.to_dict()`` shapes it: one
 table per section (``[run]``, ``[precision.scaler]``), one key per leaf. TOML has no null:
 ``"none"`` sets an optional leaf to ``None``; classes and functions are ``"module:name"``.
-
-Example::
-
-    config = loads(Path("run.toml").read_text())   # [run] max_epochs = 3
-    Path("run.toml").write_text(dumps(config))     # the whole tree, every leaf
 """
 
 from __future__ import annotations

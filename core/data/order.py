@@ -2,12 +2,6 @@
 :class:`LoaderOrder` captures and restores the loader's own generators (torch's global one is
 ``core.rng``'s), and says where a resume cannot restore the order (an ``IterableDataset``, an
 opaque sampler, persistent workers after the first epoch).
-
-Example::
-
-    order = LoaderOrder(DataLoader(data, shuffle=True, generator=torch.Generator()))
-    states = order.capture(); ...; order.restore(states)   # the same shuffle again
-    order.unrestorable(epoch=1)                            # None: the order is restored
 """
 
 from __future__ import annotations

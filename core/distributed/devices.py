@@ -2,10 +2,6 @@
 Outside torchrun it starts them (``core.distributed.launch``); in a rank with the same N per
 machine there is nothing to start; another number under torchrun, N above the CUDA devices, or
 NCCL without CUDA is a :class:`~core.errors.ConfigError`.
-
-Example::
-
-    ranks_to_start(MultiGPUConfig(devices=2))   # 2 outside torchrun, None in its ranks
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """The device a run computes on, as one small object: what differs between CPU and CUDA is
 asked here (memory counters, the cache, bf16 support, current device), not in
 ``device.type == "cuda"`` checks spread over the package.
-
-Example::
-
-    device = device_of(torch.device("cuda", 0))
-    device.make_current(); device.allocated_and_peak()   # no synchronisation
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
 """Whether this CPU computes bf16 in hardware, and the warning a run gets when it asks for bf16
 on one that does not. Emulated bf16 runs several times slower (docs/memory-and-speed.md).
-
-Example::
-
-    if cpu_has_native_bf16() is False:
-        ...  # bf16 would be emulated here: prefer fp32
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """The figure of ``expert_device_distribution.png``: how many experts of each MoE layer each
 device (one process: the placement plan, with its summed cost per SM) or each rank (torchrun)
 held. Drawn on matplotlib's Agg canvas, never pyplot.
-
-Example::
-
-    figure = device_figure(records)  # None: no expert strategy ran
 """
 
 from __future__ import annotations

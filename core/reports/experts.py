@@ -1,11 +1,6 @@
 """The mixture-of-experts content of a run's records (routing per step from ``train_step``'s
 ``moe_*`` fields, placement from ``run_start``), read into plain objects for the Experts
 section and the expert figures; odd content is skipped.
-
-Example::
-
-    routing = expert_steps(records)        # None: the model had no MoE layers
-    placement = expert_placement(records)  # None: no expert strategy ran
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
 """Numbers for people: percentiles, durations, bytes, rates and fractions as report text.
 ``None`` (unknown) gives a dash or a given note, so partial data never raises.
-
-Example::
-
-    seconds(0.00123), gib(3 * 2**30), rate(12345.6), percent(0.25)
-    # ('1.23 ms', '3.00 GiB', '12,345.6 samples/s', '25.0%')
 """
 
 from __future__ import annotations

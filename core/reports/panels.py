@@ -1,9 +1,5 @@
 """The six panels of ``training_metrics.png``, each drawn from the records onto one matplotlib
 ``Axes``; a panel without data keeps its frame and says "no data" and why.
-
-Example::
-
-    loss_panel(axes[0][0], records)
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
 """The performance summary's later sections: AMP, Compile, Memory peaks, Validation, Errors
 and warnings, Profile. Each takes the run's records and returns the section's lines.
-
-Example::
-
-    lines = amp_section(records)   # ['  precision               fp16', ...]
 """
 
 from __future__ import annotations

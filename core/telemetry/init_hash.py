@@ -2,11 +2,6 @@
 recorded, so that ``run_start`` can say whether two runs started from the same weights. It reads
 names, dtypes, shapes and a fixed number of sampled values per tensor: the same cost for 1M and
 7B parameters.
-
-Example::
-
-    digest = weights_hash(model)                          # before the first step
-    previous_init_hash(run_dir.parent, run_id) == digest  # same start as the last run?
 """
 
 from __future__ import annotations

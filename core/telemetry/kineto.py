@@ -4,11 +4,6 @@ Started from a thread other than the one that imported torch (a run's step threa
 kineto prints ``ERROR: External init callback must run in same thread as registerClient`` and
 skips a callback that is empty in torch: nothing is lost. The profiler must start on the step
 thread, so the first start passes stderr (fd 2) through a filter that drops that one line.
-
-Example::
-
-    with quiet_first_start():
-        profiler.start()
 """
 
 from __future__ import annotations

@@ -2,15 +2,6 @@
 table, one ``profile`` record, then nothing. They go to ``<run_dir>/profile/`` (``trace.json``,
 ``top_ops.txt``). :class:`StepProfiler` is a step hook, started, stepped and closed on the step
 thread (the profiler records the thread that started it); without one nothing is paid.
-
-Example::
-
-    profiler = StepProfiler(*check_profile_steps((1, 1, 3)), emit=log.emit)
-    profiler.start(run_dir)
-    for step in range(1, 10):
-        train_one_step()
-        profiler(step)
-    profiler.close()
 """
 
 from __future__ import annotations

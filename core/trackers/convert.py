@@ -1,10 +1,5 @@
 """Turns run records into what a tracker logs: hyper-parameters, text and scalar rows. Pure
 functions over ``events.jsonl`` records; absent fields are skipped, so older runs convert too.
-
-Example::
-
-    rows = scalars_of({"event": "train_step", "step": 3, "epoch": 0, "loss": 0.5})
-    rows[0]  # Scalar(name='train/loss', value=0.5, step=3, epoch=0, wall_time=...)
 """
 
 from __future__ import annotations

@@ -3,13 +3,6 @@ run in submission order; submitting does not wait (MLflow creating its database 
 seconds) unless more than ``max_pending`` are queued. After a call raises, later ones are
 skipped and :meth:`BackendThread.settle` raises that error; :meth:`BackendThread.close` still
 runs its cleanup call.
-
-Example::
-
-    thread = BackendThread("CSVLogger")
-    thread.submit(writer.write_rows, rows)
-    await thread.settle(everything=True)   # raises what write_rows raised, if anything
-    thread.close(writer.close)
 """
 
 from __future__ import annotations

@@ -2,11 +2,6 @@
 On CUDA it times eager steps, then compiles when ``remaining_steps x eager_step_s x
 EXPECTED_SAVING >= EXPECTED_COMPILE_S``, with one ``compile_decision`` record; never on CPU,
 under FSDP2, or when the run's length is unknown.
-
-Example::
-
-    rule = CompileWhenItPays(planned_steps=5000, compile_now=compile_fn, emit=emit)
-    loop = StepLoop(..., step_hooks=(rule, ...))   # called after the steps it names
 """
 
 from __future__ import annotations

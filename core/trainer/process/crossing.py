@@ -4,13 +4,6 @@ Each runtime object crosses pickled (its tensors through shared memory:
 ``core.trainer.process.shared``) or as a factory named ``"package.module:function"``; anything
 else is a :class:`~core.errors.ConfigError` naming the argument and the fix. The rules:
 docs/services.md#how-process-isolation-works.
-
-Example::
-
-    run = TrainingJob(
-        TrainingConfig(run=RunConfig(isolation="process")),
-        model="myservice.models:build_scorer", train_loader="myservice.data:train_loader",
-    )
 """
 
 from __future__ import annotations
