@@ -76,6 +76,20 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/fault_jobs.py run to its end once: the reference every kill-and-resume test of
+    the session compares with (a job's runner, isolation and ``--slow-s`` pace change no
+    number it saves, so one reference serves the reliability, cancellation and process
+    tests; each start of it costs seconds of imports)."""
+    from tests.test_reliability import job
+
+    out = tmp_path_factory.mktemp("uninterrupted")
+    done = job(out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[Any]:
     """One local Ray cluster for the session's ``ray`` tests, this process its driver: a
     head node that runs no actors (0 CPUs) and a worker node of 2 CPUs, where every run's

@@ -129,6 +129,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--runner", choices=("anyio", "asyncio"), default="anyio")
     p.add_argument("--hang-loader-at-batch", type=int, default=-1)
     p.add_argument("--stop-grace-s", type=float, default=30.0)
+    p.add_argument("--data-stall-warn-s", type=float, default=10.0)  # the library's default
     p.add_argument("--isolation", choices=("thread", "process"), default="thread")
     return p.parse_args(argv)
 
@@ -179,6 +180,7 @@ def main(args: argparse.Namespace) -> int:
         resume=args.resume,
         handle_signals=args.runner == "anyio",  # asyncio.run: the defaults a newcomer keeps
         stop_grace_s=args.stop_grace_s,
+        data_stall_warn_s=args.data_stall_warn_s,
         multi_gpu_config=MultiGPUConfig(timeout_s=args.timeout_s),
         isolation=args.isolation,
     )

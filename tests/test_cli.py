@@ -453,6 +453,7 @@ def test_check_amp_prints_the_verdict(capsys: pytest.CaptureFixture[str]) -> Non
     assert code == (0 if report["compatible"] else 1) and "warnings" in report
 
 
+@pytest.mark.processes
 def test_help_lists_every_seed_switch_and_a_bad_flag_exits_2_from_the_command_line() -> None:
     def start(*args: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
@@ -583,6 +584,7 @@ def test_a_stop_says_how_to_resume_where_the_user_is() -> None:
     assert str(crossed).endswith("Resume with resume='auto'.")
 
 
+@pytest.mark.processes
 def test_ctrl_c_stops_fit_at_a_checkpoint_and_says_resume_auto(tmp_path: Path) -> None:
     command = [
         sys.executable,

@@ -8,7 +8,11 @@ import itertools
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.doc_blocks import python_blocks, run_program
+
+pytestmark = pytest.mark.processes  # each test runs a page's program in a fresh interpreter
 
 PAGE = "docs/lightning.md"
 

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HEADER = ("device", "driver", "torch", "cuda", "date")
 
 
+@pytest.mark.processes
 def test_dry_run_writes_every_case_and_the_header(tmp_path: Path) -> None:
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}

@@ -327,6 +327,7 @@ def test_find_lr_json_and_bad_flags(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "--device='tpu' is invalid" in capsys.readouterr().err
 
 
+@pytest.mark.processes
 def test_python_m_core_find_lr_keeps_stdout_for_the_json(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "core", *FIND_LR, "--log-dir", str(tmp_path), "--json"],

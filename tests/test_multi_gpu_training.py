@@ -193,6 +193,7 @@ def test_seed_helpers_on_cpu() -> None:
     assert 0 < port < 65536
 
 
+@pytest.mark.distributed  # two torchrun launches
 def test_launch_helper_reports_the_exit_code(tmp_path: Path) -> None:
     script = tmp_path / "job.py"
     script.write_text("import os, sys\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n")

@@ -280,13 +280,6 @@ def test_a_dead_training_process_names_its_own_checkpoint_never_another_runs(
 
 
 # The service and its child as real processes (tests/fault_jobs.py) --------------------
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("uninterrupted")
-    assert job(out).returncode == 0
-    return out
-
-
 def service(out: Path, *args: str, session: bool = False) -> subprocess.Popen[str]:
     command = [sys.executable, str(JOB), "--out", str(out), "--isolation", "process", *args]
     return subprocess.Popen(
@@ -413,6 +406,7 @@ PROGRAM = (
 )
 
 
+@pytest.mark.processes
 def test_a_script_without_a_main_guard_gets_one_clear_error(tmp_path: Path) -> None:
     done = run_program(
         tmp_path,
@@ -427,6 +421,7 @@ def test_a_script_without_a_main_guard_gets_one_clear_error(tmp_path: Path) -> N
     assert done.stderr.count("Traceback") == 1 and "bootstrapping" not in done.stderr
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("how", ["-c", "stdin"])
 def test_a_model_class_defined_in_an_unimportable_main_is_refused_at_creation(
     tmp_path: Path, how: str

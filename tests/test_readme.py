@@ -121,6 +121,7 @@ def copies(*sections: tuple[str, str]) -> str:
     return first[0]
 
 
+@pytest.mark.processes
 def test_the_quick_start_runs_as_written(tmp_path: Path) -> None:
     """As written, again, then after an edit of the learning rate, in one directory: each
     time it trains (resume="auto" continues only an unfinished, compatible run)."""
@@ -148,6 +149,7 @@ def test_the_quick_start_runs_as_written(tmp_path: Path) -> None:
         eventually(run_dir / "performance_summary.txt")  # the reports, in the background
 
 
+@pytest.mark.processes
 def test_the_keeping_checkpoints_example_runs_as_written(tmp_path: Path) -> None:
     (program,) = python_blocks("docs/checkpoints-and-reliability.md", "## Keeping checkpoints")
     done = run_program(program, tmp_path)
@@ -160,6 +162,7 @@ def test_the_keeping_checkpoints_example_runs_as_written(tmp_path: Path) -> None
     assert link.is_symlink()
 
 
+@pytest.mark.processes
 def test_the_smoke_runs_example_runs_as_written(tmp_path: Path) -> None:
     (program,) = python_blocks("docs/training.md", "## Smoke runs")
     done = run_program(program, tmp_path)
@@ -167,6 +170,7 @@ def test_the_smoke_runs_example_runs_as_written(tmp_path: Path) -> None:
     assert done.stdout.splitlines()[-2:] == ["1 1 False", "4 2"], done.stdout
 
 
+@pytest.mark.processes
 def test_the_wandb_example_writes_an_offline_run_as_written(tmp_path: Path) -> None:
     (program,) = python_blocks("docs/logging-and-trackers.md", "## Weights & Biases")
     done = run_program(program, tmp_path)  # HOME is tmp_path: no credentials, no network
@@ -176,6 +180,7 @@ def test_the_wandb_example_writes_an_offline_run_as_written(tmp_path: Path) -> N
     assert list((tmp_path / path).glob("run-*.wandb")), path
 
 
+@pytest.mark.processes
 def test_the_bf16_on_a_cpu_example_runs(tmp_path: Path) -> None:
     (program,) = python_blocks("docs/memory-and-speed.md", "## bf16 on a CPU")
     done = run_program(program, tmp_path)
@@ -185,6 +190,7 @@ def test_the_bf16_on_a_cpu_example_runs(tmp_path: Path) -> None:
     assert (note == ["None"]) == (native != "False"), note  # a note only where it is emulated
 
 
+@pytest.mark.processes
 def test_the_lr_finder_example_runs_as_written(tmp_path: Path) -> None:
     (program,) = python_blocks("docs/training.md", "## Learning-rate finder")
     done = run_program(program, tmp_path)
@@ -209,6 +215,7 @@ def _records(run_dir: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.processes
 def test_the_first_program_runs_as_written(tmp_path: Path) -> None:
     (program,) = python_blocks("docs/getting-started.md", "## A first program")
     done = run_program(program, tmp_path)
@@ -218,6 +225,7 @@ def test_the_first_program_runs_as_written(tmp_path: Path) -> None:
     eventually(run_dir / "performance_summary.txt")
 
 
+@pytest.mark.processes
 def test_the_async_program_runs_as_written(tmp_path: Path) -> None:
     program = copies(
         ("README.md", "## Inside an async program"),
@@ -236,6 +244,7 @@ def test_the_async_program_runs_as_written(tmp_path: Path) -> None:
     eventually(run_dir / "performance_summary.txt")
 
 
+@pytest.mark.processes
 def test_the_memory_and_speed_example_runs_as_written(tmp_path: Path) -> None:
     (program,) = python_blocks("docs/memory-and-speed.md", "## Outside a run")
     done = run_program(program, tmp_path)
@@ -244,6 +253,7 @@ def test_the_memory_and_speed_example_runs_as_written(tmp_path: Path) -> None:
     assert 32 <= batch_size < 4096  # the budget binds
 
 
+@pytest.mark.processes
 def test_train_reload_predict_runs_as_written(tmp_path: Path) -> None:
     (program,) = python_blocks("docs/training.md", "## Train, reload, predict")
     done = run_program(program, tmp_path)
@@ -272,6 +282,7 @@ def test_the_trackers_example_runs_as_written(tmp_path: Path) -> None:
     assert (tmp_path / "logs" / "mlflow.db").exists() and list((tmp_path / "runs").rglob("*"))
 
 
+@pytest.mark.processes
 def test_the_seed_api_example_runs_as_written(tmp_path: Path) -> None:
     (program,) = python_blocks("docs/founding-api.md", "## The per-batch and synchronous facades")
     done = run_program(program, tmp_path)
@@ -282,12 +293,14 @@ def test_the_seed_api_example_runs_as_written(tmp_path: Path) -> None:
     assert list((tmp_path / "logs").rglob("events.jsonl"))
 
 
+@pytest.mark.processes
 def test_the_several_gpus_example_runs_as_written(tmp_path: Path) -> None:
     (program,) = python_blocks("docs/distributed.md", "## Choosing the mode")
     done = run_program(program, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+@pytest.mark.processes
 def test_the_mixture_of_experts_example_runs_as_written(tmp_path: Path) -> None:
     (program,) = python_blocks("docs/experts.md", "## The MoE layer")
     done = run_program(program, tmp_path)
@@ -299,6 +312,7 @@ def test_the_mixture_of_experts_example_runs_as_written(tmp_path: Path) -> None:
     assert float(tokens[6]) >= 1.0
 
 
+@pytest.mark.processes
 def test_the_service_example_trains_in_a_child_process_as_written(tmp_path: Path) -> None:
     (program,) = python_blocks("docs/services.md", "## One API, two modes")
     assert 'isolation="process"' in program and 'if __name__ == "__main__":' in program

@@ -104,13 +104,6 @@ def assert_equal_states(a: Any, b: Any, path: str = "") -> None:
         assert a == b, path
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("uninterrupted")
-    assert job(out).returncode == 0
-    return out
-
-
 def assert_same_as_uninterrupted(out: Path, reference: Path) -> None:
     ours, theirs = final(out), final(reference)
     for key in ("model", "optimizer", "scheduler", "global_step"):

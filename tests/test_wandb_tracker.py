@@ -324,6 +324,7 @@ def test_bad_arguments_and_a_missing_wandb_are_named(monkeypatch: pytest.MonkeyP
         WandbLogger()
 
 
+@pytest.mark.processes
 def test_importing_core_does_not_import_wandb() -> None:
     check = "import sys, core; assert 'wandb' not in sys.modules, 'wandb was imported'"
     result = subprocess.run(
