@@ -103,8 +103,9 @@ async def cancelled_at(train: Awaitable[Any], form: str, moment: int | float) ->
         await task
 
 
-async def settled(condition: Any, timeout_s: float = 5.0) -> bool:
-    """Whether ``condition()`` holds within ``timeout_s`` (a thread exits after its job)."""
+async def settled(condition: Any, timeout_s: float = 30.0) -> bool:
+    """Whether ``condition()`` holds within ``timeout_s`` (a thread exits after its job; the
+    bound is for a machine under heavy load, a healthy one settles in milliseconds)."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not condition() and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.01)
