@@ -67,9 +67,10 @@ from core.trainer.state.run_state import RunState
 
 __all__ = ("Parts", "Runtime", "build")
 
-# torch imports its compiler stack on the first fused optimizer: ~0.5 s that holds the GIL,
-# so an application's event loop stalls even when the build runs in a worker thread.
-# Imported with core (above), it is paid at the application's start, not in a running loop.
+# torch imports its compiler stack (torch._dynamo) when a process builds its first optimizer
+# (torch 2.13: any optimizer; ~0.8 s on a 2-core VM) and holds the GIL meanwhile, so an event
+# loop stalls even when the build runs in a worker thread. Imported with core (above), it is
+# paid at the application's start, not in a running loop: most of `import core` after torch.
 
 Emit = Callable[..., None]
 
