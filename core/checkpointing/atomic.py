@@ -54,7 +54,7 @@ def fsync_path(path: Path) -> None:
 
 
 def owner_tag() -> str:
-    """``<host>-<pid>-<token>``: who wrote a hidden name (swept once that process is gone)."""
+    """``<host>-<pid>-<token>``: who wrote a hidden name."""
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
@@ -90,8 +90,7 @@ def exchange(first: Path, second: Path) -> bool:
 
 
 def publish(staging: Path, final: Path, *, replace: bool) -> None:
-    """Make the complete, synced ``staging`` directory the checkpoint ``final`` (``replace``:
-    in place of the one already there). The rename (or swap) is the commit."""
+    """Make the synced ``staging`` directory the checkpoint ``final``; the rename is the commit."""
     directory = final.parent
     if not final.exists():
         staging.rename(final)
@@ -136,7 +135,7 @@ def last_target(directory: Path) -> str | None:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` of this host is alive (one of another user's counts)."""
+    """Whether process ``pid`` of this host is alive (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -151,9 +150,8 @@ def _gone(host: str, pid: str) -> bool:
 
 
 def sweep(directory: Path) -> list[Path]:
-    """Clean up the hidden names in ``directory`` of writers of this host no longer alive: a
-    checkpoint set aside by an unfinished replace is put back, the rest removed. Returns
-    the entries removed or put back; another live writer's are left alone."""
+    """Clean up the hidden names of dead writers of this host (a checkpoint set aside by an
+    unfinished replace is put back, the rest removed); returns them."""
     if not directory.exists():
         return []
     handled = []

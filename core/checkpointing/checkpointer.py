@@ -1,9 +1,7 @@
 """When to checkpoint, what a checkpoint holds, and how a run resumes from one.
 
-A checkpoint holds everything needed to continue as if never stopped (model, optimizer,
-scheduler, precision state, the position inside the epoch, the partial epoch's statistics,
-early stopping, every rank's RNG states, a fingerprint of the settings). It is written only at
-optimizer-step boundaries, so no accumulated gradient is ever saved.
+Written only at optimizer-step boundaries (no accumulated gradient is saved); what it holds:
+docs/checkpoints-and-reliability.md.
 """
 
 from __future__ import annotations
@@ -91,12 +89,10 @@ class Checkpointer:
         self.report_error = report_error
         self.model_factory = model_factory
         self.last_saved_step: int | None = None
-        self.last_path: str | None = None
-        """The newest checkpoint this run wrote or resumed from (the last good one)."""
+        self.last_path: str | None = None  # the newest this run wrote or resumed from
         self.stale = False
 
     def describe(self) -> dict[str, Any]:
-        """Every checkpoint setting, what it resolved to, and the directory written to."""
         return {**self.config.describe(), "directory": str(self.store.directory)}
 
     # -- when -----------------------------------------------------------------------------
@@ -110,35 +106,29 @@ class Checkpointer:
 
     # -- saving ---------------------------------------------------------------------------
     def begin_run(self, run_id: str) -> None:
-        """Name the checkpoints this run writes after ``run_id``, in a lineage of its own
-        until it resumes one; clean up what killed writers left (whatever ``resume`` is)."""
+        """Name this run's checkpoints after ``run_id`` (a lineage of its own until it
+        resumes one); clean up what killed writers left."""
         self.store.begin(run_id)
         if self.strategy.is_global_zero:
             self.store.sweep()
 
     def end_run(self) -> None:
-        """Let go of the lineage the run held (its lock), however the run ended."""
         self.store.let_go()
 
     def keep_best(self, paths: list[str]) -> None:
-        """Keep ``paths`` apart from the newest ones as the run's best checkpoints; one that
-        left them becomes an ordinary checkpoint again (pruned if older than the newest)."""
+        """Keep ``paths`` as the run's best checkpoints; one that left them may be pruned."""
         self.store.kept = {Path(path).name for path in paths}
         if self.strategy.is_global_zero:
             self.store.prune()
 
     def mark_stale(self) -> None:
-        """The run's state changed without a step (an epoch's end, a new best): the next
-        save at this step writes its checkpoint again, in place, rather than reusing it."""
+        """The state changed without a step: the next save at this step rewrites it in place."""
         self.stale = True
 
     def save(self, *, step: int, epoch: int, reason: str, best: bool = False) -> Path | None:
-        """Write a checkpoint of the current state (a collective under DDP/FSDP2); one of
-        this step that is not stale (:meth:`mark_stale`) exists already: return it.
-
-        A write that fails (a full, read-only or forbidden disk) leaves no partial files
-        and raises :class:`~core.errors.CheckpointError` naming the path, the reason, the
-        free space and the last good checkpoint."""
+        """Write a checkpoint of the current state (a collective under DDP/FSDP2), or return
+        this step's if it is not stale. A failed write leaves no partial files and raises
+        :class:`~core.errors.CheckpointError` naming the free space and last good checkpoint."""
         if self.last_saved_step == step and self.last_path is not None and not self.stale:
             if best:  # the checkpoint of this step is also the new best: say so
                 self.emit(
@@ -207,7 +197,6 @@ class Checkpointer:
         return final
 
     def _failed(self, exc: BaseException, staging: Path, step: int) -> str:
-        """Remove the partial checkpoint; say why it failed, and the free space it found."""
         free_at_failure = free_bytes(self.store.directory)
         self.store.discard(staging)
         what = f"the checkpoint of step {step}"
@@ -226,17 +215,10 @@ class Checkpointer:
 
     # -- resuming -------------------------------------------------------------------------
     def restore(self) -> dict[str, Any] | None:
-        """Resume as ``resume`` says: this rank's RNG states, or None to start a new run.
-
-        ``"auto"`` continues the newest lineage this run can continue (readable, same
-        settings and model, unfinished), passing over newer ones it cannot and saying so; a
-        ``fresh_start`` record says why none was taken. ``"strict"`` continues the newest
-        lineage's newest valid checkpoint, and a path that checkpoint, finished or not; both
-        raise :class:`~core.errors.IncompatibleCheckpointError` where it differs or is not
-        readable by this version of core. A lineage another live run holds is never
-        continued: ``"auto"`` passes it over for the next one it can continue, and branches
-        from it only when there is none; a path branches from it;
-        :class:`~core.errors.LineageHeldError` refuses it under ``"strict"``."""
+        """Resume as ``resume`` says (:class:`CheckpointConfig`): this rank's RNG states, or
+        None to start a new run. ``"strict"`` and a path raise
+        :class:`~core.errors.IncompatibleCheckpointError` where the checkpoint differs or is
+        unreadable; ``"strict"`` raises :class:`~core.errors.LineageHeldError` on a held lineage."""
         target, payload, passed = self.config.resume, None, list[dict[str, str]]()
         if target is None:
             return None
@@ -254,8 +236,7 @@ class Checkpointer:
         return self._load(chosen, payload, passed, branch=str(target) != "strict")
 
     def _newest(self) -> Path | None:
-        """The newest valid checkpoint (``"strict"``); one of another manifest version is
-        refused, not passed for an older one."""
+        """The newest valid checkpoint; one of another manifest version is refused, not passed."""
         found, foreign = None, None
         if self.strategy.is_global_zero:
             for path in self.store.committed():
@@ -271,8 +252,7 @@ class Checkpointer:
         return Path(chosen) if chosen else None
 
     def _choose(self) -> tuple[Path | None, dict[str, Any] | None, Passed]:
-        """Rank 0 reads each lineage's newest checkpoint, the newest lineage first, and
-        takes the first this run can continue; every rank learns which."""
+        """Rank 0 chooses (``core.checkpointing.choice``); every rank learns which."""
         found, payload, passed = None, None, list[dict[str, str]]()
         if self.strategy.is_global_zero:
             store, fingerprint = self.store, self.state.fingerprint()
@@ -298,7 +278,7 @@ class Checkpointer:
         return None if holder is None else f"it is held by {holder.describe()}"
 
     def _invalid(self, path: Path) -> str | None:
-        """Why ``path`` does not verify (an ``error`` record says so too); None: it does."""
+        """Why ``path`` does not verify (also an ``error`` record); None: it does."""
         try:
             self.store.verify(path)
         except CheckpointError as exc:
@@ -316,9 +296,8 @@ class Checkpointer:
         self.report_error("error", kind="checkpoint_invalid", path=str(path), reason=reason)
 
     def _continue(self, path: Path, *, branch: bool) -> str | None:
-        """Join ``path``'s lineage, or say why the run branches from it (every rank learns
-        which); a lineage another run holds is :class:`~core.errors.LineageHeldError` unless
-        the run may ``branch``."""
+        """Join ``path``'s lineage, or say why the run branches from it (on every rank); a
+        held lineage raises :class:`~core.errors.LineageHeldError` unless it may ``branch``."""
         why, refusal = None, None
         if self.strategy.is_global_zero:
             why, holder = self.store.continue_from(path)
@@ -337,11 +316,8 @@ class Checkpointer:
     def _load(
         self, path: Path, payload: dict[str, Any] | None, passed: Passed, *, branch: bool
     ) -> dict[str, Any]:
-        """Restore model, optimizer and trainer state from ``path`` (``payload``: its state,
-        when already read; ``passed``: the lineages "auto" passed over); return this rank's
-        RNG states. A checkpoint that differs from this run raises
-        :class:`~core.errors.IncompatibleCheckpointError`; one of a lineage another run
-        holds branches (``branch``) or raises :class:`~core.errors.LineageHeldError`."""
+        """Restore model, optimizer and trainer state from ``path``; this rank's RNG states.
+        Raises :class:`~core.errors.IncompatibleCheckpointError` where it differs."""
         payload, model = payload or self._read(path), self.strategy.unwrap(self.model)
         differ = incompatibility(payload, self.state.fingerprint(), model.state_dict)
         if differ is not None:

@@ -1,15 +1,5 @@
 """Which checkpoint ``resume="auto"`` continues: the newest lineage it can, saying why it passed
 over each newer one. Reasons: other settings, ``"held"`` by a live run, ``"unreadable"``.
-
->>> from pathlib import Path
->>> lineages = [[Path("step-000000009-b")], [Path("step-000000020-a")]]
->>> recorded = {"step-000000009-b": "batch_size differs", "step-000000020-a": None}
->>> chosen, _, passed = choose(
-...     lineages, lambda path: recorded[path.name], lambda path: None,
-...     lambda path: {}, lambda state: None, lambda path: None,
-... )
->>> chosen.name, passed[0]["detail"]
-('step-000000020-a', 'batch_size differs')
 """
 
 from __future__ import annotations
@@ -22,8 +12,7 @@ from core.errors import CheckpointError, UnsafeCheckpointError
 
 __all__ = ("Passed", "choose")
 
-Passed = list[dict[str, str]]
-"""The checkpoints passed over: ``{"path", "reason", "detail"}`` each, the newest first."""
+Passed = list[dict[str, str]]  # {"path", "reason", "detail"} each, the newest first
 
 
 def choose(
@@ -34,11 +23,9 @@ def choose(
     why_not: Callable[[dict[str, Any]], tuple[str, str] | None],
     held: Callable[[Path], str | None],
 ) -> tuple[Path | None, dict[str, Any] | None, Passed]:
-    """The newest valid checkpoint of the first of ``lineages`` (the newest lineage first,
-    each newest first) that neither ``differs_on_record`` (its manifest) nor ``held``
-    (another run's) nor ``why_not`` (its state, as ``read``) has anything against, else of
-    the first held one ``why_not`` has nothing against; its state; and those passed over.
-    ``invalid`` says why a checkpoint does not verify (None: it does)."""
+    """The newest valid checkpoint of the first lineage (newest first) that none of
+    ``differs_on_record``, ``held``, ``why_not`` objects to, else of the first held one
+    ``why_not`` accepts; its state; and those passed over."""
     passed: Passed = []
     held_ones: list[Sequence[Path]] = []
     for members in lineages:

@@ -1,9 +1,5 @@
 """Whether a run may continue a checkpoint: a state this version of core reads, the same
-settings, the same model, unfinished. See :func:`unreadable`, :func:`incompatibility` and
-:func:`finished`.
-
->>> differences({"lr": 0.1, "seed": 0}, {"lr": 0.01, "seed": 0})
-['lr (checkpoint 0.1, now 0.01)']
+settings, the same model, unfinished.
 """
 
 from __future__ import annotations
@@ -23,18 +19,12 @@ __all__ = (
     "unreadable",
 )
 
-FORMAT = 1
-"""The format of the state (``state.pt``) this version of core writes and reads."""
+FORMAT = 1  # of the state.pt this version of core writes and reads
 _STATE_PARTS: dict[str, type] = {"trainer": dict, "fingerprint": dict, "rng": list}
 
 
 def unreadable(payload: Mapping[str, Any]) -> str | None:
-    """What keeps this version of core from resuming a checkpoint's state (another format,
-    a part missing), in words; None when it reads.
-
-    >>> unreadable({"format": 2}).split(" (")[0]
-    'its state has checkpoint format 2, and this version of core reads format 1'
-    """
+    """What keeps this version of core from resuming a checkpoint's state; None: it reads."""
     written = payload.get("format")
     if written != FORMAT:
         newer = isinstance(written, int) and written > FORMAT
@@ -53,13 +43,8 @@ def unreadable(payload: Mapping[str, Any]) -> str | None:
 
 
 def differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
-    """The fingerprint entries that differ, each with both values. Entries only one side
-    has (another optimizer's hyperparameters, a setting older checkpoints did not record)
-    are named only when nothing both sides have differs.
-
-    >>> differences({"optimizer": "AdamW", "betas": [0.9, 0.99]}, {"optimizer": "SGD"})
-    ["optimizer (checkpoint 'AdamW', now 'SGD')"]
-    """
+    """The fingerprint entries that differ, with both values. Entries only one side has
+    (another optimizer's hyperparameters) are named only when no shared one differs."""
     differ = [key for key in sorted(set(saved) | set(now)) if saved.get(key) != now.get(key)]
     both = [key for key in differ if key in saved and key in now]
     shown = both or differ
@@ -69,8 +54,7 @@ def differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
 def recorded_difference(
     recorded: Mapping[str, Any] | None, fingerprint: Mapping[str, Any]
 ) -> str | None:
-    """What differs between the fingerprint a manifest ``recorded`` (JSON) and this run's,
-    in words; None when they agree or nothing was recorded (the state then decides)."""
+    """What differs from the fingerprint a manifest ``recorded``; None: agrees or absent."""
     if recorded is None:
         return None
     differ = differences(recorded, json.loads(json.dumps(fingerprint)))
@@ -82,8 +66,8 @@ def incompatibility(
     fingerprint: Mapping[str, Any],
     model_state: Callable[[], Mapping[str, Any]],
 ) -> str | None:
-    """What differs between a checkpoint's ``payload`` and this run (its ``fingerprint``,
-    then its model's state, read only if the settings agree), in words; else None."""
+    """What differs between ``payload`` and this run: settings, then (only if they agree)
+    the model's shapes; else None."""
     differ = differences(payload["fingerprint"], fingerprint)
     if differ:
         return f"the configuration differs in {', '.join(differ)}"
@@ -98,9 +82,7 @@ def objection(
     model_state: Callable[[], Mapping[str, Any]],
     finished: Callable[[dict[str, Any]], str | None],
 ) -> tuple[str, str] | None:
-    """Why ``resume="auto"`` leaves a checkpoint alone: ``("unreadable", why)``,
-    ``("incompatible", what differs)`` or ``("finished", what ended it)``; None when the run
-    continues it."""
+    """Why ``resume="auto"`` leaves a checkpoint alone: ``(reason, detail)``; None: continue."""
     if (why := unreadable(payload)) is not None:
         return "unreadable", why
     differ = incompatibility(payload, fingerprint, model_state)
@@ -123,8 +105,7 @@ def shape_difference(current: Mapping[str, Any], saved: Mapping[str, Any]) -> st
 
 
 def finished(trainer: Mapping[str, Any], *, max_epochs: int, max_steps: int | None) -> str | None:
-    """Why the run a checkpoint's trainer state belongs to has ended, under this run's
-    limits (raising ``max_epochs`` makes it unfinished again); None when it goes on."""
+    """Why a checkpoint's run has ended under this run's limits; None when it goes on."""
     epochs, steps = int(trainer["epoch"]), int(trainer["global_step"])
     if max_steps is not None and steps >= max_steps:
         return f"it reached max_steps ({steps} of {max_steps} optimizer steps)"

@@ -136,20 +136,13 @@ class CheckpointConfig:
 
     @property
     def keep_newest(self) -> int:
-        """How many of the newest checkpoints are kept besides the best ones: ``keep_last_n``,
-        or by default 1 where ``save_top_k``/``save_best`` is set, else 2.
-
-        >>> CheckpointConfig().keep_newest, CheckpointConfig(save_top_k=2).keep_newest
-        (2, 1)
-        >>> CheckpointConfig(save_top_k=0).keep_newest, CheckpointConfig(keep_last_n=3).keep_newest
-        (1, 3)
-        """
+        """How many of the newest checkpoints are kept besides the best ones."""
         if self.keep_last_n is not None:
             return self.keep_last_n
         return 1 if self.save_best or self.save_top_k is not None else 2
 
     def describe(self) -> dict[str, Any]:
-        """Every setting, and what the defaults resolved to (``top_k``, ``keep_newest``)."""
+        """Every setting, and what the defaults resolved to."""
         settings = {f.name: getattr(self, f.name) for f in fields(self)}
         return settings | {"top_k": self.top_k, "keep_newest": self.keep_newest}
 

@@ -1,10 +1,8 @@
 """Reading a sharded checkpoint's ``.metadata`` as untrusted input, before torch does.
 
-``torch.distributed.checkpoint`` unpickles ``sharded/.metadata`` with plain ``pickle``, so a
-crafted file would run code the moment a run resumes from it. :func:`check_metadata` reads
-it first through an unpickler that builds only what distributed-checkpoint metadata is made
-of (its dataclasses and enums, ``torch.Size``, dtypes, layouts, paths) and refuses anything
-else with :class:`~core.errors.UnsafeCheckpointError`, before a single object is built.
+``torch.distributed.checkpoint`` unpickles it with plain ``pickle``; an unpickler that builds
+only metadata's own types (its dataclasses and enums, ``torch.Size``, dtypes, layouts, paths)
+reads it first.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """The checkpointer of a run that must leave nothing to resume: a ``fast_dev_run``.
 
-The composition root gives such a run a :class:`NoCheckpoints` instead of a
-:class:`~core.checkpointing.checkpointer.Checkpointer`: no checkpoint is ever due, a save
-(step, epoch, best, stop, cancel, error) writes nothing and returns None, and no checkpoint
-is looked for, so the run starts fresh and a later ``resume="auto"`` run finds nothing of it.
-The checkpoint directory is not created.
+Nothing is due, saved or looked for; the checkpoint directory is not created.
 """
 
 from __future__ import annotations

@@ -30,8 +30,7 @@ _NEARLY_FULL = 2**20
 
 
 def is_write_failure(exc: BaseException) -> bool:
-    """An error a checkpoint write can end with (the distributed checkpoint's own is a
-    ``BaseException``; it is recognised without importing it)."""
+    """An error a checkpoint write can end with (DCP's is a ``BaseException``, not imported)."""
     return isinstance(exc, (OSError, RuntimeError)) or (
         type(exc).__name__ == "CheckpointException"
         and type(exc).__module__.startswith("torch.distributed.checkpoint")
@@ -85,8 +84,7 @@ def disk_error(
     last_good: str | None,
     free_at_failure: int | None = None,
 ) -> str:
-    """One sentence for a failed write: the path, why, the free space (when the write failed,
-    if measured then, and now), the last good checkpoint."""
+    """One sentence for a failed write: path, why, free space, the last good checkpoint."""
     free_now = free_bytes(directory)
     if free_at_failure is None or free_now is None or free_at_failure == free_now:
         space = f"{_mib(free_now)} free there"

@@ -1,9 +1,7 @@
 """The checkpoints of a run, as users see them: ``run.checkpoints``. A read-only view read from
 the manifests each time it is asked (another run may commit meanwhile), the last committed
-first, with ``latest``, ``best``, ``verify``, ``load`` and ``lineage``.
+first.
 
->>> run.checkpoints.latest.step  # doctest: +SKIP
-12
 >>> run.checkpoints.load(run.checkpoints.best, model).step  # doctest: +SKIP
 8
 """
@@ -102,8 +100,7 @@ class Checkpoints(Sequence[CheckpointInfo]):
         return None if best is None else self._find(Path(best))
 
     def verify(self, checkpoint: Target) -> CheckpointInfo:
-        """``checkpoint`` once its files, sizes and hashes check out; else
-        :class:`~core.errors.CheckpointError` saying what is wrong."""
+        """``checkpoint`` once its files check out; else :class:`~core.errors.CheckpointError`."""
         info = self._find(_path(checkpoint))
         self._store.verify(info.path)
         return info
@@ -111,16 +108,14 @@ class Checkpoints(Sequence[CheckpointInfo]):
     def load(
         self, checkpoint: Target | None, model: nn.Module, *, strict: bool = True
     ) -> LoadedWeights:
-        """Verify ``checkpoint`` (default: ``latest``) and load its weights into ``model``
-        (:func:`core.load_weights`)."""
+        """:func:`core.load_weights` of ``checkpoint`` (default: ``latest``)."""
         target = self.latest if checkpoint is None else self._find(_path(checkpoint))
         if target is None:
             raise CheckpointError(f"no valid checkpoint in {self.directory} to load")
         return load_weights(target.path, model, strict=strict, safe_globals=self._safe_globals)
 
     def lineage(self, checkpoint: Target | None = None) -> list[CheckpointInfo]:
-        """``checkpoint`` (default: ``latest``), then the checkpoint its run resumed from,
-        and so on, as far as they still exist."""
+        """``checkpoint`` (default: ``latest``), then the one its run resumed from, and so on."""
         chain: list[CheckpointInfo] = []
         current = self.latest if checkpoint is None else self._find(_path(checkpoint))
         while current is not None and current not in chain:

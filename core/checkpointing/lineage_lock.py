@@ -3,14 +3,6 @@ exclusive ``flock`` on ``<checkpoint_dir>/.lineage-<lineage>.lock``, held by the
 process until the run ends (the kernel releases it when that process dies); the file names the
 holder. Where it holds, and where not (NFS ``nolock``, some FUSE):
 docs/checkpoints-and-reliability.md.
-
->>> import tempfile
->>> directory = Path(tempfile.mkdtemp())
->>> first, second = LineageLock(directory, "a"), LineageLock(directory, "a")
->>> first.acquire("run-1") is None, second.acquire("run-2").run_id
-(True, 'run-1')
->>> first.release(); second.acquire("run-2") is None
-True
 """
 
 from __future__ import annotations
@@ -47,30 +39,27 @@ class Holder:
     run_id: str | None
 
     def describe(self) -> str:
-        """``run <id> (pid <pid> on host <host>)``."""
         pid = "an unknown pid" if self.pid is None else f"pid {self.pid}"
         host = "an unknown host" if self.host is None else f"host {self.host}"
         return f"run {self.run_id or '(unknown)'} ({pid} on {host})"
 
     def is_gone(self) -> bool:
-        """Whether the file names no one, or a process of this host that is no longer alive
-        (the file is held by a sweeper, or by a new holder that has not written it yet)."""
+        """Whether the file names no one (a sweeper or a new holder not yet written) or a
+        dead process of this host."""
         if self.pid is None or self.host is None:
             return True
         return self.host == socket.gethostname() and not pid_alive(self.pid)
 
 
+# (real directory, lineage) -> holder, for this process: its own runs are told apart even
+# where the file system's lock is per process.
 _HELD: dict[tuple[str, str], Holder] = {}
-"""The lineages this process holds (its real directory, the lineage): its own runs are told
-apart even where the file system's lock is per process."""
 _HELD_GUARD = threading.Lock()
-_OPEN: set[int] = set()
-"""The file descriptors of the locks this process holds (closed in a forked child)."""
+_OPEN: set[int] = set()  # the descriptors of the locks held, closed in a forked child
 
 
 def _forget_in_child() -> None:
-    """In a child forked from a holder (a loader worker): close its copies of the lock
-    files, so that the lock goes with the holder, not with the last of its children."""
+    """In a forked child (a loader worker): the lock goes with the holder, not its children."""
     for fd in _OPEN:
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -82,8 +71,7 @@ os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def lock_name(lineage: str) -> str:
-    """The lock file's name for ``lineage`` (a name read from a manifest is untrusted: one
-    that is not a plain file name is hashed)."""
+    """The lock file's name (an untrusted lineage that is not a plain file name is hashed)."""
     plain = lineage if _PLAIN.match(lineage) else hashlib.sha256(lineage.encode()).hexdigest()
     return f"{_PREFIX}{plain}{_SUFFIX}"
 
@@ -102,7 +90,7 @@ def _read_holder(fd: int) -> Holder:
 
 
 def _same_file(fd: int, path: Path) -> bool:
-    """Whether ``path`` still names the file ``fd`` has open (not removed by its holder)."""
+    """Whether ``path`` still names the file ``fd`` has open."""
     try:
         named = os.stat(path)
     except FileNotFoundError:
@@ -138,10 +126,6 @@ class LineageLock:
         self.directory, self.lineage = directory, lineage
         self.path = directory / lock_name(lineage)
         self._fd: int | None = None
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
 
     def acquire(self, run_id: str) -> Holder | None:
         """Hold the lineage for run ``run_id``: None once held, else who holds it."""

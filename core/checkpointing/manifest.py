@@ -55,8 +55,7 @@ _FIELDS: dict[str, tuple[type, ...]] = {
 
 
 def followed(path: Path) -> Path:
-    """``path``, or for the ``last`` link of ``save_last`` (a link to a sibling checkpoint
-    directory) the checkpoint it names; any other link is left as is (and refused)."""
+    """``path``, or the checkpoint the ``last`` link names; any other link is left (refused)."""
     if path.is_symlink() and path.name == "last":
         target = os.readlink(path)
         if "/" not in target and target not in ("", ".", ".."):
@@ -65,8 +64,7 @@ def followed(path: Path) -> Path:
 
 
 def is_checkpoint(path: Path) -> bool:
-    """Whether ``path`` is a committed checkpoint directory (its manifest is there; the
-    files are not verified here: see :func:`read_verified`)."""
+    """Whether ``path`` has a manifest (not verified: see :func:`read_verified`)."""
     return (path / MANIFEST).is_file()
 
 
@@ -79,7 +77,6 @@ def hash_file(path: Path) -> str:
 
 
 def _walk(root: Path) -> Iterator[tuple[str, Path]]:
-    """Every entry under ``root`` (not following symlinks), as (relative name, path)."""
     for directory, subdirs, files in os.walk(root, followlinks=False):
         for name in [*subdirs, *files]:
             path = Path(directory) / name
@@ -89,8 +86,7 @@ def _walk(root: Path) -> Iterator[tuple[str, Path]]:
 def file_entries(
     root: Path, known: Mapping[Path, dict[str, Any]] | None = None
 ) -> dict[str, dict[str, Any]]:
-    """The ``files`` section for a freshly written checkpoint directory; ``known`` holds the
-    entries of files hashed as they were written (not read again)."""
+    """The ``files`` section of a manifest; ``known``: entries hashed as written."""
     known = known or {}
     return {
         name: dict(known[path])
@@ -106,8 +102,7 @@ def _invalid(path: Path, why: str) -> CheckpointError:
 
 
 def other_version(manifest: Mapping[str, Any]) -> str | None:
-    """What is foreign about a manifest of another ``manifest_version`` (an older or a newer
-    core wrote it); None for one of this version (or without a readable version)."""
+    """Why a manifest of another ``manifest_version`` is foreign; None for this version's."""
     version = manifest.get("manifest_version")
     if version == VERSION or not isinstance(version, int) or isinstance(version, bool):
         return None
@@ -156,8 +151,7 @@ def _check_entry(path: Path, name: object, entry: object) -> None:
 
 
 def read_verified(path: Path) -> dict[str, Any]:
-    """The manifest of checkpoint ``path`` once everything in it checks out; raises
-    :class:`~core.errors.CheckpointError` naming the first thing that does not."""
+    """The manifest of ``path`` once it checks out, else :class:`~core.errors.CheckpointError`."""
     if path.is_symlink() or not path.is_dir():
         raise _invalid(path, "it is not a plain directory")
     manifest_path = path / MANIFEST

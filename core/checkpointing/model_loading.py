@@ -26,7 +26,7 @@ __all__ = ("load_model", "model_factory_of")
 
 
 def model_factory_of(path: str | Path) -> Factory | None:
-    """The factory checkpoint ``path`` records for its model (None: it was given an object)."""
+    """The factory ``path`` records for its model (None: its run was given an object)."""
     path = followed(Path(path))
     try:
         recorded = json.loads((path / MANIFEST).read_text()).get("model_factory")
@@ -43,13 +43,9 @@ def load_model(
     device: str | torch.device | None = None,
     safe_globals: Sequence[Any] = (),
 ) -> nn.Module:
-    """The model of checkpoint ``path``: built by the factory its run was given, then its
-    verified weights loaded (:func:`~core.load_weights`, strict), in eval mode, on
-    ``device`` (default: where the factory builds it).
-
-    A run given a model object records no factory:
-    :class:`~core.errors.CheckpointError` says to build the model and call
-    ``load_weights(path, model)``."""
+    """The model of checkpoint ``path``, built by its recorded factory, its verified weights
+    loaded (strict), in eval mode, on ``device`` (default: where the factory builds it).
+    Raises :class:`~core.errors.CheckpointError` where no factory was recorded."""
     path = followed(Path(path))
     read_verified(path)
     factory = model_factory_of(path)

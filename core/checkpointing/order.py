@@ -1,11 +1,6 @@
 """What "newest" means among the checkpoints of one directory, without the wall clock. Each
 commit records a ``sequence`` (one more than the highest the directory held); ties and older
 manifests without one fall back on step and ``committed_at_ns``.
-
->>> old = Entry(Path("step-000000020-a"), "a", "a", step=20, sequence=None, committed_at_ns=9)
->>> new = Entry(Path("step-000000021-b"), "a", "b", step=21, sequence=1, committed_at_ns=1)
->>> [e.path.name for e in newest_first([old, new])]
-['step-000000021-b', 'step-000000020-a']
 """
 
 from __future__ import annotations
@@ -60,8 +55,7 @@ def _integer(value: object) -> int | None:
 
 
 def read_entry(path: Path) -> Entry:
-    """``path``'s entry from its manifest; what it lacks is ordered first (a manifest that
-    does not read at all: by its file's modification time)."""
+    """``path``'s entry; what it lacks orders first (an unreadable manifest: by its mtime)."""
     manifest = manifest_of(path)
     lineage = manifest.get("lineage", manifest.get("run_id"))  # before lineages: its run
     run_id = manifest.get("run_id")
@@ -81,18 +75,15 @@ def read_entry(path: Path) -> Entry:
 
 
 def next_sequence(entries: Iterable[Entry]) -> int:
-    """The sequence of the next commit: one more than the highest there."""
     return 1 + max((entry.sequence or 0 for entry in entries), default=0)
 
 
 def newest_first(entries: Iterable[Entry]) -> list[Entry]:
-    """Every entry, the newest first."""
     return sorted(entries, key=lambda entry: entry.overall, reverse=True)
 
 
 def by_lineage(entries: Iterable[Entry]) -> list[list[Entry]]:
-    """The entries grouped by lineage, each newest first, the lineage committed to last
-    first."""
+    """The entries by lineage, each newest first, the lineage committed to last first."""
     grouped: dict[str | None, list[Entry]] = {}
     for entry in entries:
         grouped.setdefault(entry.lineage, []).append(entry)

@@ -1,11 +1,6 @@
 """The best ``k`` checkpoints by a monitored value (``save_best``, ``save_top_k``). Entries are
 ``[value, path]`` pairs, the best first; a later checkpoint must be strictly better to pass an
 earlier one.
-
->>> offer([[0.5, "a"], [0.7, "b"]], 0.6, "c", k=2, mode="min")
-[[0.5, 'a'], [0.6, 'c']]
->>> offer([[0.5, "a"], [0.7, "b"]], 0.8, "c", k=2, mode="min") is None
-True
 """
 
 from __future__ import annotations
@@ -20,17 +15,12 @@ Ranked = list[list[float | str]]
 
 
 _SIGN = {"min": 1.0, "max": -1.0}
-WORST = {"min": math.inf, "max": -math.inf}
-"""What no value is worse than, per mode: where a search for the best starts."""
+WORST = {"min": math.inf, "max": -math.inf}  # where a search for the best starts
 
 
 def better(value: float, than: float, mode: Literal["min", "max"], margin: float = 0.0) -> bool:
-    """Whether ``value`` improves on ``than`` by more than ``margin`` (lower for ``"min"``,
-    higher for ``"max"``): the one definition ``save_top_k`` and early stopping share.
-
-    >>> better(0.9, 1.0, "min"), better(0.9, 1.0, "max"), better(0.95, 1.0, "min", 0.1)
-    (True, False, False)
-    """
+    """Whether ``value`` improves on ``than`` by more than ``margin`` (shared by
+    ``save_top_k`` and early stopping)."""
     sign = _SIGN[mode]
     return sign * value < sign * than - margin
 
@@ -43,8 +33,8 @@ def offer(
     k: int,
     mode: Literal["min", "max"],
 ) -> Ranked | None:
-    """The new top ``k`` (``-1``: unbounded) with ``[value, path]`` in it, or None when it
-    would not enter (the list is full and it is not better than the last)."""
+    """The new top ``k`` (``-1``: unbounded) with ``[value, path]`` in it, or None if it
+    does not enter."""
     pairs = [(float(v), str(p)) for v, p in ranked if str(p) != path]
     position = next((i for i, (v, _) in enumerate(pairs) if better(value, v, mode)), len(pairs))
     if k != -1 and position >= k:

@@ -67,9 +67,8 @@ class _HashingWriter:
 class CheckpointStore:
     """Writes, lists, verifies, loads and prunes the checkpoints in one directory.
 
-    ``run_id`` names the checkpoints this store writes; ``lineage`` is the lineage they
-    join (the run id of the run that began it), whose retention this store keeps;
-    ``parent`` is the name of the checkpoint the run resumed from, recorded in each manifest.
+    ``lineage`` is the run id of the run that began the lineage this store's checkpoints
+    join; ``parent`` names the checkpoint the run resumed from.
     """
 
     def __init__(
@@ -87,23 +86,19 @@ class CheckpointStore:
         self.lineage = self.run_id
         self.parent: str | None = None
         self._synced: dict[Path, dict[str, Any]] = {}  # hashed and fsynced as written
-        self.kept: set[str] = set()
-        """Names of the lineage's checkpoints kept apart from ``keep_last_n`` (its best)."""
+        self.kept: set[str] = set()  # the best checkpoints, kept apart from keep_last_n
         self._lock: LineageLock | None = None
+        # Test hook: called with the synced staging directory right before the commit rename.
         self.before_commit: Callable[[Path], None] | None = None
-        """Test hook: called with the staging directory after every file is written and
-        synced, right before the commit rename (fault-injection tests stall here)."""
 
     def begin(self, run_id: str) -> None:
-        """Write the checkpoints of run ``run_id``, which begins a lineage of its own."""
         self.let_go()
         self.run_id = self.lineage = run_id
         self.parent = None
         self.kept = set()
 
     def hold(self) -> Holder | None:
-        """Hold this store's lineage (its lock: one writer per lineage), once and until
-        :meth:`let_go`; None once held, else the run that holds it."""
+        """Hold this store's lineage until :meth:`let_go`: None once held, else its holder."""
         if self._lock is not None and self._lock.lineage == self.lineage:
             return None
         self.let_go()
@@ -115,23 +110,21 @@ class CheckpointStore:
         return holder
 
     def held_by(self, path: Path) -> Holder | None:
-        """The live run that holds the lineage of checkpoint ``path``, if another one does."""
+        """The other live run that holds the lineage of ``path``, if any."""
         lineage = read_entry(path).lineage
         if lineage is None or (self._lock is not None and self._lock.lineage == lineage):
             return None
         return holder_of(self.directory, lineage)
 
     def let_go(self) -> None:
-        """Release the lineage this store holds, if any (never raises)."""
+        """Release the lineage held, if any (never raises)."""
         lock, self._lock = self._lock, None
         if lock is not None:
             lock.release()
 
     def continue_from(self, path: Path) -> tuple[str | None, Holder | None]:
-        """After a resume from ``path``: join its lineage, and hold it, when it is the
-        lineage's newest valid checkpoint and no other run holds the lineage: (None, None).
-        Otherwise the run branches, in a lineage of its own: why, and the run holding the
-        lineage when that is why."""
+        """After a resume from ``path``: join and hold its lineage if ``path`` is its newest
+        valid checkpoint and no other run holds it: (None, None); else branch: (why, holder)."""
         self.parent = path.name
         resumed = read_entry(path)
         if resumed.lineage is None:
@@ -154,11 +147,10 @@ class CheckpointStore:
 
     # -- writing --------------------------------------------------------------------------
     def final_path(self, step: int) -> Path:
-        """Where this run's checkpoint of ``step`` is committed."""
         return self.directory / f"step-{step:09d}-{self.run_id}"
 
     def stage(self, step: int) -> Path:
-        """A fresh, empty staging directory, unique to this writer, for ``step``."""
+        """A fresh staging directory, unique to this writer."""
         self.directory.mkdir(parents=True, exist_ok=True)
         staging = atomic.hidden(self.final_path(step), "staging")
         staging.mkdir()
@@ -183,10 +175,9 @@ class CheckpointStore:
         replace: bool = False,
         link_last: bool = False,
     ) -> Path:
-        """Hash, sync and atomically publish ``staging`` as this run's checkpoint of ``step``
-        (``replace``: in place of this run's checkpoint of ``step``, if it has one); then
-        point ``last`` at it (``link_last``), then prune the lineage. A kill between any
-        two of these steps leaves a valid newest checkpoint (``core.checkpointing.atomic``)."""
+        """Hash, sync and atomically publish ``staging`` as this run's checkpoint of ``step``,
+        then point ``last`` at it, then prune; a kill between any two steps leaves a valid
+        newest checkpoint (``core.checkpointing.atomic``)."""
         files = file_entries(staging, self._synced)
         for name in files:
             if staging / name not in self._synced:
@@ -222,16 +213,15 @@ class CheckpointStore:
         shutil.rmtree(staging, ignore_errors=True)
 
     def _newer_than_last(self, final: Path) -> bool:
-        """Whether ``final`` is at least as new as the checkpoint ``last`` links to (another
-        lineage's writer may have moved it past this commit meanwhile)."""
+        """Whether ``final`` is as new as ``last``'s target (another lineage may have moved it)."""
         target = atomic.last_target(self.directory)
         if target is None or not (self.directory / target).is_dir():
             return True
         return read_entry(self.directory / target).overall <= read_entry(final).overall
 
     def prune(self) -> list[Path]:
-        """Delete the lineage's committed checkpoints beyond its newest ``keep_last_n``,
-        except those named in ``kept`` (its best) and the one ``last`` links to."""
+        """Delete the lineage's checkpoints beyond its newest ``keep_last_n``, except the
+        ``kept`` ones and ``last``'s target."""
         lineages = by_lineage(self._entries())
         ours = next((group for group in lineages if group[0].lineage == self.lineage), [])
         spared = self.kept | {atomic.last_target(self.directory)}
@@ -241,15 +231,14 @@ class CheckpointStore:
         return removed
 
     def sweep(self) -> list[Path]:
-        """Clean up what killed writers left behind (``core.checkpointing.atomic.sweep``),
-        and the lock files of lineages no one holds any longer."""
+        """Clean up what killed writers left, and lock files no one holds."""
         swept = atomic.sweep(self.directory)
         return swept + (sweep_locks(self.directory) if self.directory.exists() else [])
 
     # -- reading --------------------------------------------------------------------------
     @classmethod
     def lineage_of(cls, path: Path) -> str | None:
-        """The lineage ``path`` belongs to, by its manifest (before lineages: its run)."""
+        """The lineage of ``path`` by its manifest (before lineages: its run)."""
         return read_entry(path).lineage
 
     def verifies(self, path: Path, on_invalid: Callable[[Path, str], None] | None = None) -> bool:
@@ -263,7 +252,6 @@ class CheckpointStore:
         return True
 
     def _entries(self) -> list[Entry]:
-        """Every committed checkpoint directory's entry (its manifest read once, unverified)."""
         if not self.directory.exists():
             return []
         return [
@@ -273,8 +261,7 @@ class CheckpointStore:
         ]
 
     def committed(self) -> list[Path]:
-        """Committed checkpoint directories, the newest first (``core.checkpointing.order``;
-        not yet verified)."""
+        """Committed checkpoint directories, the newest first (unverified)."""
         return [entry.path for entry in newest_first(self._entries())]
 
     def written_by(self, run_id: str) -> list[Path]:
@@ -282,7 +269,7 @@ class CheckpointStore:
         return [entry.path for entry in newest_first(self._entries()) if entry.run_id == run_id]
 
     def verify(self, path: Path) -> dict[str, Any]:
-        """The manifest of ``path`` once its schema, file list, sizes and hashes check out."""
+        """The manifest of ``path`` once its schema, files, sizes and hashes check out."""
         return read_verified(path)
 
     def newest_valid(self, on_invalid: Callable[[Path, str], None]) -> Path | None:
@@ -290,14 +277,12 @@ class CheckpointStore:
         return next((path for path in self.committed() if self.verifies(path, on_invalid)), None)
 
     def lineages(self) -> list[list[Path]]:
-        """The committed checkpoints grouped by lineage (not verified), the lineage
-        committed to last first, each lineage's newest first."""
+        """Committed checkpoints by lineage (unverified), newest lineage and newest first."""
         return [[entry.path for entry in group] for group in by_lineage(self._entries())]
 
     @staticmethod
     def other_version(path: Path) -> str | None:
-        """Why ``path`` is not read by this version of core: its manifest is of another
-        version (``core.checkpointing.manifest.other_version``); else None."""
+        """Why this version of core does not read ``path``'s manifest version; else None."""
         return other_version(manifest_of(path))
 
     def recorded_fingerprint(self, path: Path) -> dict[str, Any] | None:
@@ -306,8 +291,8 @@ class CheckpointStore:
         return recorded if isinstance(recorded, dict) else None
 
     def load_state(self, path: Path) -> dict[str, Any]:
-        """``state.pt`` of a checkpoint, unpickled with ``weights_only=True`` only, after its
-        sharded ``.metadata`` (if any) passed the allow-list."""
+        """``state.pt``, loaded ``weights_only=True`` after ``sharded/.metadata`` passed the
+        allow-list."""
         if path.is_dir():
             check_metadata(path / "sharded")
         file = path / STATE if path.is_dir() else path

@@ -38,10 +38,8 @@ _LAYOUT = (
 
 @dataclass(frozen=True, kw_only=True)
 class LoadedWeights:
-    """What :func:`load_weights` loaded: the checkpoint, its optimizer step and completed
-    epochs, and (``strict=False`` only) the model's names left as they were
-    (``missing_keys``) and the checkpoint's names not used (``unexpected_keys``); a name
-    whose shape differs is in both."""
+    """What :func:`load_weights` loaded; with ``strict=False``, the names it left out (a name
+    whose shape differs is in both)."""
 
     path: Path
     step: int
@@ -56,7 +54,6 @@ def plain_name(name: str) -> str:
 
 
 def _shape(value: object) -> tuple[int, ...] | None:
-    """A tensor's shape, or a sharded entry's (its metadata's ``size``); None otherwise."""
     if isinstance(value, torch.Tensor):
         return tuple(value.shape)
     size = getattr(value, "size", None)
@@ -99,8 +96,7 @@ def _differ(path: Path, name: str, saved: object, current: object) -> Incompatib
 def _plan(
     path: Path, saved: Mapping[str, Any], target: Mapping[str, Any], strict: bool
 ) -> tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]:
-    """Which saved name loads into which model name; the model's and the checkpoint's names
-    left out. ``saved`` values need only a shape (tensors or sharded metadata)."""
+    """Saved name -> model name, and the names each side left out."""
     mapping = _match(saved, target)
     for name, model_name in list(mapping.items()):
         if _shape(saved[name]) != _shape(target[model_name]):
@@ -118,8 +114,7 @@ def _plan(
 
 
 def _sharded_model_entries(sharded: Path) -> dict[str, Any]:
-    """The model's tensors listed in a sharded checkpoint's metadata (name -> metadata with
-    ``.size``), already checked by the allow-listed unpickler."""
+    """The model's tensors in a sharded checkpoint's (already checked) metadata."""
     from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
@@ -132,7 +127,6 @@ def _sharded_model_entries(sharded: Path) -> dict[str, Any]:
 
 
 def _load_sharded(sharded: Path, model: nn.Module, mapping: dict[str, str]) -> None:
-    """Read the mapped tensors from ``sharded/`` straight into the model's own tensors."""
     from torch.distributed.checkpoint.state_dict_loader import load
 
     current = model.state_dict()
@@ -145,16 +139,14 @@ def _load_sharded(sharded: Path, model: nn.Module, mapping: dict[str, str]) -> N
 def load_weights(
     path: str | Path, model: nn.Module, *, strict: bool = True, safe_globals: Sequence[Any] = ()
 ) -> LoadedWeights:
-    """Load the model weights of checkpoint ``path`` into ``model``, in place, on the
-    model's own device and in its dtype.
+    """Load the weights of checkpoint ``path`` (a ``step-...`` directory) into ``model``, in
+    place, on its device and in its dtype, after verifying it.
 
-    ``path`` is a ``step-...`` directory a run wrote. It is verified before anything is
-    read (:class:`~core.errors.CheckpointError` if a file is missing or altered, or if the
-    path is not a checkpoint); pickled code is refused
-    (:class:`~core.errors.UnsafeCheckpointError`; allow-list trusted types with
-    ``safe_globals``). With ``strict=True`` a model whose names or shapes differ raises
-    :class:`~core.errors.IncompatibleCheckpointError` naming the first difference, and
-    nothing is loaded; ``strict=False`` loads what matches and reports the rest.
+    Raises :class:`~core.errors.CheckpointError` (not a checkpoint, a file missing or
+    altered), :class:`~core.errors.UnsafeCheckpointError` (pickled code; see
+    ``safe_globals``), and with ``strict=True``
+    :class:`~core.errors.IncompatibleCheckpointError` at the first name or shape that
+    differs, loading nothing; ``strict=False`` loads what matches.
 
     >>> model = nn.Linear(8, 2)
     >>> load_weights(run.last_checkpoint, model).step  # doctest: +SKIP
