@@ -42,8 +42,7 @@ class Fixed:
 
 
 def jsonable(value: object, other: Callable[[object], object] = str) -> object:
-    """Plain JSON types as they are; sequences element-wise; anything else as ``other``
-    says (``str`` by default)."""
+    """``value`` as JSON types, anything else converted by ``other``."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (tuple, list)):
@@ -68,12 +67,13 @@ def batches_per_epoch(loader: Iterable[Any]) -> int | None:
         return None
 
 
+# param_groups keys that are not hyperparameters: the tensors, what a scheduler adds, and
+# how the update is computed (a fused or foreach kernel gives the same result).
 _NOT_SETTINGS = frozenset(
     {"params", "initial_lr", "foreach", "fused", "capturable", "differentiable"}
 )
-"""``param_groups`` keys that are not hyperparameters: the tensors, what a scheduler adds,
-and how the update is computed (a fused or foreach kernel gives the same result)."""
 _RENAMED = {"lr": "learning_rate"}
+# A scheduler's state_dict entries that say where it is, not how it was set.
 _SCHEDULER_PROGRESS = frozenset(
     {
         "last_epoch",
@@ -88,12 +88,10 @@ _SCHEDULER_PROGRESS = frozenset(
         "_initial_step",
     }
 )
-"""A scheduler's ``state_dict`` entries that say where it is, not how it was set."""
 
 
 def _named(value: object) -> object:
-    """A setting that is not a plain value: a one-element tensor's number (a capturable
-    optimizer's learning rate, read once), else its type's name (never an address)."""
+    """A one-element tensor's number (a capturable optimizer's lr), else a type's name."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         return value.item()
     return name_of(value)
@@ -104,15 +102,8 @@ def _setting(value: object) -> object:
 
 
 def optimizer_settings(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer's class and every hyperparameter of every parameter group (as built:
-    a scheduler's starting factor does not count), named ``weight_decay`` for one group
-    and ``param_groups[1].weight_decay`` for several.
-
-    >>> opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1, momentum=0.9)
-    >>> settings = optimizer_settings(opt)
-    >>> settings["learning_rate"], settings["momentum"], settings["param_groups"]
-    (0.1, 0.9, [1])
-    """
+    """The optimizer's class and every group's hyperparameters as built, named
+    ``weight_decay`` for one group and ``param_groups[1].weight_decay`` for several."""
     groups = optimizer.param_groups
     settings: dict[str, Any] = {
         "optimizer": type(optimizer).__name__,
@@ -141,8 +132,7 @@ def scheduler_settings(scheduler: object | None) -> dict[str, Any]:
 
 
 def data_settings(loader: Iterable[Any]) -> dict[str, Any]:
-    """What decides the order and grouping of the training batches: the number of samples
-    and batches, the batch size, whether the last short batch is dropped, the sampler."""
+    """What decides the order and grouping of the training batches."""
     dataset = getattr(loader, "dataset", None)
     sampler = getattr(loader, "sampler", None)
     return {
@@ -165,8 +155,7 @@ def fingerprint(
     train_loader: Iterable[Any],
     seed: int | None,
 ) -> dict[str, Any]:
-    """The settings a checkpoint's state depends on (compared before resuming): a run whose
-    fingerprint differs is not continued (see docs/checkpoints-and-reliability.md)."""
+    """The settings a checkpoint's state depends on, compared before resuming."""
     return {
         "model": type(model).__name__,
         "parameters": parameter_count(model),

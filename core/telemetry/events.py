@@ -4,13 +4,6 @@
 it never waits for a consumer nor touches the event loop. A consumer that falls behind loses
 its oldest records (:attr:`EventStream.dropped`). Consumers poll their buffer from the event
 loop, so the hub works the same under asyncio and trio.
-
-Example::
-
-    async with run.events() as stream:
-        async for record in stream:
-            if record["event"] == "train_step":
-                ...
 """
 
 from __future__ import annotations
@@ -49,8 +42,7 @@ class EventStream:
         self._poll_interval_s = poll_interval_s
         self._closed = False
         self._waiting: tuple[anyio.Event, EventLoopToken, int] | None = None  # +thread
-        self.dropped = 0
-        """Records this consumer lost because it fell more than ``capacity`` behind."""
+        self.dropped = 0  # records lost by falling more than capacity behind
 
     def offer(self, record: Record) -> None:
         """Called by the producer; drops the oldest record when the buffer is full."""
@@ -63,7 +55,6 @@ class EventStream:
 
     @property
     def backlog(self) -> int:
-        """Records published to this stream and not yet taken by its consumer."""
         return len(self._buffer)
 
     def close(self) -> None:
@@ -72,7 +63,7 @@ class EventStream:
         self.wake()
 
     def wake(self) -> None:
-        """Wake the consumer now if it waits for records (any thread; cheap when it does not)."""
+        """Wake the consumer if it waits (any thread; cheap when it does not)."""
         waiting = self._waiting
         if waiting is None:
             return
@@ -131,7 +122,7 @@ class EventHub:
         self.published = 0
 
     def reopen(self) -> None:
-        """A new run starts publishing: new subscriptions stay open until :meth:`close`."""
+        """A new run starts publishing."""
         with self._lock:
             self._closed = False
 
@@ -141,8 +132,8 @@ class EventHub:
         poll_interval_s: float = 0.5,
         on_first_drop: Callable[[], None] | None = None,
     ) -> EventStream:
-        """A new stream of the records published from now on; ``on_first_drop`` is called
-        (on the publishing thread; it must not block) when it first loses a record."""
+        """A stream of the records published from now on; ``on_first_drop`` runs on the
+        publishing thread (it must not block) when it first loses a record."""
         stream = EventStream(self, capacity, poll_interval_s, on_first_drop)
         with self._lock:
             if self._closed:  # the run already ended: nothing will come
@@ -161,7 +152,6 @@ class EventHub:
             stream.offer(record)
 
     def wake_all(self) -> None:
-        """Wake every consumer that has records waiting (cheap where none has)."""
         for stream in self._streams:
             if stream.backlog:
                 stream.wake()

@@ -27,12 +27,10 @@ HASH_METHOD = (
     "included), gathered on the device, one host copy per device; sharded tensors (DTensor) "
     "contribute their local shard"
 )
-"""How :func:`weights_hash` is computed (``run_start``'s ``model_init_hash_method``)."""
 
 
 def _sampled(tensor: torch.Tensor) -> torch.Tensor:
-    """Up to :data:`SAMPLES_PER_TENSOR` values of ``tensor`` in flat order, evenly spaced,
-    as raw bytes on its device (no copy of the tensor itself)."""
+    """Up to :data:`SAMPLES_PER_TENSOR` evenly spaced values, as raw bytes on the device."""
     count = tensor.numel()
     if tensor.ndim == 0:
         picked = tensor.reshape(1)
@@ -64,15 +62,8 @@ def _entries(model: nn.Module) -> Iterator[tuple[str, object]]:
 
 
 def weights_hash(model: nn.Module) -> str:
-    """The sampled fingerprint (sha256, hex) of ``model``'s parameters and buffers, in
-    ``state_dict()`` order (:data:`HASH_METHOD`).
-
-    Cost: a few small device ops per tensor and one host copy per device of at most 64
-    values per tensor, whatever the model's size; one host sync.
-
-    >>> weights_hash(nn.Linear(2, 2)) == weights_hash(nn.Linear(2, 2))  # random inits
-    False
-    """
+    """The sampled fingerprint (sha256, hex) of ``model``'s state (:data:`HASH_METHOD`); one
+    host sync."""
     digest = hashlib.sha256()
     samples: dict[torch.device, list[torch.Tensor]] = {}
     for name, value in _entries(model):
@@ -90,8 +81,7 @@ def weights_hash(model: nn.Module) -> str:
 
 
 def _recorded_hash(run_dir: Path) -> tuple[str, str | None] | None:
-    """``model_init_hash`` and ``model_init_hash_method`` of the ``run_start`` record (the
-    first line) of a run, if any."""
+    """``model_init_hash`` and its method, from a run's first (``run_start``) record."""
     try:
         with (run_dir / _EVENTS).open(encoding="utf-8") as handle:
             first = handle.readline()
@@ -110,24 +100,13 @@ def _recorded_hash(run_dir: Path) -> tuple[str, str | None] | None:
 def previous_init_hash(
     experiment_dir: Path, current_run_id: str, method: str = HASH_METHOD
 ) -> str | None:
-    """The ``model_init_hash`` of the newest other run under ``experiment_dir`` that
-    recorded one computed by ``method`` (run directory names sort by start time); None
-    when no run did.
-
-    Runs written before the field existed, runs that hashed another way, and unreadable
-    logs are skipped.
-
-    >>> previous_init_hash(Path("no-such-experiment"), "20261122-031500.123-a1b2c3") is None
-    True
-    """
+    """The ``model_init_hash`` of the newest other run under ``experiment_dir`` that recorded
+    one computed by ``method``; None when no run did."""
     try:
-        runs = sorted(
-            (p for p in experiment_dir.iterdir() if p.is_dir() and p.name != current_run_id),
-            key=lambda p: p.name,
-            reverse=True,
-        )
+        others = [p for p in experiment_dir.iterdir() if p.is_dir() and p.name != current_run_id]
     except OSError:
         return None
+    runs = sorted(others, key=lambda p: p.name, reverse=True)  # run ids sort by start time
     for run_dir in runs:
         found = _recorded_hash(run_dir)
         if found is not None and found[1] == method:

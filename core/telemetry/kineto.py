@@ -18,7 +18,6 @@ from collections.abc import Iterator
 __all__ = ("KINETO_NOISE", "quiet_first_start")
 
 KINETO_NOISE = b"External init callback must run in same thread as registerClient"
-"""The line dropped (as kineto writes it, after ``ERROR: ``)."""
 
 _lock = threading.Lock()
 _started = False
@@ -36,8 +35,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 @contextlib.contextmanager
 def quiet_first_start() -> Iterator[None]:
-    """Around a profiler start: the process's first one has kineto's false alarm removed
-    from stderr; later ones (kineto is initialised by then) run as they are."""
+    """Around a profiler start: the process's first one has kineto's false alarm removed."""
     global _started
     with _lock:
         first, _started = not _started, True

@@ -29,13 +29,7 @@ _log = structlog.get_logger("core")
 
 
 def check_profile_steps(value: object) -> tuple[int, int, int] | None:
-    """The ``profile_steps`` setting as ``(wait, warmup, active)``, or None when off.
-
-    >>> check_profile_steps((1, 1, 3))
-    (1, 1, 3)
-    >>> check_profile_steps(None) is None
-    True
-    """
+    """The ``profile_steps`` setting as ``(wait, warmup, active)``, or None when off."""
     if value is None:
         return None
     if not (isinstance(value, (tuple, list)) and len(value) == 3 and all(map(is_int, value))):
@@ -48,9 +42,7 @@ def check_profile_steps(value: object) -> tuple[int, int, int] | None:
 
 class StepProfiler:
     """After :meth:`start`, skips ``wait`` optimizer steps, warms up on ``warmup`` (traced and
-    discarded: the first profiled steps carry the profiler's own start-up) and records the next
-    ``active`` (reported by their global step numbers); ``row_limit`` operators go into the
-    table. Once the window is written, a call costs one attribute check."""
+    discarded: they carry the profiler's start-up) and records the next ``active``."""
 
     def __init__(
         self,
@@ -79,11 +71,11 @@ class StepProfiler:
 
     @property
     def running(self) -> bool:
-        """Whether a profiler is started and its window not written (nor closed) yet."""
+        """Whether a profiler is started and its window not written nor closed."""
         return self._profiler is not None and not self._orphaned
 
     def start(self, run_dir: Path) -> None:
-        """Start profiling on the calling thread (the step thread, before the first step)."""
+        """Start profiling on the calling thread (the step thread)."""
         if self._profiler is not None or self._done:
             return
         self._dir = Path(run_dir) / "profile"
@@ -124,15 +116,13 @@ class StepProfiler:
             self._stop()
 
     def _kineto_starts(self, calls: int) -> contextlib.AbstractContextManager[None]:
-        """Around the profiler call that leaves the ``wait`` steps (after ``calls`` steps):
-        kineto initialises there, once per process, with a false alarm to drop."""
+        """Kineto initialises (with a false alarm) at the call that leaves the wait steps."""
         return quiet_first_start() if calls == self.wait else contextlib.nullcontext()
 
     def close(self) -> None:
-        """Stop a profiler still running (idempotent), on the step thread: a window already
-        begun is written and reported as far as it got. Stopping a profiler from another
-        thread would crash the process, so there it only asks the step thread to stop it,
-        unwritten, at its next call (a step thread that has ended took it along)."""
+        """Stop a running profiler (idempotent), writing a begun window as far as it got.
+        From another thread (where stopping it would crash the process) it only asks the
+        step thread to stop it, unwritten, at its next call."""
         if self._profiler is None:
             return
         if threading.get_ident() != self._thread:
@@ -152,7 +142,6 @@ class StepProfiler:
             profiler.stop()  # fires self._write if the window had begun recording
 
     def _write(self, profiler: profile) -> None:
-        """``on_trace_ready``: the trace, the table and the record (on the step thread)."""
         self._done = True
         directory = self._dir
         if directory is None or self._first_step is None or self._orphaned:

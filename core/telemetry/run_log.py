@@ -41,8 +41,7 @@ _process_log = structlog.get_logger("core")
 
 
 def new_run_id() -> str:
-    """A run id that sorts by start time (UTC, to the millisecond) and does not collide,
-    such as ``20261122-031500.123-a1b2c3``."""
+    """A run id that sorts by start time (UTC, ms): ``20261122-031500.123-a1b2c3``."""
     now = time.time()
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}"
     return f"{stamp}-{secrets.token_hex(3)}"
@@ -58,19 +57,13 @@ def _iso_second(second: int) -> str:
 
 
 def record_before_the_run(event: str, **fields: Any) -> dict[str, Any]:
-    """An ``info`` record about a run that has not opened yet (its ``run_id`` empty): what
-    its service says while it waits for the run's resources (``pending``)."""
+    """An ``info`` record of a run not yet opened (``run_id`` empty), such as ``pending``."""
     common = {"event": event, "ts": _iso(time.time()), "level": "info", "run_id": "", "rank": 0}
     return common | fields
 
 
 def _iso(ts: float) -> str:
-    """``ts`` as ISO 8601 UTC to the microsecond (the second's text is cached: records
-    come hundreds to a second).
-
-    >>> _iso(1795669200.25)
-    '2026-11-26T05:00:00.250000Z'
-    """
+    """``ts`` as ISO 8601 UTC to the microsecond (the second's text is cached)."""
     fraction, whole = math.modf(ts)  # as datetime.fromtimestamp rounds
     second, micro = int(whole), round(fraction * 1e6)
     if micro >= 1_000_000:
@@ -79,8 +72,7 @@ def _iso(ts: float) -> str:
 
 
 class _GuardedFile:
-    """The log file as the log writes to it: a failing write (a full or read-only disk)
-    degrades logging to the event stream only, and never reaches the run."""
+    """The log file: a failing write degrades logging to the event stream, never the run."""
 
     def __init__(self, path: Path, on_failure: Callable[[str], None]) -> None:
         self.path = path
@@ -117,11 +109,8 @@ class _GuardedFile:
 
 
 class RunLog:
-    """Opens the run directory and writes records to its JSONL file.
-
-    Logging never stops a run: if the disk under the log fails (full, read-only), the
-    records keep flowing to ``events()``, a ``log_degraded`` error record says which file
-    failed and why, and checkpoints are written as usual."""
+    """Opens the run directory and writes records to its JSONL file. A failing disk degrades
+    it to ``events()`` only, with a ``log_degraded`` record; the run goes on."""
 
     def __init__(self, run_dir: Path, *, run_id: str, rank: int, hub: EventHub) -> None:
         self.run_dir = run_dir
@@ -135,14 +124,10 @@ class RunLog:
         self._queue: deque[_Queued] = deque()
         self._drain_lock = threading.Lock()
         self.wrote_a_step = False
-        """Whether a ``train_step`` record was written (the run's first step is visible)."""
-        self.closed = False
-        """Whether :meth:`close` closed the file (records emitted later go nowhere)."""
-        self.scratch: Path | None = None
-        """The temporary folder the run directory lies in (None: it is kept)."""
+        self.closed = False  # by close(): records emitted later go nowhere
+        self.scratch: Path | None = None  # the temporary folder of a run not kept
 
     def _degraded(self, name: str, why: str) -> None:
-        """Tell ``events()`` (the file cannot be told) that a log file stopped being written."""
         self._hub.publish(
             {
                 "event": "log_degraded",
@@ -167,9 +152,8 @@ class RunLog:
         hub: EventHub,
         temporary: bool = False,
     ) -> RunLog:
-        """The log of a run in ``<log_dir>/<experiment>/<run_id>``; ``temporary`` (a smoke
-        run's): in a fresh temporary folder instead, which :meth:`discard` removes, so
-        nothing is created under ``log_dir``."""
+        """The log of a run in ``<log_dir>/<experiment>/<run_id>``, or with ``temporary`` in
+        a temporary folder that :meth:`discard` removes."""
         scratch = Path(tempfile.mkdtemp(prefix="core-smoke-")) if temporary else None
         root = log_dir if scratch is None else scratch
         log = cls(root / experiment / run_id, run_id=run_id, rank=rank, hub=hub)
@@ -178,11 +162,10 @@ class RunLog:
 
     @property
     def kept_dir(self) -> Path | None:
-        """The run directory as it stays after the run: None for a temporary one."""
         return self.run_dir if self.scratch is None else None
 
     def discard(self) -> None:
-        """Remove a temporary run directory and everything in it (after :meth:`close`)."""
+        """Remove a temporary run directory (after :meth:`close`)."""
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
@@ -204,7 +187,7 @@ class RunLog:
         return bool(self._queue)
 
     def drain(self) -> int:
-        """Render, publish, write and flush every queued record, in order; return how many."""
+        """Publish, write and flush every queued record, in order; return how many."""
         # orjson directly costs about 1 us a record; structlog's processor chain cost 4-5 us
         # and a flush per record.
         with self._drain_lock:
@@ -238,13 +221,11 @@ class RunLog:
             return count
 
     def wake_consumers(self) -> None:
-        """Wake the ``events()`` consumers that have records waiting (on their event loop's
-        thread: after a drain, instead of their polling)."""
+        """Wake the ``events()`` consumers that have records waiting (after a drain)."""
         self._hub.wake_all()
 
     def write_json(self, name: str, payload: Any) -> Path | None:
-        """Write ``payload`` as pretty JSON next to the event log (rank 0's name kept); on a
-        failing disk, say so in a ``log_degraded`` record and return None."""
+        """Write ``payload`` as JSON next to the event log; None on a failing disk."""
         stem, suffix = name.rsplit(".", 1)
         target = self.run_dir / (name if self.rank == 0 else f"{stem}.rank{self.rank}.{suffix}")
         try:
@@ -265,8 +246,7 @@ class RunLog:
 
 class CurrentLog:
     """Where a job's parts write records: the log of the run in progress. Warnings and
-    errors that come when no run's log is open (a callback failing on ``run_end``) go to
-    the process's structlog logger instead, so that none is lost."""
+    errors when no log is open go to the process's structlog logger."""
 
     def __init__(self) -> None:
         self.log: RunLog | None = None
