@@ -1,9 +1,5 @@
 """AMP's memory saving, measured: the peak of one forward+backward in fp32 minus the peak of
-the same pass under the AMP precision, each read by the device's memory meter
-(``core.memory.meter``: the CUDA allocator's counters, or live-storage tracking on CPU).
-
-Both passes run on one real batch with the model's weights, buffers, gradients and every
-RNG restored afterwards (``core.memory.trial.preserved``), so training is unaffected.
+the same pass under the AMP precision. The model and RNGs are restored afterwards.
 """
 
 from __future__ import annotations
@@ -35,14 +31,7 @@ def measure_amp_savings(
     prepare_batch: Callable[[Any], Any] | None = None,
 ) -> tuple[int | None, str]:
     """``(saved_bytes, note)``: fp32's peak minus ``precision``'s for one forward+backward
-    of ``batch`` (negative when AMP uses more); ``None`` and why when not measurable.
-
-    Example::
-
-        saved, note = measure_amp_savings(model, (x, y), objective=Objective(F.cross_entropy),
-                                          precision=Autocast(torch.bfloat16, "cpu"),
-                                          device=torch.device("cpu"))
-    """
+    of ``batch`` (negative when AMP uses more); ``None`` and why when not measurable."""
     if not precision.uses_autocast:
         return None, "not measured: AMP resolves to fp32 here, there is nothing to compare"
     meter = meter_for(device)
@@ -52,9 +41,8 @@ def measure_amp_savings(
     def one_pass(chosen: Precision) -> None:
         with chosen.autocast():
             _, loss = objective(model, prepared)
-        loss = ErrorHandler().check_loss(
-            loss, epoch=0, batch_index=0, source=objective.loss_source
-        )  # a step function's malformed return, named
+        source = objective.loss_source  # a step function's malformed return, named
+        loss = ErrorHandler().check_loss(loss, epoch=0, batch_index=0, source=source)
         loss.float().backward()
 
     peaks: dict[str, int] = {}

@@ -1,12 +1,5 @@
 """Batches of any size for memory trials: random ones from an input shape, or a real batch
-tiled along the sample dimension.
-
-Example::
-
-    make = batch_maker_for_shape((32, 784))
-    make(100).shape                      # torch.Size([100, 784])
-    make = batch_maker_from((inputs, targets))
-    make(100)                            # (inputs, targets), each with 100 samples
+tiled along the sample dimension: ``batch_maker_for_shape((32, 784))(100).shape == (100, 784)``.
 """
 
 from __future__ import annotations
@@ -22,16 +15,11 @@ from core.errors import config_error
 
 __all__ = ("BatchMaker", "batch_maker_for_shape", "batch_maker_from", "check_input_shape")
 
-BatchMaker = Callable[[int], Any]
-"""Builds a batch of ``n`` samples (a tensor, an ``(inputs, targets)`` pair or a dict)."""
+BatchMaker = Callable[[int], Any]  # a batch of n samples: a tensor, an (x, y) pair or a dict
 
 
 def check_input_shape(input_shape: Sequence[int] | None) -> tuple[int, ...]:
-    """``input_shape`` as a tuple, after checking it is ``(batch, features...)`` of ints >= 1.
-
-    >>> check_input_shape([32, 784])
-    (32, 784)
-    """
+    """``input_shape`` as a tuple, after checking it is ``(batch, features...)`` of ints >= 1."""
     shape = tuple(input_shape) if isinstance(input_shape, (tuple, list, torch.Size)) else ()
     if not shape or not all(is_int(d) and d >= 1 for d in shape):
         raise config_error(
@@ -51,11 +39,7 @@ def batch_maker_for_shape(
     device: torch.device | str | None = None,
 ) -> BatchMaker:
     """Random inputs of ``input_shape`` with dimension 0 replaced by ``n``: standard normal
-    floats, or token ids in ``[0, vocab_size)`` when ``input_dtype`` is an integer type.
-
-    >>> batch_maker_for_shape((8, 16), input_dtype=torch.long, vocab_size=100)(4).shape
-    torch.Size([4, 16])
-    """
+    floats, or token ids in ``[0, vocab_size)`` when ``input_dtype`` is an integer type."""
     rest = check_input_shape(input_shape)[1:]
     integer = not (input_dtype.is_floating_point or input_dtype.is_complex)
     if integer and not (is_int(vocab_size) and vocab_size >= 1):
@@ -77,12 +61,8 @@ def batch_maker_for_shape(
 
 
 def batch_maker_from(batch: Any) -> BatchMaker:
-    """Batches of ``n`` samples built by repeating ``batch``'s samples in order (a pair,
-    list, dict or nested mix; tensors whose dimension 0 is not the sample count are shared).
-
-    >>> batch_maker_from({"x": torch.zeros(2, 3)})(5)["x"].shape
-    torch.Size([5, 3])
-    """
+    """Batches of ``n`` samples repeating ``batch``'s samples in order (tensors whose
+    dimension 0 is not the sample count are shared)."""
     size = count_samples(batch)
 
     def make(n: int) -> Any:

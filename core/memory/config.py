@@ -1,9 +1,4 @@
-"""The memory section of the config tree: ``MemoryConfig`` (batch-size search settings).
-
-Example::
-
-    MemoryConfig(auto_batch_size=True, target_memory_gb=20.0, max_batch_size=1024)
-"""
+"""The memory section of the config tree: ``MemoryConfig`` (batch-size search settings)."""
 
 from __future__ import annotations
 
@@ -67,7 +62,7 @@ class MemoryConfig:
 
     @property
     def target_bytes(self) -> int | None:
-        """``target_memory_gb`` in bytes (GiB = 2**30 bytes); ``None`` when unset."""
+        """``target_memory_gb`` in bytes; ``None`` when unset."""
         if self.target_memory_gb is None:
             return None
         return int(self.target_memory_gb * 2**30)

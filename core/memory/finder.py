@@ -1,12 +1,6 @@
-"""The largest batch size whose full training step fits a memory target. The search grows from a
-start size by the measured peaks' (near affine) prediction, then closes in between the last size
-that fit and the first that did not, falling back to doubling and bisection. The answer is
-always a measured fit; at most :data:`MAX_TRIALS` (usually 5 to 9).
-
-Example::
-
-    search = find_batch_size(model, (32, 784), target_memory_gb=8.0)
-    search.batch_size, len(search.trials)
+"""The largest batch size whose full training step fits a memory target. A secant search on the
+measured peaks (near affine in the batch size), safeguarded by doubling and bisection; the
+answer is always a measured fit, in at most :data:`MAX_TRIALS` trials (usually 5 to 9).
 """
 
 from __future__ import annotations
@@ -23,7 +17,15 @@ from core.errors import OutOfMemoryError
 from core.memory.batches import BatchMaker, batch_maker_for_shape, check_input_shape
 from core.memory.config import MemoryConfig
 from core.memory.meter import meter_for
-from core.memory.trial import Autocast, LossFn, OptimizerFactory, Trial, preserved, run_trial
+from core.memory.trial import (
+    Autocast,
+    LossFn,
+    OptimizerFactory,
+    Trial,
+    device_for,
+    preserved,
+    run_trial,
+)
 
 __all__ = ("BatchSizeSearch", "MAX_TRIALS", "find_batch_size", "optimize_batch_size")
 
@@ -42,7 +44,6 @@ class BatchSizeSearch:
     target_bytes: int
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain values for a ``run_start`` record."""
         return {
             "batch_size": self.batch_size,
             "target_bytes": self.target_bytes,
@@ -51,7 +52,7 @@ class BatchSizeSearch:
 
 
 class _Search:
-    """A safeguarded secant search over trial outcomes (see the module docstring)."""
+    """A safeguarded secant search over trial outcomes."""
 
     def __init__(self, probe: Callable[[int], Trial], start: int, limit: int, target: int):
         self.probe, self.start, self.limit, self.target = probe, min(start, limit), limit, target
@@ -152,7 +153,7 @@ class _Search:
 
 
 def _agree_min(batch_size: int) -> int:
-    """The smallest answer of all ranks under an initialised process group, else as is."""
+    """The smallest answer of all ranks under an initialised process group."""
     if not (dist.is_available() and dist.is_initialized()):
         return batch_size
     nccl = dist.get_backend() == "nccl"
@@ -176,13 +177,12 @@ def find_batch_size(
     make_batch: BatchMaker | None = None,
     agree: Callable[[int], int] | None = None,
 ) -> BatchSizeSearch:
-    """Search for the largest batch size whose training step fits the target (see the
-    module docstring); weights, gradients and RNG are as before when it returns.
+    """Search for the largest batch size whose training step fits the target; weights,
+    gradients and RNG are as before when it returns.
 
-    ``input_shape`` is ``(batch, features...)``: the search starts at ``input_shape[0]``
-    (at 1 when it is ``None``, which needs ``make_batch``). ``target_memory_gb=None`` means
-    the device's free memory less ``margin``. Under an initialised process group every
-    rank must call it; all take the smallest answer (``agree`` replaces that step).
+    The search starts at ``input_shape[0]`` (1 when ``None``, which needs ``make_batch``).
+    ``target_memory_gb=None``: the device's free memory less ``margin``. Under a process
+    group every rank must call it; all take the smallest answer (or ``agree``'s).
 
     Example::
 
@@ -194,7 +194,7 @@ def find_batch_size(
     )
     given = input_shape is not None or make_batch is None
     shape = check_input_shape(input_shape) if given else None
-    place = torch.device(device) if device is not None else _device_of(model)
+    place = device_for(model, device)
     meter = meter_for(place)
     target = config.target_bytes
     if target is None:
@@ -253,8 +253,3 @@ def optimize_batch_size(
         make_batch=make_batch,
         agree=agree,
     ).batch_size
-
-
-def _device_of(model: nn.Module) -> torch.device:
-    first = next(model.parameters(), None)
-    return first.device if first is not None else torch.device("cpu")

@@ -1,11 +1,5 @@
 """Measuring the peak memory of a piece of work, on CUDA from the allocator's counters and on
 CPU by tracking the tensor storages it creates (torch keeps no CPU allocator statistics).
-
-Example::
-
-    meter = meter_for(torch.device("cpu"))
-    reading = meter.measure(lambda: torch.empty(1_000_000), resident=model.parameters())
-    reading.peak_bytes - reading.start_bytes   # 4_000_000
 """
 
 from __future__ import annotations
@@ -35,12 +29,8 @@ _MEMINFO = "/proc/meminfo"
 
 @dataclass(frozen=True)
 class MemoryReading:
-    """What one measured piece of work used.
-
-    ``peak_bytes`` counts everything live at the peak, including ``start_bytes`` (what was
-    live when the work began); ``reserved_bytes`` is what the caching allocator held at the
-    end (CUDA), ``None`` where there is no such allocator (CPU).
-    """
+    """What one measured piece of work used: ``peak_bytes`` includes ``start_bytes``;
+    ``reserved_bytes`` is the CUDA caching allocator's at the end (``None`` on CPU)."""
 
     peak_bytes: int
     start_bytes: int
@@ -56,9 +46,8 @@ class MemoryMeter:
     def measure(
         self, fn: Callable[[], object], *, resident: Iterable[torch.Tensor] = ()
     ) -> MemoryReading:
-        """Run ``fn`` and report its peak. ``resident`` names tensors already live that the
-        work uses (the model's parameters and buffers): a meter that only sees new
-        allocations counts them as live from the start."""
+        """Run ``fn`` and report its peak; ``resident`` tensors (parameters, buffers) count
+        as live from the start."""
         raise NotImplementedError
 
     def budget_default(self, margin: float) -> int:
@@ -82,15 +71,13 @@ class CudaMemoryMeter(MemoryMeter):
         )
 
     def budget_default(self, margin: float) -> int:
-        """Free device memory plus what torch's allocator already holds (the model and its
-        cache, which a step's peak counts), less ``margin``."""
+        """Free memory plus what torch's allocator holds (a peak counts it), less ``margin``."""
         free, _total = torch.cuda.mem_get_info(self.device)
         return int((free + torch.cuda.memory_reserved(self.device)) * (1.0 - margin))
 
 
 class _LiveStorages(TorchDispatchMode):
-    """Counts the bytes of live CPU storages: every op output's storage once (by storage
-    identity), released when torch frees the storage (a ``weakref.finalize`` callback)."""
+    """Counts the bytes of live CPU storages: each op output's storage once, until freed."""
 
     def __init__(self, device: torch.device) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
@@ -148,11 +135,8 @@ class _LiveStorages(TorchDispatchMode):
 
 
 class CpuMemoryMeter(MemoryMeter):
-    """Live-storage tracking on the calling thread (CPU autograd runs backward there too).
-
-    It sees every tensor an op allocates, optimizer state included, but not the scratch
-    space inside a kernel nor memory outside torch (Python objects, the allocator's slack).
-    """
+    """Live-storage tracking on the calling thread (CPU autograd runs backward there too); a
+    kernel's scratch space and memory outside torch are not seen."""
 
     def measure(
         self, fn: Callable[[], object], *, resident: Iterable[torch.Tensor] = ()
@@ -169,8 +153,7 @@ class CpuMemoryMeter(MemoryMeter):
         return MemoryReading(peak_bytes=tracker.peak, start_bytes=start, reserved_bytes=None)
 
     def budget_default(self, margin: float) -> int:
-        """``MemAvailable`` of ``/proc/meminfo`` (psutil's figure where that file cannot be
-        read) less ``margin``."""
+        """``MemAvailable`` (else psutil's figure) less ``margin``."""
         return int(_available_host_bytes() * (1.0 - margin))
 
 
@@ -197,11 +180,7 @@ def _available_host_bytes() -> int:
 
 
 def meter_for(device: torch.device | str) -> MemoryMeter:
-    """The memory meter for ``device``: allocator counters on CUDA, tracking elsewhere.
-
-    >>> type(meter_for("cpu")).__name__
-    'CpuMemoryMeter'
-    """
+    """The memory meter for ``device``: allocator counters on CUDA, tracking elsewhere."""
     place = torch.device(device)
     if place.type == "cuda":
         return CudaMemoryMeter(place)

@@ -1,12 +1,5 @@
 """Making a model's training step use less memory, and ``GPUMemoryOptimizer``, one object
 over the memory tools (model transforms, batch-size search, memory profile).
-
-Example::
-
-    memory_optimizer = GPUMemoryOptimizer()
-    model = memory_optimizer.optimize_model_memory(model, (32, 784))
-    batch_size = memory_optimizer.optimize_batch_size(model, (32, 784), target_memory_gb=8.0)
-    profile = memory_optimizer.profile_memory_usage(model, (32, 784))
 """
 
 from __future__ import annotations
@@ -24,7 +17,14 @@ from core.memory.config import MemoryConfig
 from core.memory.finder import BatchSizeSearch, find_batch_size
 from core.memory.meter import meter_for
 from core.memory.profile import MemoryProfile, profile_memory_usage
-from core.memory.trial import Autocast, LossFn, OptimizerFactory, preserved, run_trial
+from core.memory.trial import (
+    Autocast,
+    LossFn,
+    OptimizerFactory,
+    device_for,
+    preserved,
+    run_trial,
+)
 from core.transforms.activation_checkpointing import apply_activation_checkpointing, find_blocks
 from core.transforms.channels_last import (
     apply_channels_last,
@@ -37,8 +37,8 @@ __all__ = ("GPUMemoryOptimizer", "MemoryOptimization", "optimize_model_memory")
 
 @dataclass(frozen=True)
 class MemoryOptimization:
-    """What :func:`optimize_model_memory` changed, and one training step's peak memory
-    before and after (``None`` where that step ran out of memory)."""
+    """What :func:`optimize_model_memory` changed, and a step's peak before and after
+    (``None``: out of memory)."""
 
     activation_checkpointed: tuple[str, ...]
     channels_last: bool
@@ -46,7 +46,6 @@ class MemoryOptimization:
     peak_after_bytes: int | None
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain values for a ``run_start`` record."""
         return {
             "activation_checkpointed": list(self.activation_checkpointed),
             "channels_last": self.channels_last,
@@ -83,10 +82,9 @@ def optimize_model_memory(
     autocast: Autocast | None = None,
     make_batch: BatchMaker | None = None,
 ) -> MemoryOptimization:
-    """Apply activation checkpointing (to the model's repeated blocks, or the named block
-    classes; a model without repeated blocks is left as it is) and channels_last (``"auto"``:
-    convolutional models on CUDA) in place, measuring a training step at ``input_shape[0]``
-    samples before and after. Weights, gradients and RNG are as before when it returns.
+    """Apply activation checkpointing (to repeated blocks, or the named block classes) and
+    channels_last (``"auto"``: convolutional models on CUDA) in place, measuring a training
+    step at ``input_shape[0]`` samples before and after; weights, gradients and RNG are kept.
 
     Example::
 
@@ -98,12 +96,7 @@ def optimize_model_memory(
         raise config_error("channels_last", channels_last, ("auto", True, False))
     given = input_shape is not None or make_batch is None
     shape = check_input_shape(input_shape) if given else None
-    first = next(model.parameters(), None)
-    place = (
-        torch.device(device)
-        if device is not None
-        else (first.device if first is not None else torch.device("cpu"))
-    )
+    place = device_for(model, device)
     maker = make_batch or batch_maker_for_shape(shape or (1,), device=place)
     meter = meter_for(place)
 
@@ -144,8 +137,7 @@ def optimize_model_memory(
 
 class GPUMemoryOptimizer:
     """The memory tools in one object: transforms, batch-size search and profile for one device
-    (default: the model's), under a :class:`MemoryConfig`. The last reports are kept in
-    ``last_optimization`` and ``last_search``.
+    (default: the model's), under a :class:`MemoryConfig`; the last reports are kept.
 
     Example::
 
@@ -174,8 +166,7 @@ class GPUMemoryOptimizer:
         self.last_search: BatchSizeSearch | None = None
 
     def optimize_model_memory(self, model: nn.Module, input_shape: Sequence[int]) -> nn.Module:
-        """Apply :func:`optimize_model_memory` and return the same model (changed in place);
-        the report is kept in ``last_optimization``."""
+        """:func:`optimize_model_memory` in place; the report goes to ``last_optimization``."""
         self.last_optimization = optimize_model_memory(
             model,
             input_shape,
@@ -194,8 +185,8 @@ class GPUMemoryOptimizer:
         max_batch_size: int | None = None,
         margin: float | None = None,
     ) -> int:
-        """The largest batch size that fits (see :func:`find_batch_size`); arguments left
-        ``None`` come from the config. The search is kept in ``last_search``."""
+        """:func:`find_batch_size`'s answer, ``None`` arguments from the config; the search
+        goes to ``last_search``."""
         base = self.config
         target = base.target_memory_gb if target_memory_gb is None else target_memory_gb
         config = replace(  # validated again, as MemoryConfig's own fields

@@ -1,10 +1,5 @@
 """Where a training step's memory goes, at a few batch sizes: parameters, gradients,
 optimizer state, and the rest of the peak (activations).
-
-Example::
-
-    for batch_size, profile in profile_memory_usage(model, (32, 784)).items():
-        profile["memory_used_gb"], profile["activations_bytes"]
 """
 
 from __future__ import annotations
@@ -23,6 +18,7 @@ from core.memory.trial import (
     Autocast,
     LossFn,
     OptimizerFactory,
+    device_for,
     preserved,
     prime_optimizer,
     run_trial,
@@ -36,10 +32,8 @@ _DEFAULT_SIZES = 4
 class MemoryProfile(TypedDict):
     """One batch size's training step, in bytes (``None`` where it ran out of memory).
 
-    ``activations_bytes`` is the peak less parameters, gradients and optimizer state: the
-    activations kept for backward, the batch, buffers and temporaries at the peak (at small
-    batch sizes the peak can be the optimizer step, leaving only its temporaries here).
-    ``memory_used_gb`` is the peak in GiB (2**30 bytes).
+    ``activations_bytes`` is the peak less parameters, gradients and optimizer state (at
+    small batch sizes the peak can be the optimizer step, leaving only its temporaries).
     """
 
     peak_allocated_bytes: int | None
@@ -70,7 +64,6 @@ def _bytes(tensors: Sequence[torch.Tensor]) -> int:
 
 
 def _optimizer_state_bytes(model: nn.Module, factory: OptimizerFactory | None) -> int:
-    """The bytes of the state a throwaway optimizer allocates at its first step."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         return 0
@@ -95,9 +88,9 @@ def profile_memory_usage(
     device: torch.device | str | None = None,
     make_batch: BatchMaker | None = None,
 ) -> dict[int, MemoryProfile]:
-    """Measure one full training step (AdamW unless ``optimizer_factory``) at each batch
-    size (default: :func:`default_batch_sizes` of ``input_shape[0]``); the model's weights,
-    gradients and RNG are as before when it returns.
+    """Measure one training step (AdamW unless ``optimizer_factory``) at each batch size
+    (default: :func:`default_batch_sizes` of ``input_shape[0]``); weights, gradients and RNG
+    are kept.
 
     >>> profiles = profile_memory_usage(nn.Linear(784, 10), (32, 784))
     >>> sorted(profiles), profiles[32]["parameters_bytes"]
@@ -117,12 +110,7 @@ def profile_memory_usage(
             "None or a non-empty sequence of integers >= 1",
             "pass e.g. batch_sizes=[8, 16, 32], or None for powers of two up to input_shape[0].",
         )
-    first = next(model.parameters(), None)
-    place = (
-        torch.device(device)
-        if device is not None
-        else (first.device if first is not None else torch.device("cpu"))
-    )
+    place = device_for(model, device)
     meter = meter_for(place)
     maker = make_batch or batch_maker_for_shape(shape or (1,), device=place)
     params = list(model.parameters())

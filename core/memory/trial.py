@@ -1,14 +1,5 @@
 """One full training step at a given batch size, measured: the unit of every memory search.
-A trial runs forward, loss, backward and a throwaway optimizer's step in the run's precision,
-measures the peak and frees what it held; out of memory means "does not fit".
-:func:`preserved` restores the weights, gradients and RNGs afterwards.
-
-Example::
-
-    meter = meter_for(torch.device("cpu"))
-    with preserved(model):
-        trial = run_trial(model, batch_maker_for_shape((32, 784)), 64, meter=meter)
-    trial.fits, trial.peak_bytes
+Out of memory means "does not fit"; :func:`preserved` restores the model and RNGs afterwards.
 """
 
 from __future__ import annotations
@@ -37,6 +28,7 @@ __all__ = (
     "LossFn",
     "OptimizerFactory",
     "Trial",
+    "device_for",
     "preserved",
     "prime_optimizer",
     "run_trial",
@@ -49,9 +41,8 @@ Autocast = Callable[[], AbstractContextManager[object]]
 
 @dataclass(frozen=True)
 class Trial:
-    """One measured training step: ``fits`` when it neither ran out of memory nor passed the
-    target; ``peak_bytes`` is ``None`` when it ran out of memory; ``reason`` says why;
-    ``reserved_bytes`` is what the caching allocator held (CUDA only)."""
+    """One measured training step: ``fits`` when it neither ran out of memory (``peak_bytes``
+    ``None``) nor passed the target; ``reason`` says why."""
 
     batch_size: int
     fits: bool
@@ -69,17 +60,18 @@ class Trial:
         }
 
 
+def device_for(model: nn.Module, device: torch.device | str | None) -> torch.device:
+    """``device``, else the device of the model's first parameter (CPU without one)."""
+    if device is not None:
+        return torch.device(device)
+    first = next(model.parameters(), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
 @contextlib.contextmanager
 def preserved(model: nn.Module) -> Iterator[None]:
-    """Restore ``model``'s weights and buffers, its gradients and every RNG on exit.
-
-    Gradients are set to ``None`` inside (a real step starts without them).
-
-    Example::
-
-        with preserved(model):
-            run_trial(model, make_batch, 64, meter=meter_for("cpu"))
-    """
+    """Restore ``model``'s weights and buffers, its gradients and every RNG on exit;
+    gradients are ``None`` inside (a real step starts without them)."""
     # A host copy: a snapshot on the device would count against the memory being measured
     # (on CUDA this copy waits for the device, once per search).
     snapshot = {
@@ -102,14 +94,8 @@ def preserved(model: nn.Module) -> Iterator[None]:
 
 
 def prime_optimizer(optimizer: torch.optim.Optimizer, params: Iterable[nn.Parameter]) -> None:
-    """Make ``optimizer`` allocate its state (Adam's moments, momentum buffers) with one step
-    on zero gradients, so that a single measured step counts it as a real run's steady state
-    does (weights move by weight decay only; :func:`preserved` restores them).
-
-    Example::
-
-        prime_optimizer(torch.optim.AdamW(params), params)   # exp_avg, exp_avg_sq exist now
-    """
+    """Make ``optimizer`` allocate its state with one step on zero gradients, so that one
+    measured step counts it (weights move by weight decay only)."""
     chosen = list(params)
     for param in chosen:
         param.grad = torch.zeros_like(param)
@@ -128,11 +114,8 @@ def run_trial(
     meter: MemoryMeter,
     target_bytes: int | None = None,
 ) -> Trial:
-    """Run and measure one training step with ``batch_size`` samples.
-
-    ``autocast`` is the run's precision context (``precision.autocast``); the optimizer is
-    a throwaway ``optimizer_factory(params)`` (default ``torch.optim.AdamW``). With
-    ``target_bytes``, a step whose peak passes it does not fit either.
+    """Run and measure one training step with ``batch_size`` samples, with a throwaway
+    optimizer (default AdamW); with ``target_bytes``, a peak above it does not fit either.
 
     Example::
 
@@ -186,13 +169,13 @@ def _free(
     *,
     full: bool,
 ) -> None:
-    """Drop what a trial held. An optimizer sits in a reference cycle, so its state is
-    cleared by hand; a full collection (about 0.2 s with torch loaded) runs only after an
-    out-of-memory error, whose traceback keeps the step's tensors in cycles."""
+    """Drop what a trial held."""
     if optimizer is not None:
-        optimizer.state.clear()
+        optimizer.state.clear()  # an optimizer sits in a reference cycle
     for param in params:
         param.grad = None
+    # A full collection (about 0.2 s) only after an out-of-memory error, whose traceback
+    # keeps the step's tensors in cycles.
     gc.collect(2 if full else 1)
     device_of(device).empty_cache()
 
@@ -202,7 +185,7 @@ def _gib(n: int) -> str:
 
 
 def _loss(model: nn.Module, batch: Any, loss_fn: LossFn | None) -> torch.Tensor:
-    """The batch's loss as the run computes it, or a synthetic one reaching every output."""
+    """The batch's loss as the run computes it, or a synthetic one."""
     if isinstance(batch, Mapping):
         outputs = model(**batch)
         own = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
@@ -218,7 +201,6 @@ def _loss(model: nn.Module, batch: Any, loss_fn: LossFn | None) -> torch.Tensor:
 
 
 def _synthetic_loss(outputs: Any) -> torch.Tensor:
-    """The sum of the means of every floating output that needs a gradient."""
     terms = [t.float().mean() for t in _tensors(outputs) if t.is_floating_point()]
     terms = [t for t in terms if t.requires_grad]
     if not terms:
