@@ -106,7 +106,6 @@ class MultiGPUConfig:
         self._check_devices()
 
     def _check_devices(self) -> None:
-        """``devices``: a count of processes on this machine, which then sets the ranks."""
         devices = self.devices
         if devices is None:
             return

@@ -1,8 +1,5 @@
-"""``nn.DataParallel``: one process drives several GPUs of one machine.
-
-Kept for programs that train several GPUs from one process and for quick experiments;
-``torchrun`` with DDP is faster and is what auto mode suggests when it sees several GPUs.
-"""
+"""``nn.DataParallel``: one process drives several GPUs of one machine. DDP under ``torchrun``
+is faster (auto mode suggests it)."""
 
 from __future__ import annotations
 

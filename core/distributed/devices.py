@@ -1,8 +1,4 @@
-"""``devices=N``: whether this process starts the job's N ranks, checked against the machine.
-Outside torchrun it starts them (``core.distributed.launch``); in a rank with the same N per
-machine there is nothing to start; another number under torchrun, N above the CUDA devices, or
-NCCL without CUDA is a :class:`~core.errors.ConfigError`.
-"""
+"""``devices=N``: whether this process starts the job's N ranks, checked against the machine."""
 
 from __future__ import annotations
 
@@ -14,15 +10,12 @@ from core.errors import config_error
 
 __all__ = ("FIELD", "ranks_to_start")
 
-FIELD = "distributed.devices"
-"""The field's dotted path in the config tree (``devices=`` is its flat keyword)."""
+FIELD = "distributed.devices"  # devices= is its flat keyword
 
 
 def ranks_to_start(config: MultiGPUConfig, *, isolation: str = "thread") -> int | None:
-    """How many ranks this process must start for ``config`` (None: it trains itself).
-
-    ``isolation`` is ``run.isolation``: ``"process"`` is refused with devices > 1 (the ranks
-    already train outside the calling process)."""
+    """How many ranks this process must start for ``config`` (None: it trains itself);
+    ``isolation="process"`` is refused with devices > 1."""
     devices = config.devices
     if devices is None:
         return None

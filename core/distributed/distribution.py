@@ -1,7 +1,6 @@
 """``Distribution``: where a run trains (one device, DataParallel, DDP or FSDP2): the strategy
 chosen for this machine, the model wrapped for it, the loaders sharded over the ranks, and the
-training throughput counted. ``training_mode="auto"`` resolves once: DDP under torchrun, else
-CPU, one GPU, or DataParallel over several when ``enable_data_parallel``.
+training throughput counted.
 """
 
 from __future__ import annotations
@@ -74,17 +73,15 @@ class Distribution:
         return self.strategy.wrap_model(model, compute_dtype=compute_dtype)
 
     def prepare_loader(self, loader: Iterable[Any], *, train: bool) -> Iterable[Any]:
-        """This rank's loader: under DDP/FSDP2 re-sharded with a DistributedSampler (unless
-        ``use_distributed_sampler=False``); a ``val_loader`` whose length differs between
-        ranks raises :class:`~core.errors.UnevenLoadersError` here (call on every rank)."""
+        """This rank's loader, re-sharded under DDP/FSDP2 (call on every rank: uneven
+        ``val_loader`` lengths raise :class:`~core.errors.UnevenLoadersError` here)."""
         return self.strategy.prepare_loader(loader, train=train)
 
     def setup_dataloader(
         self, dataset: Dataset[Any], batch_size: int, *, shuffle: bool = True, **kwargs: Any
     ) -> DataLoader[Any]:
-        """A tuned DataLoader for ``dataset`` (:func:`~core.data.create_dataloader`: workers
-        from this machine's cores and ranks, pinned memory on CUDA); under DDP/FSDP2 with
-        this rank's DistributedSampler. Keywords go to ``create_dataloader``."""
+        """:func:`~core.data.create_dataloader` for ``dataset``, under DDP/FSDP2 with this
+        rank's DistributedSampler."""
         strategy = self.strategy
         local_ranks = self.machine.env.local_world_size if self.machine.env else 1
         if strategy.world_size > 1 or self.training_mode in ("distributed", "fsdp"):
@@ -108,7 +105,6 @@ class Distribution:
         )
 
     def get_training_info(self) -> dict[str, Any]:
-        """Mode, ranks, device and the GPUs of this machine."""
         cuda = torch.cuda.is_available()
         count = self.machine.cuda_count
         return self.strategy.describe() | {
@@ -121,8 +117,7 @@ class Distribution:
         }
 
     def record_epoch(self, samples: int, seconds: float) -> None:
-        """Count one epoch's training samples and seconds (this rank's; the run calls it
-        after each epoch)."""
+        """Count one epoch's training samples and seconds (this rank's)."""
         t = self._throughput
         t.epochs += 1
         t.samples += samples
@@ -130,8 +125,7 @@ class Distribution:
         t.per_epoch.append(samples / seconds if seconds else 0.0)
 
     def merge_throughput(self, other: Distribution) -> None:
-        """Add the epochs ``other`` counted (a run built on this distribution's config) to
-        these."""
+        """Add the epochs ``other`` counted to these."""
         t, o = self._throughput, other._throughput
         t.epochs += o.epochs
         t.samples += o.samples
@@ -139,18 +133,9 @@ class Distribution:
         t.per_epoch.extend(o.per_epoch)
 
     def get_performance_summary(self) -> dict[str, Any]:
-        """This rank's training throughput, and how much of the device memory it used.
-
-        ``throughput`` (= ``samples_per_s``): training samples per second of training time.
-        ``memory_efficiency``: the peak memory torch allocated on this rank's device (since
-        the process started or the last ``torch.cuda.reset_peak_memory_stats``, which the
-        batch-size search calls) as a fraction of the device's total memory; None without
-        CUDA, where torch counts no allocations (``memory_efficiency_note`` says so).
-
-        Example::
-
-            distribution.get_performance_summary()["throughput"]   # samples/s
-        """
+        """This rank's training throughput (samples/s of training time), and
+        ``memory_efficiency``: the peak memory torch allocated (since the last peak reset)
+        over the device's total; None without CUDA."""
         t = self._throughput
         rate = t.samples / t.seconds if t.seconds else 0.0
         efficiency, note = _memory_efficiency(self.device)
@@ -170,16 +155,14 @@ class Distribution:
         }
 
     def cleanup(self) -> None:
-        """Tear down what setup created (a process group this distribution did not create
-        stays)."""
+        """Tear down what setup created (a process group it did not create stays)."""
         if self._ready:
             self.strategy.teardown()
             self._ready = False
 
 
 def _memory_efficiency(device: torch.device) -> tuple[float | None, str]:
-    """Peak allocated / total memory of ``device`` and what it means (allocator counters:
-    no device sync)."""
+    """Peak allocated / total memory of ``device`` (allocator counters: no sync), and a note."""
     peak = device_of(device).max_allocated()
     if peak is None:
         return None, "no CUDA device: torch keeps no allocation counters for host memory"

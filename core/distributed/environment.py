@@ -43,10 +43,8 @@ class DistributedEnvironment:
     local_world_size: int
     master_addr: str | None
     master_port: int | None
-    restart_count: int = 0
-    """``TORCHELASTIC_RESTART_COUNT``: how often torchrun restarted this job's workers."""
-    agent_store: bool = False
-    """Workers share the torchrun agent's store (``TORCHELASTIC_USE_AGENT_STORE``)."""
+    restart_count: int = 0  # TORCHELASTIC_RESTART_COUNT
+    agent_store: bool = False  # TORCHELASTIC_USE_AGENT_STORE: workers share the agent's store
 
     @classmethod
     def from_environ(
@@ -87,14 +85,11 @@ class DistributedEnvironment:
         )
 
     def agent_rendezvous(self) -> tuple[str, int, str] | None:
-        """``(host, port, key prefix)`` for joining the agent's store, or None.
-
-        torchrun reuses its store across restarts, so the keys of a previous attempt's
-        process group (gloo's peer addresses among them) are still there; a prefix per
-        attempt keeps a restarted worker from connecting to a dead peer's address.
-        """
+        """``(host, port, key prefix)`` for joining the agent's store, or None."""
         if not self.agent_store or self.master_addr is None or self.master_port is None:
             return None
+        # torchrun reuses its store across restarts: a prefix per attempt keeps a restarted
+        # worker from a previous attempt's keys (a dead peer's gloo address among them).
         return self.master_addr, self.master_port, f"core/attempt_{self.restart_count}/"
 
 
@@ -105,8 +100,8 @@ def rendezvous_address(environ: Mapping[str, str] | None = None) -> tuple[str | 
 
 
 def torchrun_variables(rank: int, world_size: int, address: str, port: int) -> dict[str, str]:
-    """The variables torchrun gives rank ``rank`` of ``world_size`` ranks, one per machine
-    (placed by another launcher: a Ray actor per rank), rank 0 listening at ``address:port``."""
+    """The variables torchrun gives rank ``rank`` of ``world_size``, one rank per machine
+    (placed by another launcher: a Ray actor per rank)."""
     return {
         "RANK": str(rank),
         "LOCAL_RANK": "0",
@@ -120,8 +115,7 @@ def torchrun_variables(rank: int, world_size: int, address: str, port: int) -> d
 
 @contextlib.contextmanager
 def as_a_torchrun_rank(variables: Mapping[str, str]) -> Iterator[None]:
-    """This process is the rank ``variables`` describe while the block runs (nothing for
-    none); they are removed after it."""
+    """This process is the rank ``variables`` describe while the block runs."""
     os.environ.update(variables)
     try:
         yield

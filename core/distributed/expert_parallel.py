@@ -27,8 +27,7 @@ TokenExchangeChoice = Literal["auto", "all_to_all", "all_gather"]
 
 
 def _flat() -> Any:
-    """Flattened optimizer state (``torch.distributed.checkpoint`` is imported on first use:
-    half a second that a run without expert parallelism never pays)."""
+    """Flattened optimizer state (DCP imported on first use: half a second)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     return StateDictOptions(flatten_optimizer_state_dict=True)

@@ -1,7 +1,5 @@
-"""Expert parallelism in one process: experts placed on this machine's GPUs. The plan is
-:mod:`core.moe.placement`'s cost model; the gate and dense parts stay on the primary device and
-tokens travel with non-blocking copies. With one device (or none) everything stays there, and
-the plan is still recorded in ``run_start``.
+"""Expert parallelism in one process: experts placed on this machine's GPUs. The plan
+(:mod:`core.moe.placement`) is recorded in ``run_start`` even with one device or none.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """FSDP2 (``fully_shard``): parameters, gradients and optimizer state sharded over ranks.
-Each block (by default every child of every ``nn.ModuleList``, or what a user policy returns)
-is sharded on its own, then the root; gradients are DTensors, so the gradient norm and the
-fp16 overflow flag are combined over ranks.
+Each block is sharded on its own, then the root.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """Launch helpers: a free port, an in-process group, torchrun, and the ranks of ``devices=N``.
 
-``launch_distributed_training`` runs ``torchrun`` as a subprocess in its own session, so a
-timeout stops it and every worker; multi-node: the same command on every node with ``nnodes``
-and one ``rdzv_endpoint``. ``launch_local_ranks`` is ``torchrun --standalone --nproc-per-node
-N`` without the command (torch's elastic agent, no restarts, ``OMP_NUM_THREADS=1``)::
-
-    launch_distributed_training("train.py", world_size=8, nnodes=2, rdzv_endpoint="10.0.0.1:29500")
-    launch_local_ranks(2, *python_module("core", ["fit", "--example", "digits"]))
+launch_distributed_training("train.py", world_size=8, nnodes=2, rdzv_endpoint="10.0.0.1:29500")
+launch_local_ranks(2, *python_module("core", ["fit", "--example", "digits"]))
 """
 
 from __future__ import annotations
@@ -62,12 +57,9 @@ def setup_distributed_environment(
     *,
     rank: int | None = None,
 ) -> dict[str, Any]:
-    """Join (or create) the default process group from a process torchrun did not start.
-
-    Under torchrun its environment wins. Otherwise MASTER_ADDR defaults to 127.0.0.1 and
-    MASTER_PORT to a free port, and ``rank`` defaults to 0. Returns rank, world size and
-    backend.
-    """
+    """Join (or create) the default process group from a process torchrun did not start
+    (MASTER_ADDR defaults to 127.0.0.1, MASTER_PORT to a free port, ``rank`` to 0; under
+    torchrun its environment wins). Returns rank, world size and backend."""
     env = DistributedEnvironment.from_environ()
     if env is not None:
         world_size, rank = env.world_size, env.rank
@@ -99,10 +91,8 @@ def launch_distributed_training(
     env: Mapping[str, str] | None = None,
     timeout_s: float | None = None,
 ) -> int:
-    """Run ``script_path`` under torchrun with ``world_size`` processes per node.
-
-    Returns torchrun's exit code (124 if ``timeout_s`` passed, after stopping every worker).
-    """
+    """Run ``script_path`` under torchrun (in a session of its own) with ``world_size``
+    processes per node; its exit code (124 if ``timeout_s`` passed, every worker stopped)."""
     if not Path(script_path).exists():
         raise config_error("script_path", str(script_path), "an existing Python file")
     if world_size < 1:
@@ -142,8 +132,7 @@ def _stop_session(process: subprocess.Popen[bytes]) -> None:
 
 
 def python_module(module: str, argv: Sequence[str]) -> tuple[str, list[str]]:
-    """``(entrypoint, args)`` running ``python -u -m module argv`` in each rank, as
-    ``torchrun -m module`` does (the interpreter of this process)."""
+    """``(entrypoint, args)`` running ``python -u -m module argv`` in each rank."""
     return sys.executable, ["-u", "-m", module, *argv]
 
 
@@ -154,17 +143,14 @@ def launch_local_ranks(
     *,
     shutdown_timeout_s: int | None = None,
 ) -> dict[int, Any]:
-    """Start ``nprocs`` ranks of one job on this machine and wait for them: the launch
-    ``torchrun --standalone --nproc-per-node nprocs`` makes, through torch's own
-    ``elastic_launch``. ``entrypoint(*args)`` is a function (a module-level one where this
-    process initialized CUDA: it is pickled into ``spawn``-started ranks) or a command
+    """Start ``nprocs`` ranks on this machine through torch's ``elastic_launch`` and wait;
+    ``{rank: return value}`` (None for a command). ``entrypoint`` is a function (module-level
+    where this process initialized CUDA: ranks are then spawned) or a command
     (:func:`python_module`).
 
-    Returns ``{rank: return value}`` (None for a command). A rank that fails makes torch's
-    agent stop the others and raise ``ChildFailedError``; SIGTERM/SIGINT to this process
-    (its main thread) reach every rank, and ``SignalException`` is raised once they exited
-    or, after ``shutdown_timeout_s`` (torch's default: 30 s), were killed. Blocking: call
-    it from a worker thread or a process of its own, never on an event loop.
+    A failed rank raises ``ChildFailedError`` once the others are stopped; SIGTERM/SIGINT
+    reach every rank and raise ``SignalException`` (after ``shutdown_timeout_s`` they are
+    killed). Blocking: never call it on an event loop.
     """
     if not (isinstance(nprocs, int) and nprocs >= 1):
         raise config_error("nprocs", nprocs, "an integer >= 1")
@@ -203,8 +189,8 @@ def launch_local_ranks(
 
 
 def quiet_agent(level: int) -> None:
-    """Torch's agent logs every stop and shutdown step as a warning (a Ctrl-C is not news to
-    the user who pressed it): its loggers keep to ``level`` or above (never lowered)."""
+    """Raise torch's agent loggers to ``level`` (never lowered): it logs every stop step as
+    a warning, and a Ctrl-C is not news to the user who pressed it."""
     import torch.distributed.elastic.agent.server.local_elastic_agent
     import torch.distributed.launcher.api  # noqa: F401 (their loggers)
 
@@ -215,10 +201,8 @@ def quiet_agent(level: int) -> None:
 
 
 def _as_if_spawned(entrypoint: Callable[..., Any]) -> Callable[..., Any]:
-    """``entrypoint`` for a rank forked from this process, started as a spawned one would
-    be: the default handlers of the stop signals (not this process's, nor torch's agent's),
-    and the OpenMP pool size torchrun's ``OMP_NUM_THREADS`` sets (an inherited pool ignores
-    the variable)."""
+    """``entrypoint`` for a forked rank, started as a spawned one: default stop-signal
+    handlers, and the OpenMP pool ``OMP_NUM_THREADS`` sets (an inherited pool ignores it)."""
 
     @functools.wraps(entrypoint)
     def rank(*args: Any) -> Any:
@@ -236,9 +220,8 @@ def _as_if_spawned(entrypoint: Callable[..., Any]) -> Callable[..., Any]:
 @contextmanager
 def _torchrun_environment(nprocs: int, *, command: bool) -> Iterator[None]:
     """What torchrun sets before it starts the ranks, restored after: ``OMP_NUM_THREADS=1``
-    unless set (several ranks each spinning a full OpenMP pool on the same cores slow one
-    another down); for a command, the directory holding ``core`` first on PYTHONPATH (its
-    ranks import this ``core``; what PYTHONPATH held stays after it)."""
+    unless set (full pools on shared cores slow each other); for a command, this ``core``
+    first on PYTHONPATH."""
     saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "PYTHONPATH")}
     if nprocs > 1 and saved["OMP_NUM_THREADS"] is None:
         os.environ["OMP_NUM_THREADS"] = "1"

@@ -1,8 +1,6 @@
 """Keeping ranks in step when their loaders differ in length. Every DDP/FSDP2 step is a
-collective, and a rank that ends its epoch early crashes gloo or hangs NCCL. Loaders with an
-exact ``len()`` are compared once (:class:`~core.errors.UnevenLoadersError` when unequal);
-streams are agreed on before every step (or batch: :class:`LockstepLoader`), and every rank ends
-the epoch at the first boundary where one has none (``uneven_inputs``).
+collective: a rank that ends its epoch early crashes gloo or hangs NCCL. Exact lengths are
+compared once; streams are agreed on before every step.
 """
 
 from __future__ import annotations
@@ -22,11 +20,8 @@ _END = object()
 
 
 def batches_in(loader: Iterable[Any]) -> int | None:
-    """``len(loader)`` where it is exact; None for a stream.
-
-    A ``DataLoader`` over an ``IterableDataset`` counts as a stream: its ``len()`` is the
-    dataset's estimate, and with several workers each yields its own short last batch.
-    """
+    """``len(loader)`` where it is exact; None for a stream (an ``IterableDataset``'s
+    ``len()`` is an estimate)."""
     if isinstance(loader, DataLoader) and isinstance(loader.dataset, IterableDataset):
         return None
     if not isinstance(loader, Sized):
@@ -58,16 +53,11 @@ def uneven_loaders_error(name: str, lengths: list[int], epoch: int | None) -> Un
 class Lockstep:
     """Loaders that end together by themselves (equal lengths, or one process)."""
 
-    agrees_each_step = False
-    """Whether :meth:`uneven_end` must be asked before every step (it always says None
-    here, so the step loop does not ask)."""
+    agrees_each_step = False  # uneven_end is always None here: the step loop does not ask
 
     def uneven_end(self, in_hand: int) -> dict[str, Any] | None:
-        """Called before each step with the batches this rank has for it (0: none left).
-
-        None while every rank goes on (or all ran out together); otherwise the fields of an
-        ``uneven_inputs`` record, returned on every rank, and every rank ends its epoch.
-        """
+        """Before each step, with this rank's batches for it (0: none left): None while all
+        go on (or all ran out); else, on every rank, an ``uneven_inputs`` record's fields."""
         return None
 
 
@@ -94,9 +84,8 @@ class StreamLockstep(Lockstep):
 
 
 class LockstepLoader:
-    """A stream that every rank reads in step, agreeing before each batch (for evaluation,
-    which takes no optimizer steps); it ends on every rank where the first rank's ends, and
-    the longer ranks' remaining samples are not evaluated (an ``uneven_inputs`` warning)."""
+    """A stream every rank reads in step (evaluation), agreeing before each batch; it ends
+    on every rank where the first one's ends (an ``uneven_inputs`` warning)."""
 
     def __init__(self, loader: Iterable[Any], lockstep: Lockstep, name: str) -> None:
         self.loader = loader

@@ -1,8 +1,6 @@
-"""How each rank's run ended, exchanged through the job's key-value store. Each rank publishes
-its outcome and waits, up to a timeout, for the others' (``core.trainer.running.agreement``
-decides what to raise). A store, unlike a collective, cannot be matched against one a stuck peer
-is inside; the wait also keeps a rank that failed first from exiting (and torchrun from tearing
-the others down) while they still close their run.
+"""How each rank's run ended, exchanged through the job's key-value store. A store, unlike a
+collective, cannot be matched against one a stuck peer is inside; the wait also keeps a rank
+that failed first from exiting (torchrun would tear the others down) while they close their run.
 """
 
 from __future__ import annotations
@@ -44,11 +42,8 @@ def exchange_outcomes(
     store: Any, mine: RankOutcome, world_size: int, timeout_s: float
 ) -> list[RankOutcome]:
     """Publish ``mine``, wait up to ``timeout_s`` for every rank's; the outcomes of the ranks
-    that published, in rank order (a stuck rank is missing).
-
-    The key counts the exchanges of this process: every rank ends as many runs, in order,
-    whatever strategy object each run had."""
-    exchange = next(_exchanges)
+    that published, in rank order (a stuck rank is missing)."""
+    exchange = next(_exchanges)  # every rank ends as many runs, in order
     keys = [f"core/outcome/{exchange}/{rank}" for rank in range(world_size)]
     store.set(keys[mine.rank], mine.encode())
     with contextlib.suppress(Exception):  # a rank that never published: go on without it

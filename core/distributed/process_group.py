@@ -1,9 +1,7 @@
 """What DDP and FSDP2 share: one process per device and a torch.distributed process group.
 
-``setup`` joins the group torchrun prepared (``env://``) unless one exists; only a group
-created here is destroyed in ``teardown``. With NCCL, control-plane collectives (stop votes,
-early stopping, the run id) use a separate gloo group so the host never waits for the GPU.
-Stop votes are lagged and sparse (every ``stop_vote_interval`` boundaries, asynchronous).
+Only a group created here is destroyed in ``teardown``. With NCCL, control-plane collectives
+(stop votes, early stopping, the run id) use a gloo group: the host never waits for the GPU.
 """
 
 from __future__ import annotations
@@ -231,7 +229,7 @@ class ProcessGroupStrategy(Strategy):
         return moved.to(tensor.device)
 
     def _all_gather_int(self, value: int) -> list[int]:
-        """Every rank's ``value``, in rank order, on every rank (control-plane group)."""
+        """Every rank's ``value``, in rank order (control-plane group)."""
         mine = torch.tensor([value], dtype=torch.int64)
         gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(gathered, mine, group=self._control)
@@ -266,7 +264,7 @@ _BUCKET_BYTES = 25 * 2**20
 
 
 def _buckets(grads: Sequence[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:
-    """``grads`` grouped by dtype and device into lists of at most ~``limit`` bytes."""
+    """``grads`` by dtype and device, in lists of at most ~``limit`` bytes."""
     buckets: list[list[torch.Tensor]] = []
     open_: dict[tuple[torch.dtype, torch.device], tuple[list[torch.Tensor], int]] = {}
     for grad in grads:

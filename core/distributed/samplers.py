@@ -1,11 +1,8 @@
 """Re-sharding a user's DataLoader across ranks, as Lightning and Accelerate do.
 
-A plain ``DataLoader`` is rebuilt around a ``DistributedSampler`` keeping its per-rank batch
-size, shuffle, ``collate_fn``, workers, pinning and ``drop_last``. Training shards are padded
-by the sampler to equal length, so every rank runs the same number of steps with windows of
-equal size. Evaluation shards use :class:`EvalShardSampler`, which also knows how many of
-its samples are real: the step loop drops the padding, so metrics equal a single-process
-evaluation while every rank still runs the same number of forward passes (FSDP2 needs that).
+Training shards are padded to equal length (every rank, the same steps and windows).
+Evaluation shards know how many samples are real: the padding is dropped from the metrics,
+while every rank still runs the same forward passes (FSDP2 needs that).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Choosing and building the strategy a ``MultiGPUConfig`` asks for on this machine.
-
-Each mode has a builder; resolution of ``"auto"`` happens once, here, and nowhere else
-branches on the mode.
+"""Choosing and building the strategy a ``MultiGPUConfig`` asks for on this machine. The one
+place that branches on the mode.
 """
 
 from __future__ import annotations
@@ -29,8 +27,7 @@ __all__ = ("Machine", "StrategyOptions", "build_strategy", "resolve_mode")
 
 @dataclass(frozen=True)
 class Machine:
-    """What mode resolution looks at: the torchrun environment and the CUDA devices
-    (``devices``: their descriptions for expert placement; None: asked when needed)."""
+    """What mode resolution looks at: the torchrun environment and the CUDA devices."""
 
     env: DistributedEnvironment | None
     cuda_count: int
