@@ -1,8 +1,7 @@
 """The filesystem steps of a checkpoint commit, ordered so that a process killed between any two
-of them leaves a valid newest checkpoint and nothing a later start cannot clean up. What a kill
-leaves behind carries a hidden name saying what it is and who wrote it
-(``.<name>.staging|replaced|deleting-<owner>``, ``.last.<owner>``), which :func:`sweep` cleans
-up. The protocol, step by step: docs/checkpoints-and-reliability.md.
+of them leaves a valid newest checkpoint and nothing a later start cannot clean up. Leftovers
+carry hidden names (``.<name>.staging|replaced|deleting-<owner>``, ``.last.<owner>``) that
+:func:`sweep` cleans up; the protocol: docs/checkpoints-and-reliability.md.
 """
 
 from __future__ import annotations

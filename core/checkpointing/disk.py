@@ -1,7 +1,6 @@
-"""One message for every form of a failed checkpoint write. An ``OSError`` with ``ENOSPC``,
-torch's zip writer's errno-less "unexpected pos" ``RuntimeError``, or a distributed checkpoint's
-``CheckpointException`` wrapping either all say the path, the reason, the free space before and
-after cleanup, and the last good checkpoint.
+"""One message for every form of a failed checkpoint write: an ``OSError``, torch's errno-less
+short-write ``RuntimeError``, or a distributed checkpoint's ``CheckpointException`` wrapping
+either.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """The checkpoints of a run, as users see them: ``run.checkpoints``. A read-only view read from
 the manifests each time it is asked (another run may commit meanwhile), the last committed
-first.
-
->>> run.checkpoints.load(run.checkpoints.best, model).step  # doctest: +SKIP
-8
+first: ``run.checkpoints.load(run.checkpoints.best, model)``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""One writer per lineage: the advisory lock a run holds on the lineage it commits to. It is an
-exclusive ``flock`` on ``<checkpoint_dir>/.lineage-<lineage>.lock``, held by the committing
-process until the run ends (the kernel releases it when that process dies); the file names the
-holder. Where it holds, and where not (NFS ``nolock``, some FUSE):
-docs/checkpoints-and-reliability.md.
+"""One writer per lineage: the advisory lock a run holds on the lineage it commits to. An
+exclusive ``flock`` on ``.lineage-<lineage>.lock`` (released by the kernel when its process
+dies), naming its holder; where it does not hold: docs/checkpoints-and-reliability.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """A checkpoint's manifest: what it must say, and the check that every file agrees with it. It
 is read as untrusted input: exact schema, plain relative names, no symlink, no unlisted file,
 sizes (compared before hashing) and sha256.
-
-Example of a manifest::
-
-    {"manifest_version": 2, "step": 20, "epoch": 1, "reason": "step",
-     "run_id": "20261122-031500.123-a1b2c3", "lineage": "20261122-031500.123-a1b2c3",
-     "parent": null, "committed_at_ns": 1795..., "sequence": 7,
-     "files": {"state.pt": {"sha256": "9f86d0...", "bytes": 48213}}}
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """``load_model``: rebuild a model from a checkpoint alone, when its run was given a factory.
-The factory (``model="package.module:function"`` or ``Factory(...)``) is recorded in every
-manifest.
-
-Example::
+The factory (``model="package.module:function"`` or ``Factory(...)``) is in every manifest.
 
     model = core.load_model(results.best_checkpoint)       # no constructor call to repeat
 """

@@ -1,9 +1,7 @@
 """Checkpoint directories that are either complete and verified, or ignored.
 
-``<checkpoint_dir>/step-000000123-<run_id>/`` holds ``state.pt``, for FSDP2 a ``sharded/``
-distributed checkpoint, and ``manifest.json``; it is written in a hidden staging directory,
-fsynced and renamed into place (``core.checkpointing.atomic``). Lineages, retention and the
-commit protocol: docs/checkpoints-and-reliability.md. Loading is ``weights_only=True`` only.
+``step-000000123-<run_id>/`` holds ``state.pt``, for FSDP2 ``sharded/``, and ``manifest.json``.
+Lineages, retention and the commit protocol: docs/checkpoints-and-reliability.md.
 """
 
 from __future__ import annotations

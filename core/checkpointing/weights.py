@@ -1,13 +1,8 @@
 """Loading only the model weights of a run's checkpoint into a model, for inference or
-fine-tuning: no optimizer, RNG or trainer state, no process group. The checkpoint is verified
-first and read as safely as a resume reads it; wrapper prefixes (``module.``, ``_orig_mod.``,
-...) are matched.
+fine-tuning: no optimizer, RNG or trainer state, no process group. Wrapper prefixes
+(``module.``, ``_orig_mod.``, ...) are matched.
 
-Example::
-
-    model = build_model()
     loaded = load_weights("logs/exp/checkpoints/step-000000120-20261122-031500.123-a1b2c3", model)
-    loaded.step   # 120
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Fan-out of run records to async consumers that can never slow the step loop.
 
-:meth:`EventHub.publish` only appends to a bounded per-subscriber buffer under a short lock:
-it never waits for a consumer nor touches the event loop. A consumer that falls behind loses
-its oldest records (:attr:`EventStream.dropped`). Consumers poll their buffer from the event
-loop, so the hub works the same under asyncio and trio.
+Publishing only appends to a bounded buffer per consumer (one that falls behind loses its
+oldest records) and never touches the event loop; consumers poll theirs (asyncio and trio).
 """
 
 from __future__ import annotations

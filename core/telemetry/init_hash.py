@@ -1,7 +1,5 @@
 """A fingerprint of a model's initial weights, and the one the experiment's previous run
-recorded, so that ``run_start`` can say whether two runs started from the same weights. It reads
-names, dtypes, shapes and a fixed number of sampled values per tensor: the same cost for 1M and
-7B parameters.
+recorded, so that ``run_start`` can say whether two runs started from the same weights.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The first profiler start of a process, without kineto's false alarm on stderr.
 
-Started from a thread other than the one that imported torch (a run's step thread always is),
-kineto prints ``ERROR: External init callback must run in same thread as registerClient`` and
-skips a callback that is empty in torch: nothing is lost. The profiler must start on the step
-thread, so the first start passes stderr (fd 2) through a filter that drops that one line.
+Started off the thread that imported torch (the step thread always is), kineto prints an
+error about an init callback that is empty in torch: nothing is lost, so the line is dropped.
 """
 
 from __future__ import annotations

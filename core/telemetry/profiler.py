@@ -1,7 +1,6 @@
 """Profiling a window of optimizer steps with ``torch.profiler``: one Chrome trace, one operator
-table, one ``profile`` record, then nothing. They go to ``<run_dir>/profile/`` (``trace.json``,
-``top_ops.txt``). :class:`StepProfiler` is a step hook, started, stepped and closed on the step
-thread (the profiler records the thread that started it); without one nothing is paid.
+table, one ``profile`` record, then nothing. :class:`StepProfiler` is a step hook that lives on
+the step thread (the profiler records the thread that started it).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """A run's directory and its structured event log (orjson, one JSON object per line).
 
-``logs/<experiment>/<run_id>/`` holds ``events.jsonl`` (rank N > 0: ``events.rank<N>.jsonl``),
-``config.json`` and ``amp_stats.json`` (a smoke run's: a temporary folder, removed at the end).
-Every record carries ``event``, ``ts``, ``level``, ``run_id`` and ``rank``, and goes to the
-:class:`~core.telemetry.events.EventHub` too. ``emit`` only queues (any thread); ``drain``
-writes, from a worker thread every ``flush_interval_s`` and at epoch ends, checkpoints and the end.
+``emit`` only queues (any thread); ``drain`` writes, from a worker thread every
+``flush_interval_s`` and at epoch ends, checkpoints and the end.
 """
 
 from __future__ import annotations
