@@ -129,17 +129,10 @@ class Checkpointer:
         """Write a checkpoint of the current state (a collective under DDP/FSDP2), or return
         this step's if it is not stale. A failed write leaves no partial files and raises
         :class:`~core.errors.CheckpointError` naming the free space and last good checkpoint."""
+        fields = {"step": step, "epoch": epoch, "reason": reason}
         if self.last_saved_step == step and self.last_path is not None and not self.stale:
             if best:  # the checkpoint of this step is also the new best: say so
-                self.emit(
-                    "checkpoint",
-                    path=self.last_path,
-                    step=step,
-                    epoch=epoch,
-                    reason=reason,
-                    best=True,
-                    save_time_s=0.0,
-                )
+                self.emit("checkpoint", path=self.last_path, **fields, best=True, save_time_s=0.0)
             return Path(self.last_path)
         started = time.perf_counter()
         strategy = self.strategy
@@ -185,15 +178,8 @@ class Checkpointer:
             raise CheckpointError(f"{failure}. {resume_fix(_FREE_SPACE)}") from cause
         final = Path(outcome[0] or staging)
         self.last_saved_step, self.last_path, self.stale = step, str(final), False
-        self.emit(
-            "checkpoint",
-            path=str(final),
-            step=step,
-            epoch=epoch,
-            reason=reason,
-            best=best,
-            save_time_s=time.perf_counter() - started,
-        )
+        seconds = time.perf_counter() - started
+        self.emit("checkpoint", path=str(final), **fields, best=best, save_time_s=seconds)
         return final
 
     def _failed(self, exc: BaseException, staging: Path, step: int) -> str:

@@ -1,4 +1,4 @@
-"""One message for every form of a failed checkpoint write: an ``OSError``, torch's errno-less
+"""One message for every form of a failed checkpoint write. An ``OSError``, torch's errno-less
 short-write ``RuntimeError``, or a distributed checkpoint's ``CheckpointException`` wrapping
 either.
 """

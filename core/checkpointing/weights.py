@@ -143,9 +143,7 @@ def load_weights(
     :class:`~core.errors.IncompatibleCheckpointError` at the first name or shape that
     differs, loading nothing; ``strict=False`` loads what matches.
 
-    >>> model = nn.Linear(8, 2)
     >>> load_weights(run.last_checkpoint, model).step  # doctest: +SKIP
-    12
     """
     path = followed(Path(path))
     if path.is_symlink() or not path.is_dir() or not (path / MANIFEST).is_file():

@@ -68,7 +68,6 @@ class Distribution:
     def initialize_training(
         self, model: nn.Module, compute_dtype: torch.dtype = torch.float32
     ) -> nn.Module:
-        """Place and wrap ``model`` for this mode (DDP, FSDP2, DataParallel or none)."""
         self.setup()
         return self.strategy.wrap_model(model, compute_dtype=compute_dtype)
 
@@ -125,7 +124,6 @@ class Distribution:
         t.per_epoch.append(samples / seconds if seconds else 0.0)
 
     def merge_throughput(self, other: Distribution) -> None:
-        """Add the epochs ``other`` counted to these."""
         t, o = self._throughput, other._throughput
         t.epochs += o.epochs
         t.samples += o.samples

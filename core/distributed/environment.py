@@ -17,6 +17,7 @@ __all__ = (
 )
 
 _REQUIRED = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+_RESTARTS = "TORCHELASTIC_RESTART_COUNT"  # how often torchrun restarted the workers
 
 
 def _int(environ: Mapping[str, str], name: str) -> int:
@@ -43,7 +44,7 @@ class DistributedEnvironment:
     local_world_size: int
     master_addr: str | None
     master_port: int | None
-    restart_count: int = 0  # TORCHELASTIC_RESTART_COUNT
+    restart_count: int = 0
     agent_store: bool = False  # TORCHELASTIC_USE_AGENT_STORE: workers share the agent's store
 
     @classmethod
@@ -76,11 +77,7 @@ class DistributedEnvironment:
             local_world_size=_int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else 1,
             master_addr=env.get("MASTER_ADDR"),
             master_port=_int(env, "MASTER_PORT") if "MASTER_PORT" in env else None,
-            restart_count=(
-                _int(env, "TORCHELASTIC_RESTART_COUNT")
-                if "TORCHELASTIC_RESTART_COUNT" in env
-                else 0
-            ),
+            restart_count=_int(env, _RESTARTS) if _RESTARTS in env else 0,
             agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
         )
 

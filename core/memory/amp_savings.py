@@ -1,5 +1,7 @@
 """AMP's memory saving, measured: the peak of one forward+backward in fp32 minus the peak of
-the same pass under the AMP precision. The model and RNGs are restored afterwards.
+the same pass under the AMP precision, each read by the device's memory meter
+(``core.memory.meter``: the CUDA allocator's counters, or live-storage tracking on CPU). The
+model and RNGs are restored afterwards.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Batches of any size for memory trials: random ones from an input shape, or a real batch
-tiled along the sample dimension: ``batch_maker_for_shape((32, 784))(100).shape == (100, 784)``.
+tiled along the sample dimension.
 """
 
 from __future__ import annotations

@@ -184,10 +184,7 @@ def find_batch_size(
     ``target_memory_gb=None``: the device's free memory less ``margin``. Under a process
     group every rank must call it; all take the smallest answer (or ``agree``'s).
 
-    Example::
-
-        search = find_batch_size(model, (32, 784), target_memory_gb=1.0)
-        search.batch_size, [t.batch_size for t in search.trials]
+    >>> find_batch_size(model, (32, 784), target_memory_gb=1.0).batch_size  # doctest: +SKIP
     """
     config = MemoryConfig(
         target_memory_gb=target_memory_gb, max_batch_size=max_batch_size, margin=margin
@@ -234,12 +231,7 @@ def optimize_batch_size(
     make_batch: BatchMaker | None = None,
     agree: Callable[[int], int] | None = None,
 ) -> int:
-    """:func:`find_batch_size`'s answer alone (arguments as there).
-
-    Example::
-
-        batch_size = optimize_batch_size(model, (32, 784), target_memory_gb=8.0)
-    """
+    """:func:`find_batch_size`'s answer alone: ``optimize_batch_size(model, (32, 784))``."""
     return find_batch_size(
         model,
         input_shape,

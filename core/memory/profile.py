@@ -48,13 +48,7 @@ class MemoryProfile(TypedDict):
 
 def default_batch_sizes(batch_size: int) -> list[int]:
     """The largest four powers of two up to ``batch_size``, and ``batch_size`` itself: enough
-    points to see how memory grows, each costing one training step.
-
-    >>> default_batch_sizes(32)
-    [4, 8, 16, 32]
-    >>> default_batch_sizes(100)
-    [8, 16, 32, 64, 100]
-    """
+    points to see how memory grows (``100``: ``[8, 16, 32, 64, 100]``)."""
     powers = [1 << k for k in range(batch_size.bit_length()) if 1 << k <= batch_size]
     return sorted({*powers[-_DEFAULT_SIZES:], batch_size})
 
@@ -99,9 +93,7 @@ def profile_memory_usage(
     given = input_shape is not None or make_batch is None
     shape = check_input_shape(input_shape) if given else None
     sizes = (
-        list(batch_sizes)
-        if batch_sizes is not None
-        else default_batch_sizes(shape[0] if shape else 1)
+        default_batch_sizes(shape[0] if shape else 1) if batch_sizes is None else list(batch_sizes)
     )
     if not sizes or not all(is_int(n) and n >= 1 for n in sizes):
         raise config_error(
@@ -130,15 +122,14 @@ def profile_memory_usage(
                 meter=meter,
             )
             peak = trial.peak_bytes
+            rest = None if peak is None else max(0, peak - parameters - gradients - state)
             profiles[size] = MemoryProfile(
                 peak_allocated_bytes=peak,
                 reserved_bytes=trial.reserved_bytes,
                 parameters_bytes=parameters,
                 gradients_bytes=gradients,
                 optimizer_state_bytes=state,
-                activations_bytes=None
-                if peak is None
-                else max(0, peak - parameters - gradients - state),
+                activations_bytes=rest,
                 memory_used_gb=None if peak is None else peak / 2**30,
                 out_of_memory=peak is None,
             )

@@ -117,10 +117,7 @@ def run_trial(
     """Run and measure one training step with ``batch_size`` samples, with a throwaway
     optimizer (default AdamW); with ``target_bytes``, a peak above it does not fit either.
 
-    Example::
-
-        trial = run_trial(model, batch_maker_for_shape((32, 784)), 64, meter=meter_for("cpu"))
-        trial.fits, trial.peak_bytes
+    >>> run_trial(model, batch_maker_for_shape((32, 784)), 64, meter=meter_for("cpu")).fits
     """
     params = [p for p in model.parameters() if p.requires_grad]
     factory = optimizer_factory or torch.optim.AdamW
@@ -169,7 +166,6 @@ def _free(
     *,
     full: bool,
 ) -> None:
-    """Drop what a trial held."""
     if optimizer is not None:
         optimizer.state.clear()  # an optimizer sits in a reference cycle
     for param in params:

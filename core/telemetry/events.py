@@ -120,7 +120,6 @@ class EventHub:
         self.published = 0
 
     def reopen(self) -> None:
-        """A new run starts publishing."""
         with self._lock:
             self._closed = False
 

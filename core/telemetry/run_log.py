@@ -44,10 +44,6 @@ def new_run_id() -> str:
     return f"{stamp}-{secrets.token_hex(3)}"
 
 
-def _json_default(value: Any) -> Any:
-    return str(value)
-
-
 @functools.lru_cache(maxsize=4)
 def _iso_second(second: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
@@ -226,7 +222,7 @@ class RunLog:
         stem, suffix = name.rsplit(".", 1)
         target = self.run_dir / (name if self.rank == 0 else f"{stem}.rank{self.rank}.{suffix}")
         try:
-            target.write_text(json.dumps(payload, indent=2, default=_json_default) + "\n")
+            target.write_text(json.dumps(payload, indent=2, default=str) + "\n")
         except OSError as exc:
             self._degraded(target.name, f"{type(exc).__name__}: {exc}")
             return None

@@ -38,20 +38,16 @@ def fields_of(record_type: type) -> tuple[Field, ...]:
     for name, annotation in inspect.get_annotations(record_type).items():
         tp: Any = annotation
         required, doc = True, ""
-        if _origin(tp) is NotRequired:
+        if get_origin(tp) is NotRequired:
             tp, required = get_args(tp)[0], False
-        if _origin(tp) is Annotated:
+        if get_origin(tp) is Annotated:
             tp, doc = get_args(tp)[0], str(tp.__metadata__[0])
         result.append(Field(name, tp, required, doc))
     return tuple(result)
 
 
-def _origin(tp: Any) -> Any:
-    return get_origin(tp)
-
-
 def _is_union(tp: Any) -> bool:
-    return _origin(tp) in (Union, types.UnionType)
+    return get_origin(tp) in (Union, types.UnionType)
 
 
 def _matches(value: object, tp: Any) -> bool:
@@ -62,16 +58,16 @@ def _matches(value: object, tp: Any) -> bool:
         return value is None
     if _is_union(tp):
         return any(_matches(value, member) for member in get_args(tp))
-    if _origin(tp) is Literal:
+    if get_origin(tp) is Literal:
         return any(value == v and type(value) is type(v) for v in get_args(tp))
     if tp is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if tp is int:
         return isinstance(value, int) and not isinstance(value, bool)
-    if _origin(tp) is list:
+    if get_origin(tp) is list:
         (item,) = get_args(tp)
         return isinstance(value, list) and all(_matches(v, item) for v in value)
-    if _origin(tp) is dict:
+    if get_origin(tp) is dict:
         return isinstance(value, dict)
     return isinstance(value, tp)
 
@@ -102,13 +98,13 @@ def type_name(tp: Any) -> str:
     """A declared type in JSON words: ``float or null``, ``list of int``, ``"a" or "b"``."""
     if tp is None or tp is type(None):
         return "null"
-    if _is_union(tp) or _origin(tp) is Literal:
+    if _is_union(tp) or get_origin(tp) is Literal:
         members = get_args(tp)
-        names = [f'"{m}"' if _origin(tp) is Literal else type_name(m) for m in members]
+        names = [f'"{m}"' if get_origin(tp) is Literal else type_name(m) for m in members]
         return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
-    if _origin(tp) is list:
+    if get_origin(tp) is list:
         return f"list of {type_name(get_args(tp)[0])}"
-    if _origin(tp) is dict or tp is object:
+    if get_origin(tp) is dict or tp is object:
         return "object"
     return str(tp.__name__)
 
