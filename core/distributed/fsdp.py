@@ -72,13 +72,10 @@ class FSDPStrategy(ProcessGroupStrategy):
             if self.mixed_precision and compute_dtype != torch.float32
             else MixedPrecisionPolicy()
         )
-        for block in self.shard_policy(module):
+        for part in [*self.shard_policy(module), module]:  # each block on its own, then the root
             fully_shard(
-                block, mesh=mesh, mp_policy=policy, reshard_after_forward=self.reshard_after_forward
+                part, mesh=mesh, mp_policy=policy, reshard_after_forward=self.reshard_after_forward
             )
-        fully_shard(
-            module, mesh=mesh, mp_policy=policy, reshard_after_forward=self.reshard_after_forward
-        )
         return module
 
     def no_backward_sync(self, model: nn.Module, enabled: bool) -> AbstractContextManager[Any]:

@@ -188,10 +188,9 @@ class ProcessGroupStrategy(Strategy):
             flat = _flatten_dense_tensors(bucket).to(device)
             dist.all_reduce(flat)
             flat /= self.world_size
-            for grad, synced in zip(
-                bucket, _unflatten_dense_tensors(flat.to(bucket[0].device), bucket), strict=True
-            ):
-                grad.copy_(synced)
+            synced = _unflatten_dense_tensors(flat.to(bucket[0].device), bucket)
+            for grad, value in zip(bucket, synced, strict=True):
+                grad.copy_(value)
 
     def _collective_device(self) -> torch.device:
         return torch.device("cpu") if dist.get_backend() == "gloo" else self.device

@@ -8,7 +8,22 @@ from core.checks import check_bool_fields, is_int, is_number
 from core.errors import config_error
 from core.flat_keyword import flat
 
-__all__ = ("LoggingConfig",)
+__all__ = ("LoggingConfig", "check_profile_steps")
+
+_ALLOWED_STEPS = "None (off) or a tuple of three integers (wait >= 0, warmup >= 0, active >= 1)"
+_FIX_STEPS = "profile_steps=(1, 1, 3) skips one step, warms up on one and records three."
+
+
+def check_profile_steps(value: object) -> tuple[int, int, int] | None:
+    """The ``profile_steps`` setting as ``(wait, warmup, active)``, or None when off."""
+    if value is None:
+        return None
+    if not (isinstance(value, (tuple, list)) and len(value) == 3 and all(map(is_int, value))):
+        raise config_error("profile_steps", value, _ALLOWED_STEPS, _FIX_STEPS)
+    wait, warmup, active = value
+    if wait < 0 or warmup < 0 or active < 1:
+        raise config_error("profile_steps", value, _ALLOWED_STEPS, _FIX_STEPS)
+    return (wait, warmup, active)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,23 +49,8 @@ class LoggingConfig:
 
     def __post_init__(self) -> None:
         check_bool_fields(self)
-        steps = self.profile_steps
-        if steps is not None and not (
-            isinstance(steps, (tuple, list))
-            and len(steps) == 3
-            and all(is_int(n) for n in steps)
-            and steps[0] >= 0
-            and steps[1] >= 0
-            and steps[2] >= 1
-        ):
-            raise config_error(
-                "profile_steps",
-                steps,
-                "None or three integers (wait >= 0, warmup >= 0, active >= 1)",
-                "e.g. profile_steps=(1, 1, 3) traces steps 3 to 5.",
-            )
-        if steps is not None:
-            object.__setattr__(self, "profile_steps", tuple(steps))
+        if self.profile_steps is not None:
+            object.__setattr__(self, "profile_steps", check_profile_steps(self.profile_steps))
         if not (is_int(self.event_buffer_size) and self.event_buffer_size >= 1):
             raise config_error("event_buffer_size", self.event_buffer_size, "an integer >= 1")
         interval = self.flush_interval_s

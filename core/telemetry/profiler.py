@@ -17,26 +17,12 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from core.checks import is_int
 from core.errors import config_error
+from core.telemetry.config import check_profile_steps
 from core.telemetry.kineto import quiet_first_start
 
 __all__ = ("StepProfiler", "check_profile_steps")
 
-_FIELD = "profile_steps"
-_ALLOWED = "None (off) or a tuple of three integers (wait >= 0, warmup >= 0, active >= 1)"
-_FIX = "profile_steps=(1, 1, 3) skips one step, warms up on one and records three."
 _log = structlog.get_logger("core")
-
-
-def check_profile_steps(value: object) -> tuple[int, int, int] | None:
-    """The ``profile_steps`` setting as ``(wait, warmup, active)``, or None when off."""
-    if value is None:
-        return None
-    if not (isinstance(value, (tuple, list)) and len(value) == 3 and all(map(is_int, value))):
-        raise config_error(_FIELD, value, _ALLOWED, _FIX)
-    wait, warmup, active = value
-    if wait < 0 or warmup < 0 or active < 1:
-        raise config_error(_FIELD, value, _ALLOWED, _FIX)
-    return (wait, warmup, active)
 
 
 class StepProfiler:
