@@ -40,9 +40,9 @@ def load_model(
     device: str | torch.device | None = None,
     safe_globals: Sequence[Any] = (),
 ) -> nn.Module:
-    """The model of checkpoint ``path``, built by its recorded factory, its verified weights
-    loaded (strict), in eval mode, on ``device`` (default: where the factory builds it).
-    Raises :class:`~core.errors.CheckpointError` where no factory was recorded."""
+    """The model of checkpoint ``path``: built by its recorded factory (else a
+    :class:`~core.errors.CheckpointError`), weights loaded (strict), in eval mode, on ``device``
+    if given."""
     path = followed(Path(path))
     read_verified(path)
     factory = model_factory_of(path)

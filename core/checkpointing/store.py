@@ -63,11 +63,7 @@ class _HashingWriter:
 
 
 class CheckpointStore:
-    """Writes, lists, verifies, loads and prunes the checkpoints in one directory.
-
-    ``lineage`` is the run id of the run that began the lineage this store's checkpoints
-    join; ``parent`` names the checkpoint the run resumed from.
-    """
+    """Writes, lists, verifies, loads and prunes the checkpoints in one directory."""
 
     def __init__(
         self,
@@ -81,8 +77,8 @@ class CheckpointStore:
         self.keep_last_n = keep_last_n
         self.safe_globals = list(safe_globals)
         self.run_id = run_id or secrets.token_hex(3)
-        self.lineage = self.run_id
-        self.parent: str | None = None
+        self.lineage = self.run_id  # the run id of the run that began the lineage joined
+        self.parent: str | None = None  # the checkpoint the run resumed from
         self._synced: dict[Path, dict[str, Any]] = {}  # hashed and fsynced as written
         self.kept: set[str] = set()  # the best checkpoints, kept apart from keep_last_n
         self._lock: LineageLock | None = None

@@ -177,7 +177,6 @@ def resolved(
     scheduler: object | None,
     loss_fn: object,
 ) -> dict[str, Any]:
-    """What the config resolved to: each part's own description, and the runtime objects."""
     return {name: jsonable(part.describe()) for name, part in parts.items()} | {
         "model": type(model).__name__,
         "parameters": parameter_count(model),
@@ -191,7 +190,6 @@ def resolved(
 def run_start_fields(
     config: dict[str, Any], resolved: dict[str, Any], *, device: str, precision: str, run_dir: str
 ) -> dict[str, Any]:
-    """The ``run_start`` record: the config tree, what it resolved to, versions, device."""
     return {
         "config": config,
         "resolved": resolved,
@@ -212,7 +210,6 @@ def run_end_fields(
     global_step: int,
     best_metric: float,
 ) -> dict[str, Any]:
-    """The ``run_end`` record: how the run ended, where it got, and why it failed."""
     fields: dict[str, Any] = {
         "status": status,
         "epochs_completed": epochs_completed,
