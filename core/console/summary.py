@@ -1,11 +1,6 @@
 """The end-of-run summary: how the run ended, its best and final numbers, its speed and
 wall time, and where its checkpoints, logs and reports are, from ``run_end`` and a
 :class:`~core.console.digest.RunDigest` of the records before it.
-
-Example::
-
-    format_summary(run_end_record, digest)
-    # 'status      completed\\nprogress    2/2 epochs, 16 steps\\n...'
 """
 
 from __future__ import annotations
@@ -19,11 +14,9 @@ from core.checks import is_int, is_number
 from core.console.banner import format_fields
 from core.console.digest import RunDigest, lookup
 from core.console.units import format_count, format_duration, format_number, format_percent
+from core.reports import PLOT_FILE, SUMMARY_FILE
 
-__all__ = ("REPORT_FILES", "format_metrics", "format_summary")
-
-REPORT_FILES = ("training_metrics.png", "performance_summary.txt")
-"""The reports a run writes into its directory when ``config.logging.reports`` is on."""
+__all__ = ("format_metrics", "format_summary")
 
 
 def format_metrics(record: Record | None, *, prefix: str = "") -> list[str]:
@@ -133,7 +126,8 @@ def format_summary(run_end: Record, digest: RunDigest | None = None) -> str:
         ("logs", str(run_dir / "events.jsonl") if run_dir else None),
     ]
     if run_dir and lookup(digest.run_start, "config", "logging", "reports") is True:
-        fields.append(("reports", ", ".join(str(run_dir / name) for name in REPORT_FILES)))
+        reports = ", ".join(str(run_dir / name) for name in (PLOT_FILE, SUMMARY_FILE))
+        fields.append(("reports", reports))
     if digest.warnings or digest.errors:
         counts = f"{digest.warnings} warnings, {digest.errors} errors during the run"
         fields.append(("alerts", counts + (" (see logs)" if run_dir else "")))

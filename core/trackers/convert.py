@@ -56,11 +56,7 @@ class Scalar(NamedTuple):
 
 
 def wall_time(record: Mapping[str, object]) -> float:
-    """The record's ``ts`` as seconds since the Unix epoch (now when absent or unreadable).
-
-    >>> wall_time({"ts": "2026-01-01T00:00:00.000000Z"})
-    1767225600.0
-    """
+    """The record's ``ts`` as seconds since the Unix epoch (now when absent or unreadable)."""
     ts = record.get("ts")
     if isinstance(ts, str):
         try:  # Python 3.10's fromisoformat does not read a trailing Z
@@ -134,13 +130,7 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> s
 
 
 def model_summary_text(summary: object) -> str | None:
-    """``run_start["model_summary"]`` as a Markdown table and a totals line (None: absent).
-
-    >>> text = model_summary_text({"modules": [], "parameters": 10, "trainable": 10,
-    ...                            "size_mb": 0.0})
-    >>> text.splitlines()[-1]
-    'Total: 10 parameters, 10 trainable, 0.0 MB'
-    """
+    """``run_start["model_summary"]`` as a Markdown table and a totals line (None: absent)."""
     if not isinstance(summary, Mapping):
         return None
     modules = summary.get("modules")
