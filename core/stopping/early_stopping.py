@@ -1,11 +1,7 @@
 """Early stopping on a monitored value: the validation loss by default, or any value the
 checkpoint section's ``monitor`` may name (``val_f1``, ``val_accuracy``...), with its mode.
-
-The rules are Lightning's ``EarlyStopping``'s, judged in its order at every check (every
-validation; the epoch's end for the training loss): a value that is not finite, the
-stopping threshold, the divergence threshold, then patience, each a class of
-:mod:`core.stopping.rules`. Each stop says why in words, which ``run_end``
-records as its ``stop_reason``; ``min_epochs``/``min_steps`` hold a stop back (``due``).
+The rules (:mod:`core.stopping.rules`) are asked at every check; each stop says why in words
+(``run_end``'s ``stop_reason``); ``min_epochs``/``min_steps`` hold a stop back (``due``).
 """
 
 from __future__ import annotations
@@ -60,10 +56,6 @@ class EarlyStopping:
         self.pending: str | None = None
         """A rule that fired before ``min_epochs``/``min_steps``: it stops the run then."""
 
-    @property
-    def min_delta(self) -> float:
-        return self.config.min_delta
-
     def judge(self, value: float, *, epochs: int, steps: int) -> str | None:
         """Record one check of the monitored value after ``epochs`` epochs and ``steps``
         optimizer steps; the reason to stop now, or None."""
@@ -84,8 +76,7 @@ class EarlyStopping:
         return pending
 
     def _rules(self, value: float) -> str | None:
-        """The first rule's reason to stop at ``value``; the rules after it are not asked."""
-        for rule in self.rules:
+        for rule in self.rules:  # the first reason ends the check
             reason = rule.check(value, self)
             if reason is not None:
                 return reason
