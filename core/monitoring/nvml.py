@@ -192,10 +192,6 @@ class NvmlReader:
             (("throttle_reasons",), self._throttle_reasons),
         )
 
-    @property
-    def device_indices(self) -> tuple[int, ...]:
-        return tuple(i for i, _ in self._handles)
-
     def read(self) -> list[tuple[int, dict[str, Any]]]:
         """``(torch index, counters)`` for every device, in the order given."""
         return [(index, self._read_device(index, handle)) for index, handle in self._handles]

@@ -138,8 +138,7 @@ class MLflowLogger(Tracker):
 
 class _QuietLoggers:
     """MLflow's and alembic's loggers at WARNING while any tracker opens a store (a new
-    SQLite store logs its table creation and migrations at INFO on stderr); their own
-    levels come back when the last one is open. Nothing else of the logging set-up changes."""
+    SQLite store logs its migrations at INFO on stderr); their levels come back after."""
 
     names = ("mlflow", "alembic")
 

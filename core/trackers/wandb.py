@@ -42,8 +42,7 @@ _T = TypeVar("_T")
 class _SharedService:
     """wandb's one service process, which the runs of a process share: started by the first
     ``wandb.init``, stopped here once the last run has finished (else it lives until the
-    interpreter exits). A run counts from its init to the end of its finish: wandb forgets
-    a run when its finish starts, before the run's last data is written."""
+    interpreter exits)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -61,7 +60,7 @@ class _SharedService:
         program's own runs included)."""
         from wandb.sdk import wandb_setup
 
-        with self._lock:
+        with self._lock:  # wandb forgets a run when its finish starts, before its last write
             self._open -= 1
             if self._open or getattr(wandb_setup.singleton(), "_active_runs", None) != []:
                 return  # a run is open, or this wandb keeps its runs elsewhere: leave it
@@ -228,11 +227,7 @@ def _auto_mode(wandb: ModuleType) -> Mode:
 
 
 def _by_step(rows: list[Scalar]) -> list[tuple[int, dict[str, float]]]:
-    """Consecutive rows of one optimizer step as one history row (with its ``epoch``).
-
-    >>> _by_step([Scalar("a", 1.0, 2, 0, 0.0), Scalar("b", 2.0, 2, 0, 0.0)])
-    [(2, {'a': 1.0, 'epoch': 0, 'b': 2.0})]
-    """
+    """Consecutive rows of one optimizer step as one history row (with its ``epoch``)."""
     grouped: list[tuple[int, dict[str, float]]] = []
     for row in rows:
         if not grouped or grouped[-1][0] != row.step:
@@ -245,11 +240,7 @@ def _by_step(rows: list[Scalar]) -> list[tuple[int, dict[str, float]]]:
 
 
 def _nested(params: Mapping[str, ParamValue]) -> dict[str, Any]:
-    """Dotted keys as nested dicts, the shape wandb's config shows as ``run.max_epochs``.
-
-    >>> _nested({"run.max_epochs": 2, "seed": 0})
-    {'run': {'max_epochs': 2}, 'seed': 0}
-    """
+    """Dotted keys as nested dicts, the shape wandb's config shows as ``run.max_epochs``."""
     tree: dict[str, Any] = {}
     for key, value in params.items():
         *parents, leaf = key.split(".")
