@@ -221,13 +221,11 @@ class TrainingProcessDied(CoreError, RuntimeError):
         finished: str | None = None,
     ) -> None:
         self.exit_code, self.signal_name, self.checkpoint = exit_code, signal_name, checkpoint
-        how = (
-            f"was killed by {signal_name}"
-            if signal_name
-            else f"exited with code {exit_code}"
-            if exit_code is not None
-            else "ended"
-        )
+        how = "ended"
+        if signal_name:
+            how = f"was killed by {signal_name}"
+        elif exit_code is not None:
+            how = f"exited with code {exit_code}"
         self.finished = finished
         ended = "" if finished else " before its run ended"
         super().__init__(f"the training process {how}{why}{ended}; the service is unharmed.")
@@ -262,11 +260,9 @@ class ClusterStartTimeout(CoreError, TimeoutError):
     ) -> None:
         self.asked, self.timeout_s, self.total, self.free = asked, timeout_s, total, free
         never = any(amount > total.get(name, 0.0) for name, amount in asked.items())
-        why = (
-            "no node of the cluster has that much"
-            if never
-            else "other work holds it (it would start once freed)"
-        )
+        why = "other work holds it (it would start once freed)"
+        if never:
+            why = "no node of the cluster has that much"
         super().__init__(
             f"the run waited ray.start_timeout_s ({timeout_s:g} s) for an actor with "
             f"{_amounts(asked)}; the cluster has {_amounts(total)} ({_amounts(free)} free): "

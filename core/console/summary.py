@@ -6,7 +6,6 @@ wall time, and where its checkpoints, logs and reports are, from ``run_end`` and
 from __future__ import annotations
 
 import math
-from datetime import datetime
 from pathlib import Path
 
 from core.callbacks import Record
@@ -15,6 +14,7 @@ from core.console.banner import format_fields
 from core.console.digest import RunDigest, lookup
 from core.console.units import format_count, format_duration, format_number, format_percent
 from core.reports import PLOT_FILE, SUMMARY_FILE
+from core.reports.read import timestamp
 
 __all__ = ("format_metrics", "format_summary")
 
@@ -39,17 +39,6 @@ def format_metrics(record: Record | None, *, prefix: str = "") -> list[str]:
     if isinstance(metrics, dict):
         texts.extend(f"{prefix}{name} {format_number(value)}" for name, value in metrics.items())
     return texts
-
-
-def _seconds_between(start: object, end: object) -> float | None:
-    if not (isinstance(start, str) and isinstance(end, str)):
-        return None
-    try:  # Python 3.10's fromisoformat does not read the "Z" suffix
-        first = datetime.fromisoformat(start.replace("Z", "+00:00"))
-        last = datetime.fromisoformat(end.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return (last - first).total_seconds()
 
 
 def _progress(run_end: Record, digest: RunDigest) -> str | None:
@@ -108,7 +97,8 @@ def format_summary(run_end: Record, digest: RunDigest | None = None) -> str:
     status = run_end.get("status") or "unknown"
     wall = run_end.get("elapsed_s")
     if not is_number(wall):
-        wall = _seconds_between(lookup(digest.run_start, "ts"), run_end.get("ts"))
+        start, end = timestamp(digest.run_start or {}), timestamp(run_end)
+        wall = end - start if start is not None and end is not None else None
     final = format_metrics(digest.last_epoch_end)
     if digest.last_epoch_end is None:  # a run stopped before its first epoch ended
         final = format_metrics(digest.last_validation)

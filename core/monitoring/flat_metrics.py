@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from core.monitoring.config import GPUMonitorConfig
+from core.monitoring.device_metrics import spread
 from core.monitoring.gpu_monitor import GPUMonitor
 
 __all__ = ("FlatMetricsMonitor", "flat_metrics", "totals_summary")
@@ -161,7 +162,5 @@ def totals_summary(history: Sequence[dict[str, Any]]) -> dict[str, float | None]
                 series[name].append(total / len(per_device) if name == "gpu_utilization" else total)
     summary: dict[str, float | None] = {}
     for name, xs in series.items():
-        summary[f"{name}_mean"] = sum(xs) / len(xs) if xs else None
-        summary[f"{name}_max"] = max(xs, default=None)
-        summary[f"{name}_min"] = min(xs, default=None)
+        summary |= spread(name, xs)
     return summary

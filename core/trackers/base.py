@@ -42,6 +42,7 @@ __all__ = (
     "TrackedRun",
     "Tracker",
     "TrackerUnavailableError",
+    "check_names",
     "require",
 )
 
@@ -72,6 +73,13 @@ def require(package: str, tracker: str, extra: str = "trackers") -> None:
             f"{tracker} needs the {package!r} package, which is not installed. "
             f"Fix: pip install {package}, or pip install -e '.[{extra}]' in core's checkout."
         )
+
+
+def check_names(**names: object) -> None:
+    """Raise a ConfigError for the first value that is neither None nor a non-empty str."""
+    for field, value in names.items():
+        if value is not None and not (isinstance(value, str) and value.strip()):
+            raise config_error(field, value, "None (the default) or a non-empty str")
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from typing import NamedTuple
 
 from core.checks import is_finite_number, is_int
+from core.reports.read import timestamp
 
 __all__ = (
     "ParamValue",
@@ -57,13 +57,8 @@ class Scalar(NamedTuple):
 
 def wall_time(record: Mapping[str, object]) -> float:
     """The record's ``ts`` as seconds since the Unix epoch (now when absent or unreadable)."""
-    ts = record.get("ts")
-    if isinstance(ts, str):
-        try:  # Python 3.10's fromisoformat does not read a trailing Z
-            return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            pass
-    return time.time()
+    seconds = timestamp(record)
+    return time.time() if seconds is None else seconds
 
 
 def scalars_of(record: Mapping[str, object]) -> list[Scalar]:

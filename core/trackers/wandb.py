@@ -24,7 +24,7 @@ from typing_extensions import override
 from core.callbacks import Record
 from core.checks import is_path
 from core.errors import config_error
-from core.trackers.base import Status, TrackedRun, Tracker, require
+from core.trackers.base import Status, TrackedRun, Tracker, check_names, require
 from core.trackers.convert import ParamValue, Scalar
 from core.trackers.worker import import_lock
 
@@ -96,14 +96,7 @@ class WandbLogger(Tracker):
         rank_zero_only: bool = True,
     ) -> None:
         super().__init__(flush_every=flush_every, rank_zero_only=rank_zero_only)
-        for field, value in (
-            ("project", project),
-            ("name", name),
-            ("group", group),
-            ("entity", entity),
-        ):
-            if value is not None and not (isinstance(value, str) and value.strip()):
-                raise config_error(field, value, "None (the default) or a non-empty str")
+        check_names(project=project, name=name, group=group, entity=entity)
         if dir is not None and not is_path(dir):
             raise config_error("dir", dir, "None (the run's directory) or a non-empty path")
         if mode is not None and mode not in get_args(Mode):
