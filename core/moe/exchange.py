@@ -13,12 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = (
-    "AllGatherExchange",
-    "TokenExchange",
-    "exchange_tokens",
-    "probe_all_to_all",
-)
+__all__ = ("AllGatherExchange", "TokenExchange", "exchange_tokens", "probe_all_to_all")
 
 
 class TokenExchange:

@@ -185,10 +185,7 @@ class NvmlReader:
                 lambda h: {"power_limit_w": nvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000},
             ),
             (("sm_clock_mhz",), lambda h: {"sm_clock_mhz": self._clock(h, nvml.NVML_CLOCK_SM)}),
-            (
-                ("mem_clock_mhz",),
-                lambda h: {"mem_clock_mhz": self._clock(h, nvml.NVML_CLOCK_MEM)},
-            ),
+            (("mem_clock_mhz",), lambda h: {"mem_clock_mhz": self._clock(h, nvml.NVML_CLOCK_MEM)}),
             (("throttle_reasons",), self._throttle_reasons),
         )
 

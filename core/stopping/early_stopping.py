@@ -40,11 +40,7 @@ class EarlyStopping:
     """
 
     def __init__(
-        self,
-        config: EarlyStoppingConfig,
-        *,
-        mode: Mode = "min",
-        monitor: str = "val_loss",
+        self, config: EarlyStoppingConfig, *, mode: Mode = "min", monitor: str = "val_loss"
     ) -> None:
         self.config = config
         self.rules = stopping_rules(config)

@@ -37,14 +37,7 @@ from core.reports.apart import ReportsFailed, wait_for_reports
 from core.trackers.convert import ParamValue, Scalar, flatten_params, model_summary_text, scalars_of
 from core.trackers.worker import BackendThread
 
-__all__ = (
-    "Status",
-    "TrackedRun",
-    "Tracker",
-    "TrackerUnavailableError",
-    "check_names",
-    "require",
-)
+__all__ = ("Status", "TrackedRun", "Tracker", "TrackerUnavailableError", "check_names", "require")
 
 Status = Literal["FINISHED", "FAILED", "KILLED"]
 # A stopped run gives control back without waiting for its reports' writer: the files are

@@ -33,11 +33,7 @@ def planned_steps(
     batches_per_epoch: int | None, accumulation_steps: int, max_epochs: int, max_steps: int | None
 ) -> int | None:
     """Optimizer steps the whole run plans (``max_steps`` caps it); None when unknown (a
-    streamed loader without ``max_steps``).
-
-    >>> planned_steps(10, 1, 10, None), planned_steps(10, 2, 10, 30)
-    (100, 30)
-    """
+    streamed loader without ``max_steps``)."""
     if batches_per_epoch is None:
         return max_steps
     total = -(-batches_per_epoch // accumulation_steps) * max_epochs
