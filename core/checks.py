@@ -71,10 +71,7 @@ def check_max_grad_norm(value: object) -> None:
 
 def check_writable_dir(field: str, path: str | os.PathLike[str]) -> None:
     """Create the directory ``path`` if missing, then write and delete a probe file in it,
-    so that a log directory that cannot be used fails before training, not at ``train()``.
-
-    >>> check_writable_dir("log_dir", tempfile.gettempdir())
-    """
+    so that a log directory that cannot be used fails before training, not at ``train()``."""
     target = Path(path)
     if target.exists() and not target.is_dir():
         fix = f"{str(target)!r} is a file, not a directory; pass a directory path."
@@ -84,11 +81,9 @@ def check_writable_dir(field: str, path: str | os.PathLike[str]) -> None:
             with tempfile.NamedTemporaryFile(dir=target, prefix=".core-write-probe-"):
                 return
         except OSError as exc:
-            done = (
-                "cannot be created"
-                if not target.is_dir()
-                else "exists, but no file can be written in it"
-            )
+            done = "cannot be created"
+            if target.is_dir():
+                done = "exists, but no file can be written in it"
             fix = (
                 f"the directory {done} ({exc.strerror or exc}); pass another {field} or fix "
                 "the permissions."

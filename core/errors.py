@@ -45,12 +45,7 @@ _front_end: list[FrontEnd] = ["python"]
 
 def resume_advice() -> str:
     """How to resume, as the user types it where they are: ``resume='auto'`` in Python,
-    ``--resume auto`` under ``core-train`` (which runs inside :func:`resume_phrased_for`).
-    Every message that says how to resume takes its words from here.
-
-    >>> resume_advice()
-    "resume='auto'"
-    """
+    ``--resume auto`` under ``core-train`` (which runs inside :func:`resume_phrased_for`)."""
     return _RESUME[_front_end[-1]]
 
 
@@ -61,12 +56,7 @@ def resume_fix(first: str) -> str:
 
 @contextlib.contextmanager
 def resume_phrased_for(front_end: FrontEnd) -> Iterator[None]:
-    """Within the block, messages say how to resume as ``front_end`` spells it.
-
-    >>> with resume_phrased_for("command line"):
-    ...     resume_advice()
-    '--resume auto'
-    """
+    """Within the block, messages say how to resume as ``front_end`` spells it."""
     _front_end.append(front_end)
     try:
         yield
@@ -219,8 +209,7 @@ class TrainingProcessDied(CoreError, RuntimeError):
     ended without reporting how its run ended: killed by a signal (the OOM killer's SIGKILL,
     a segfault), ``os._exit``, or killed after not stopping within ``stop_grace_s``.
     ``exit_code`` and ``signal_name`` say how it ended (one is None; both where nobody could
-    tell: the fork server that reports it had died); ``checkpoint`` is the
-    last good checkpoint, from which ``resume="auto"`` continues."""
+    tell); ``checkpoint`` is the last good checkpoint, from which ``resume="auto"`` continues."""
 
     def __init__(
         self,
@@ -232,13 +221,11 @@ class TrainingProcessDied(CoreError, RuntimeError):
         finished: str | None = None,
     ) -> None:
         self.exit_code, self.signal_name, self.checkpoint = exit_code, signal_name, checkpoint
-        how = (
-            f"was killed by {signal_name}"
-            if signal_name
-            else f"exited with code {exit_code}"
-            if exit_code is not None
-            else "ended"
-        )
+        how = "ended"
+        if signal_name:
+            how = f"was killed by {signal_name}"
+        elif exit_code is not None:
+            how = f"exited with code {exit_code}"
         self.finished = finished
         ended = "" if finished else " before its run ended"
         super().__init__(f"the training process {how}{why}{ended}; the service is unharmed.")
@@ -273,11 +260,9 @@ class ClusterStartTimeout(CoreError, TimeoutError):
     ) -> None:
         self.asked, self.timeout_s, self.total, self.free = asked, timeout_s, total, free
         never = any(amount > total.get(name, 0.0) for name, amount in asked.items())
-        why = (
-            "no node of the cluster has that much"
-            if never
-            else "other work holds it (it would start once freed)"
-        )
+        why = "other work holds it (it would start once freed)"
+        if never:
+            why = "no node of the cluster has that much"
         super().__init__(
             f"the run waited ray.start_timeout_s ({timeout_s:g} s) for an actor with "
             f"{_amounts(asked)}; the cluster has {_amounts(total)} ({_amounts(free)} free): "
@@ -305,13 +290,7 @@ def note_raised_in(exc: BaseException, function: str) -> None:
 
 
 def raised_in(exc: BaseException) -> str | None:
-    """The user's function ``exc`` escaped from, where :func:`note_raised_in` noted one.
-
-    >>> error = ValueError("bad")
-    >>> note_raised_in(error, "loss_fn"); note_raised_in(error, "training_step")
-    >>> raised_in(error)
-    'loss_fn'
-    """
+    """The user's function ``exc`` escaped from, where :func:`note_raised_in` noted one."""
     noted = getattr(exc, _RAISED_IN, None)
     return noted if isinstance(noted, str) else None
 

@@ -13,7 +13,7 @@ that uses it without Ray installed is refused where it is created.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from core.checks import check_bool_fields, is_finite_number, is_int
 from core.errors import config_error
@@ -84,7 +84,7 @@ class RayConfig:
                 raise config_error(name, amount, "a number >= 0", f"e.g. {name}=1.")
         if not (is_int(self.actors) and self.actors >= 1):
             raise config_error("actors", self.actors, "an integer >= 1 (ranks, one per actor)")
-        strategies = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+        strategies = get_args(PlacementStrategy)
         if self.placement_strategy not in strategies:
             raise config_error(
                 "placement_strategy", self.placement_strategy, " or ".join(map(repr, strategies))

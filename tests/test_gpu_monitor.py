@@ -339,7 +339,7 @@ def test_an_nvml_error_mid_run_falls_back_to_psutil(fake: FakeNvml) -> None:
     (degraded,) = emit.named("monitor_degraded")
     assert "GPU is lost" in degraded["reason"] and degraded["source"] == "psutil"
     assert fake.calls["nvmlShutdown"] == 1  # the session was released at once
-    assert monitor.step_fields()["util_pct"] == after[-1]["devices"][0]["util_pct"]
+    assert monitor.record_fields["device_util_pct"] == after[-1]["devices"][0]["util_pct"]
 
 
 def test_history_stays_bounded(fake: FakeNvml) -> None:
@@ -444,15 +444,15 @@ def test_gpu_info_with_nvml(fake: FakeNvml) -> None:
     }
 
 
-def test_step_fields_before_and_after_a_sample(fake: FakeNvml) -> None:
+def test_record_fields_before_and_after_a_sample(fake: FakeNvml) -> None:
     monitor = GPUMonitor(device_indices=[0, 1], nvml=fake)
-    assert monitor.step_fields() == {"util_pct": None, "mem_used_bytes": None}
+    assert monitor.record_fields == {"device_util_pct": None, "device_mem_used_bytes": None}
     assert monitor.get_latest_metrics() is None
+    before = monitor.record_fields
     monitor.sample()
-    fields = monitor.step_fields()
-    assert fields == {"util_pct": 40.0, "mem_used_bytes": GIB}  # the first device
-    fields["util_pct"] = -1.0  # a caller's copy
-    assert monitor.step_fields()["util_pct"] == 40.0
+    fields = monitor.record_fields
+    assert fields == {"device_util_pct": 40.0, "device_mem_used_bytes": GIB}  # the first device
+    assert before == {"device_util_pct": None, "device_mem_used_bytes": None}  # replaced
 
 
 def test_config_errors_name_the_field() -> None:

@@ -1,11 +1,6 @@
 """The start banner: what a run is about to do, in a few aligned lines built from its
 ``run_start`` record (experiment, device, precision, model, schedule, the checkpoints kept,
 model setup, seed).
-
-Example::
-
-    format_banner(run_start_record)
-    # 'run         sample / 20261122-120150.289-bbae85\\nrun dir     logs/sample/...\\n...'
 """
 
 from __future__ import annotations
@@ -105,15 +100,8 @@ def _validation(record: Record) -> str | None:
 
 
 def format_retention(run_start: Record) -> str | None:
-    """What the run keeps of its checkpoints, from the resolved checkpoint settings of its
-    ``run_start`` record (None where the record has none: an older run's).
-
-    >>> settings = {"top_k": 2, "keep_newest": 1, "monitor": "val_loss", "mode": "min",
-    ...             "save_last": True}
-    >>> format_retention({"resolved": {"checkpoints": settings}})
-    'keeps the 2 best by val_loss (min) + the newest; last -> newest'
-    >>> format_retention({"resolved": {"checkpoints": {"top_k": 0, "keep_newest": 2}}})
-    'keeps the 2 newest'
+    """What the run keeps of its checkpoints, from its ``run_start`` record (None where the
+    record has none: an older run's), e.g. ``keeps the 2 best by val_loss (min) + the newest``.
     """
     settings = lookup(run_start, "resolved", "checkpoints")
     if not isinstance(settings, Mapping):
@@ -178,8 +166,7 @@ def _files_kept(record: Record) -> bool:
     return lookup(record, "config", "run", "keep_fast_dev_run_files") is True
 
 
-def _smoke_run(record: Record) -> str | None:
-    """``1 train and 1 val batch, nothing saved`` for a ``fast_dev_run``."""
+def _smoke_run(record: Record) -> str | None:  # "1 train and 1 val batch, nothing saved"
     n = _smoke_batches(record)
     if n is None:
         return None

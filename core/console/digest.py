@@ -1,12 +1,5 @@
 """What the end-of-run summary needs from the records before ``run_end``: the ``run_start``
 record, the last epoch and validation, checkpoints, and counts of warnings and errors.
-
-Example::
-
-    digest = RunDigest()
-    for record in records:   # every record of a run, in order
-        digest.update(record)
-    digest.last_epoch_end["train_loss"]
 """
 
 from __future__ import annotations
@@ -49,13 +42,7 @@ class RunDigest:
     train_time_s: float = 0.0
 
     def update(self, record: Record) -> None:
-        """Fold one record in (any event; records of other events are counted by level).
-
-        Example::
-
-            digest.update({"event": "checkpoint", "path": "ckpt/step-8", "best": True})
-            digest.best_checkpoint   # 'ckpt/step-8'
-        """
+        """Fold one record in (any event; records of other events are counted by level)."""
         event, level = record.get("event"), record.get("level")
         if event == "run_start":
             vars(self).update(vars(RunDigest(run_start=record)))  # a new run: start afresh

@@ -1,10 +1,5 @@
 """One-line texts of single records: an epoch's results, and a warning, an error or a
 notable event (resumed, compiled, out-of-memory recovered...) as a console shows them.
-
-Example::
-
-    format_epoch_line(epoch_end_record, max_epochs=10)
-    # 'epoch 1/10  step 8  train_loss 0.7274  val_loss 0.735  ...  time 57ms'
 """
 
 from __future__ import annotations
@@ -138,8 +133,7 @@ def format_event_line(record: Record) -> str | None:
 
 
 def _data_order(record: Record) -> str:
-    """What a resume says when the batches it goes on with may differ from an
-    uninterrupted run's."""
+    """What a resume says when its batches may differ from an uninterrupted run's."""
     if record.get("data_order") != "not_restored":
         return ""
     return f"; the data order is not restored: {record.get('data_order_detail')}"

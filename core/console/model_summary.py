@@ -1,11 +1,5 @@
 """The model summary: parameters, trainable parameters, dtype and size of each top-level
 child module, and totals (the ``model_summary`` of ``run_start``), as a dict and as a table.
-
-Example::
-
-    summary = summarize_model(nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2)))
-    summary["parameters"]   # 178
-    format_model_summary(summary)   # an aligned text table with a total row
 """
 
 from __future__ import annotations
@@ -57,13 +51,10 @@ def _describe(
 
 
 def summarize_model(model: nn.Module) -> dict[str, Any]:
-    """Rows for the top-level children of ``model`` (``named_children``), a ``"(own)"`` row
-    for what is registered on ``model`` itself, and totals that count shared parameters once.
-
-    A row counts everything its module holds, so a parameter shared by two children (tied
-    embeddings) appears in both rows and once in the totals. ``dtype`` is ``"mixed"`` when a
-    row's parameters differ, ``None`` without parameters; ``size_mb`` counts parameters and
-    buffers (MiB, three decimals).
+    """Rows for the top-level children of ``model``, a ``"(own)"`` row for what is registered
+    on ``model`` itself, and totals that count shared parameters (tied embeddings) once.
+    ``dtype`` is ``"mixed"`` when a row's parameters differ; ``size_mb`` counts parameters
+    and buffers (MiB).
 
     Example::
 

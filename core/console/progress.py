@@ -1,11 +1,6 @@
 """``ProgressBar``: the run on a console, from its records. On a terminal, a tqdm bar per
 epoch (with the ETA) and one per validation; elsewhere (a log file, CI), one plain line per
 epoch. Both show the start banner, warnings and errors, and the end summary. Rank 0 only.
-
-Example::
-
-    async with TrainingJob(config, model=m, train_loader=dl, callbacks=[ProgressBar()]) as run:
-        await run.train()
 """
 
 from __future__ import annotations
@@ -153,10 +148,8 @@ class ProgressBar(Callback):
         if is_number(samples):
             self._samples += samples
             if is_number(loss):
-                self._loss_sum, self._loss_samples = (
-                    self._loss_sum + loss * samples,
-                    self._loss_samples + samples,
-                )
+                self._loss_sum += loss * samples
+                self._loss_samples += samples
         if is_number(seconds := record.get("step_time_s")):
             self._seconds += seconds
         postfix = []

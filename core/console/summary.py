@@ -1,17 +1,11 @@
 """The end-of-run summary: how the run ended, its best and final numbers, its speed and
 wall time, and where its checkpoints, logs and reports are, from ``run_end`` and a
 :class:`~core.console.digest.RunDigest` of the records before it.
-
-Example::
-
-    format_summary(run_end_record, digest)
-    # 'status      completed\\nprogress    2/2 epochs, 16 steps\\n...'
 """
 
 from __future__ import annotations
 
 import math
-from datetime import datetime
 from pathlib import Path
 
 from core.callbacks import Record
@@ -19,11 +13,10 @@ from core.checks import is_int, is_number
 from core.console.banner import format_fields
 from core.console.digest import RunDigest, lookup
 from core.console.units import format_count, format_duration, format_number, format_percent
+from core.reports import PLOT_FILE, SUMMARY_FILE
+from core.reports.read import timestamp
 
-__all__ = ("REPORT_FILES", "format_metrics", "format_summary")
-
-REPORT_FILES = ("training_metrics.png", "performance_summary.txt")
-"""The reports a run writes into its directory when ``config.logging.reports`` is on."""
+__all__ = ("format_metrics", "format_summary")
 
 
 def format_metrics(record: Record | None, *, prefix: str = "") -> list[str]:
@@ -46,17 +39,6 @@ def format_metrics(record: Record | None, *, prefix: str = "") -> list[str]:
     if isinstance(metrics, dict):
         texts.extend(f"{prefix}{name} {format_number(value)}" for name, value in metrics.items())
     return texts
-
-
-def _seconds_between(start: object, end: object) -> float | None:
-    if not (isinstance(start, str) and isinstance(end, str)):
-        return None
-    try:  # Python 3.10's fromisoformat does not read the "Z" suffix
-        first = datetime.fromisoformat(start.replace("Z", "+00:00"))
-        last = datetime.fromisoformat(end.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return (last - first).total_seconds()
 
 
 def _progress(run_end: Record, digest: RunDigest) -> str | None:
@@ -115,7 +97,8 @@ def format_summary(run_end: Record, digest: RunDigest | None = None) -> str:
     status = run_end.get("status") or "unknown"
     wall = run_end.get("elapsed_s")
     if not is_number(wall):
-        wall = _seconds_between(lookup(digest.run_start, "ts"), run_end.get("ts"))
+        start, end = timestamp(digest.run_start or {}), timestamp(run_end)
+        wall = end - start if start is not None and end is not None else None
     final = format_metrics(digest.last_epoch_end)
     if digest.last_epoch_end is None:  # a run stopped before its first epoch ended
         final = format_metrics(digest.last_validation)
@@ -133,7 +116,8 @@ def format_summary(run_end: Record, digest: RunDigest | None = None) -> str:
         ("logs", str(run_dir / "events.jsonl") if run_dir else None),
     ]
     if run_dir and lookup(digest.run_start, "config", "logging", "reports") is True:
-        fields.append(("reports", ", ".join(str(run_dir / name) for name in REPORT_FILES)))
+        reports = ", ".join(str(run_dir / name) for name in (PLOT_FILE, SUMMARY_FILE))
+        fields.append(("reports", reports))
     if digest.warnings or digest.errors:
         counts = f"{digest.warnings} warnings, {digest.errors} errors during the run"
         fields.append(("alerts", counts + (" (see logs)" if run_dir else "")))

@@ -1,10 +1,4 @@
-"""Numbers as a person reads them on a console: counts (1.2M), durations (1m 23s), losses.
-
-Example::
-
-    format_count(1_234_567), format_duration(83.0), format_number(0.72741)
-    # ('1.2M', '1m 23s', '0.7274')
-"""
+"""Numbers as a person reads them on a console: counts (1.2M), durations (1m 23s), losses."""
 
 from __future__ import annotations
 
@@ -33,11 +27,7 @@ def format_count(value: object) -> str:
 
 
 def format_duration(seconds: object) -> str:
-    """Wall time: ``850ms``, ``4.2s``, ``1m 23s``, ``2h 5m 7s``; ``?`` when unknown.
-
-    >>> format_duration(83.4)
-    '1m 23s'
-    """
+    """Wall time: ``850ms``, ``4.2s``, ``1m 23s``, ``2h 5m 7s``; ``?`` when unknown."""
     if not (is_number(seconds) and math.isfinite(seconds) and seconds >= 0):
         return "?"
     if seconds < 1:
@@ -66,11 +56,7 @@ def format_number(value: object) -> str:
 
 
 def format_percent(value: object) -> str:
-    """A fraction in [0, 1] as a percentage (``n/a`` when unknown).
-
-    >>> format_percent(0.484375)
-    '48.44%'
-    """
+    """A fraction in [0, 1] as a percentage, ``48.44%`` (``n/a`` when unknown)."""
     if not (is_number(value) and math.isfinite(value)):
         return "n/a"
     return f"{value:.2%}"

@@ -1,11 +1,6 @@
 """Training recipes that change the loss: :class:`FocalLoss` (multi-class focal loss with
 label smoothing, on logits) and :class:`Mixup` (a batch transform whose soft targets every
 loss here, and ``nn.CrossEntropyLoss``, accept).
-
-Example::
-
-    loss_fn = FocalLoss(gamma=2.0, label_smoothing=0.1)
-    loader.collate_fn = MixupCollate(Mixup(alpha=0.2, num_classes=10), loader.collate_fn)
 """
 
 from __future__ import annotations

@@ -3,11 +3,6 @@
 ``FocalLoss(gamma=0.0)`` is ``nn.CrossEntropyLoss`` (same label smoothing, same
 ``ignore_index``); ``gamma > 0`` scales each class term by ``(1 - p)**gamma``, so examples
 the model already gets right with confidence add little and hard ones dominate.
-
-Example::
-
-    loss_fn = FocalLoss(gamma=2.0, label_smoothing=0.1)
-    loss = loss_fn(logits, targets)        # logits [N, C, ...], targets [N, ...] or [N, C, ...]
 """
 
 from __future__ import annotations
@@ -71,7 +66,6 @@ class FocalLoss(nn.Module):
         self.register_buffer("alpha", _alpha_tensor(alpha), persistent=False)
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """The loss of ``logits`` ``[N, C, ...]`` against ``target`` (see the class)."""
         log_p = F.log_softmax(logits.float(), dim=1)
         classes = log_p.shape[1]
         valid: torch.Tensor | None = None

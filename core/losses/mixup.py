@@ -65,11 +65,7 @@ class Mixup:
 
 
 class MixupCollate:
-    """A loader's ``collate_fn`` followed by :class:`Mixup` (picklable: it runs in workers).
-
-    >>> collate = MixupCollate(Mixup(0.2, num_classes=10))
-    >>> inputs, soft = collate([(torch.zeros(2), 3), (torch.ones(2), 7)])
-    """
+    """A loader's ``collate_fn`` followed by :class:`Mixup` (picklable: it runs in workers)."""
 
     def __init__(self, mixup: Mixup, collate: Callable[[list[Any]], Any] | None = None) -> None:
         self.mixup = mixup

@@ -71,12 +71,7 @@ class Metric(ABC):
         """The value from a summed state (a 1-D CPU float64 tensor of length ``size``)."""
 
     def add(self, values: torch.Tensor) -> None:
-        """Add ``size`` numbers to the state (out of place: ``values`` is never modified).
-
-        >>> metric = MeanOf(lambda outputs, targets: outputs)
-        >>> metric.add(torch.tensor([3.0, 2.0])); metric.state().tolist()
-        [3.0, 2.0]
-        """
+        """Add ``size`` numbers to the state (out of place: ``values`` is never modified)."""
         values = values.detach().reshape(-1).to(self._device or values.device, torch.float64)
         if values.numel() != self.size:
             raise ValueError(
@@ -88,21 +83,13 @@ class Metric(ABC):
 
     def state(self) -> torch.Tensor:
         """The sums so far: a 1-D float64 tensor of length ``size`` on the device (zeros on
-        the device given to :meth:`reset` before any update). Read it, do not modify it.
-
-        >>> MeanOf(lambda outputs, targets: outputs).state().tolist()
-        [0.0, 0.0]
-        """
+        the device given to :meth:`reset` before any update). Read it, do not modify it."""
         if self._sums is not None:
             return self._sums
         return torch.zeros(self.size, dtype=torch.float64, device=self._device)
 
     def reset(self, device: torch.device | None = None) -> None:
-        """Forget every sum; an empty state is allocated on ``device`` (default: the CPU).
-
-        >>> metric = MeanOf(lambda outputs, targets: outputs)
-        >>> metric.reset(torch.device("cpu"))
-        """
+        """Forget every sum; an empty state is allocated on ``device`` (default: the CPU)."""
         self._sums = None
         self._device = device
 

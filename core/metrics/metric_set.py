@@ -28,11 +28,7 @@ _EXAMPLE = (
 
 def logits_of(outputs: object) -> torch.Tensor | None:
     """The logits a model returned for a dict batch: ``outputs["logits"]`` of a mapping,
-    ``outputs.logits`` of an object (Hugging Face's ``ModelOutput``), else None.
-
-    >>> logits_of({"loss": torch.tensor(0.5), "logits": torch.zeros(2, 3)}).shape
-    torch.Size([2, 3])
-    """
+    ``outputs.logits`` of an object (Hugging Face's ``ModelOutput``), else None."""
     found = outputs.get("logits") if isinstance(outputs, Mapping) else None
     if found is None and not isinstance(outputs, (Mapping, torch.Tensor)):
         found = getattr(outputs, "logits", None)
@@ -41,10 +37,7 @@ def logits_of(outputs: object) -> torch.Tensor | None:
 
 def check_metrics(value: object) -> None:
     """Raise :class:`~core.errors.ConfigError` unless ``value`` maps identifier-like names
-    to :class:`Metric` instances or callables ``(outputs, targets) -> Tensor``.
-
-    >>> check_metrics({"accuracy": Accuracy(), "mae": lambda outputs, targets: outputs})
-    """
+    to :class:`Metric` instances or callables ``(outputs, targets) -> Tensor``."""
     if not isinstance(value, Mapping):
         raise config_error(
             "metrics",
@@ -148,9 +141,7 @@ class MetricSet:
         for name, metric in self._metrics.items():
             with _named(name):
                 state = metric.state()
-            missed = torch.full(
-                (1,), float(self._missed[name]), dtype=state.dtype, device=state.device
-            )
+            missed = state.new_full((1,), float(self._missed[name]))
             parts += [state, missed]
         if not parts:
             return torch.zeros(0, dtype=torch.float64, device=self._device)
@@ -180,8 +171,7 @@ class MetricSet:
 
 
 @contextlib.contextmanager
-def _named(name: str) -> Iterator[None]:
-    """An exception escaping the metric ``name`` names it (``core.errors.raised_in``)."""
+def _named(name: str) -> Iterator[None]:  # an exception escaping the metric names it
     try:
         yield
     except Exception as exc:

@@ -13,13 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = (
-    "AllGatherExchange",
-    "AllToAllExchange",
-    "TokenExchange",
-    "exchange_tokens",
-    "probe_all_to_all",
-)
+__all__ = ("AllGatherExchange", "TokenExchange", "exchange_tokens", "probe_all_to_all")
 
 
 class TokenExchange:
@@ -67,9 +61,6 @@ class TokenExchange:
         dist.all_to_all_single(out, inp, out_splits, in_splits, group=self.group)
 
 
-AllToAllExchange = TokenExchange
-
-
 class AllGatherExchange(TokenExchange):
     """The same exchange from ``all_gather``: for backends without ``all_to_all``."""
 
@@ -105,11 +96,8 @@ class AllGatherExchange(TokenExchange):
 def probe_all_to_all(group: Any = None) -> bool:
     """Whether the group's backend runs ``all_to_all_single`` (one 1-element exchange per rank)."""
     size = dist.get_world_size(group)
-    device = (
-        torch.device("cpu")
-        if dist.get_backend(group) == "gloo"
-        else torch.device("cuda", torch.cuda.current_device())
-    )
+    gloo = dist.get_backend(group) == "gloo"
+    device = torch.device("cpu") if gloo else torch.device("cuda", torch.cuda.current_device())
     try:
         dist.all_to_all_single(
             torch.empty(size, device=device), torch.zeros(size, device=device), group=group

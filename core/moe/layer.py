@@ -59,9 +59,8 @@ class MoELayer(nn.Module):
             capacity_factor=capacity_factor,
             aux_loss_weight=aux_loss_weight,
         )
-        factory = expert or partial(
-            FeedForwardExpert, d_model, hidden_size or 4 * d_model, activation
-        )
+        hidden = hidden_size or 4 * d_model
+        factory = expert or partial(FeedForwardExpert, d_model, hidden, activation)
         self.d_model = d_model
         self.top_k = top_k
         self.capacity_factor = capacity_factor
@@ -97,9 +96,8 @@ class MoELayer(nn.Module):
 
     # -- statistics -----------------------------------------------------------------------
     def _count(self, counts: torch.Tensor, dropped: torch.Tensor, aux: torch.Tensor) -> None:
-        row = torch.cat(
-            [counts.float(), dropped.float().reshape(1), aux.detach().float().reshape(1)]
-        )
+        extra = torch.stack([dropped.float(), aux.detach().float()])
+        row = torch.cat([counts.float(), extra])
         if self._stats is None or self._stats.shape != row.shape:
             self._stats = torch.zeros_like(row)
         self._stats.add_(row)

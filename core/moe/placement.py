@@ -6,7 +6,7 @@ and everything dense stay on the primary device.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -35,12 +35,7 @@ class DeviceDescription:
     free_memory_bytes: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "device": self.device,
-            "name": self.name,
-            "sm_count": self.sm_count,
-            "free_memory_bytes": self.free_memory_bytes,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -62,11 +57,8 @@ def describe_cuda_devices() -> list[DeviceDescription]:
     for index in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
         properties = torch.cuda.get_device_properties(index)
         free, _ = torch.cuda.mem_get_info(index)
-        described.append(
-            DeviceDescription(
-                f"cuda:{index}", properties.name, properties.multi_processor_count, free
-            )
-        )
+        sm_count = properties.multi_processor_count
+        described.append(DeviceDescription(f"cuda:{index}", properties.name, sm_count, free))
     return described
 
 

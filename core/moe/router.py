@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ("Routing", "TopKRouter", "capacity_of", "load_balancing_loss", "route")
+__all__ = ("Routing", "TopKRouter", "load_balancing_loss", "route")
 
 
 @dataclass(frozen=True)
@@ -35,13 +35,6 @@ class Routing:
     """Assignments an expert takes at most (None: unlimited)."""
 
 
-def capacity_of(tokens: int, experts: int, top_k: int, capacity_factor: float | None) -> int | None:
-    """An expert's capacity for ``tokens`` tokens (None: no limit)."""
-    if capacity_factor is None:
-        return None
-    return max(1, math.ceil(capacity_factor * tokens * top_k / experts))
-
-
 def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
     """``E * sum_e f_e * P_e`` for router probabilities ``probs`` ``[T, E]`` and the chosen
     ``experts`` ``[T, top_k]`` (Switch Transformer, eq. 4, over all ``top_k`` choices): ``f_e``
@@ -49,9 +42,8 @@ def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Ten
     probability of ``e``."""
     n_experts = probs.shape[-1]
     assigned = torch.zeros(n_experts, dtype=torch.float32, device=probs.device)
-    assigned.scatter_add_(
-        0, experts.reshape(-1), torch.ones_like(experts.reshape(-1), dtype=torch.float32)
-    )
+    chosen = experts.reshape(-1)
+    assigned.scatter_add_(0, chosen, torch.ones_like(chosen, dtype=torch.float32))
     fraction = assigned / experts.numel()
     return n_experts * (fraction * probs.float().mean(0)).sum()
 
@@ -61,23 +53,21 @@ def route(
 ) -> Routing:
     """Route tokens by their router ``logits`` ``[T, E]``: each picks its ``top_k`` experts by
     softmax probability (weights renormalised over them when ``normalize``); an expert takes
-    at most ``capacity_of(...)`` assignments, first choices first, in token order, so a token
+    at most its capacity of assignments, first choices first, in token order, so a token
     loses its second expert before any token loses its first; the rest are dropped."""
     tokens, n_experts = logits.shape
     probs = logits.float().softmax(dim=-1)
     weights, experts = probs.topk(top_k, dim=-1)
     if normalize and top_k > 1:
         weights = weights / weights.sum(dim=-1, keepdim=True)
-    capacity = capacity_of(tokens, n_experts, top_k, capacity_factor)
+    capacity = None  # no limit
+    if capacity_factor is not None:
+        capacity = max(1, math.ceil(capacity_factor * tokens * top_k / n_experts))
     # Priority order: every token's first choice, then every token's second, ...
     by_priority = experts.t().reshape(-1)
     onehot = F.one_hot(by_priority, n_experts)
     position = onehot.cumsum(0).gather(1, by_priority[:, None]).squeeze(1) - 1
-    kept = (
-        position < capacity
-        if capacity is not None
-        else torch.ones_like(by_priority, dtype=torch.bool)
-    )
+    kept = position < (capacity if capacity is not None else math.inf)
     counts = (onehot * kept[:, None]).sum(0)
     return Routing(
         experts=experts,

@@ -43,11 +43,9 @@ def bottleneck_verdict(
 ) -> dict[str, Any]:
     """Classify an epoch as ``input_bound``, ``underutilised`` or ``compute_bound``.
 
-    ``step_time_s`` and ``data_time_s`` are the epoch's (or a step's mean) total step time and
-    the part of it spent waiting for batches. ``util_source`` is the monitor's source
-    (``"nvml"`` or ``"psutil"``); for ``"psutil"`` the reading is divided by ``cpu_threads``
-    (default: ``torch.get_num_threads()``). Returns ``input_stall_fraction``,
-    ``util_mean_pct`` (as given), ``verdict`` and ``advice``.
+    ``data_time_s`` is the part of ``step_time_s`` spent waiting for batches. A ``"psutil"``
+    reading is divided by ``cpu_threads`` (default: ``torch.get_num_threads()``). Returns
+    ``input_stall_fraction``, ``util_mean_pct`` (as given), ``verdict`` and ``advice``.
     """
     if not step_time_s >= 0:
         raise config_error("step_time_s", step_time_s, "a number of seconds >= 0")
@@ -105,13 +103,8 @@ def epoch_verdict(
     time_s: float, data_time_s: float, monitor: _Monitor | None, started: float
 ) -> dict[str, Any]:
     """The verdict for an epoch that began at monitor time ``started`` (no monitor: unknown)."""
-    if monitor is None:
-        return bottleneck_verdict(
-            step_time_s=time_s, data_time_s=data_time_s, util_mean_pct=None, util_source=None
-        )
+    util = None if monitor is None else mean_util_since(monitor.get_metrics_history(), started)
+    source = None if monitor is None else monitor.source
     return bottleneck_verdict(
-        step_time_s=time_s,
-        data_time_s=data_time_s,
-        util_mean_pct=mean_util_since(monitor.get_metrics_history(), started),
-        util_source=monitor.source,
+        step_time_s=time_s, data_time_s=data_time_s, util_mean_pct=util, util_source=source
     )

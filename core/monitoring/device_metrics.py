@@ -16,6 +16,7 @@ __all__ = (
     "SAMPLE_FIELDS",
     "SamplingThread",
     "next_tick",
+    "spread",
     "summarize",
     "torch_memory",
 )
@@ -87,13 +88,20 @@ def summarize(history: Sequence[dict[str, Any]]) -> dict[str, Any]:
                     per_field[field].append(value)
     devices: dict[Any, dict[str, float | None]] = {}
     for device, per_field in values.items():
-        stats: dict[str, float | None] = {}
+        devices[device] = {}
         for field, xs in per_field.items():
-            stats[f"{field}_mean"] = sum(xs) / len(xs) if xs else None
-            stats[f"{field}_max"] = max(xs) if xs else None
-            stats[f"{field}_min"] = min(xs) if xs else None
-        devices[device] = stats
+            devices[device] |= spread(field, xs)
     return {"samples": len(history), "devices": devices}
+
+
+def spread(name: str, xs: Sequence[float]) -> dict[str, float | None]:
+    """``<name>_mean``, ``<name>_max`` and ``<name>_min`` of ``xs`` (None when empty)."""
+    mean = sum(xs) / len(xs) if xs else None
+    return {
+        f"{name}_mean": mean,
+        f"{name}_max": max(xs, default=None),
+        f"{name}_min": min(xs, default=None),
+    }
 
 
 def next_tick(start: float, tick: int, interval: float, now: float) -> tuple[int, float]:

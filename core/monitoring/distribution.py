@@ -1,11 +1,5 @@
 """``MonitoredDistribution``: a run's :class:`~core.distributed.distribution.Distribution` with
 a monitor of this rank's devices.
-
-Example::
-
-    distribution = MonitoredDistribution(MultiGPUConfig(training_mode="auto"))
-    distribution.record_gpu_metrics()                     # kept in the monitor's history
-    distribution.gpu_monitor.get_gpu_summary()["memory_allocated_mean"]
 """
 
 from __future__ import annotations
@@ -26,8 +20,9 @@ class MonitoredDistribution(Distribution):
 
     Example::
 
-        distribution = MonitoredDistribution()
-        sample = distribution.record_gpu_metrics()    # {"t_s", "source", "devices": [...]}
+        distribution = MonitoredDistribution(MultiGPUConfig(training_mode="auto"))
+        distribution.record_gpu_metrics()    # kept in the monitor's history
+        distribution.gpu_monitor.get_gpu_summary()["memory_allocated_mean"]
     """
 
     monitor_class: ClassVar[type[FlatMetricsMonitor]] = FlatMetricsMonitor
@@ -57,8 +52,7 @@ class MonitoredDistribution(Distribution):
             monitor.close()
 
     def record_gpu_metrics(self) -> dict[str, Any]:
-        """Sample this rank's devices now into :attr:`gpu_monitor`'s history and return the
-        sample (``get_gpu_summary()`` summarises the history); never raises."""
+        """Sample this rank's devices now into :attr:`gpu_monitor`'s history; never raises."""
         return self.gpu_monitor.record_gpu_metrics()
 
     def cleanup(self) -> None:

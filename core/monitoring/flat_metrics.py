@@ -1,12 +1,5 @@
 """A :class:`~core.monitoring.gpu_monitor.GPUMonitor`'s samples read back as flat metrics: each
 sample's first device at the top, the devices' summed memory and mean utilisation summarised.
-
-Example::
-
-    monitor = FlatMetricsMonitor()
-    monitor.start_monitoring(interval=2.0)
-    metrics = monitor.get_latest_metrics()   # None before the first sample
-    monitor.stop_monitoring()
 """
 
 from __future__ import annotations
@@ -16,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from core.monitoring.config import GPUMonitorConfig
+from core.monitoring.device_metrics import spread
 from core.monitoring.gpu_monitor import GPUMonitor
 
 __all__ = ("FlatMetricsMonitor", "flat_metrics", "totals_summary")
@@ -42,7 +36,6 @@ def _gib(value: object) -> float | None:
 
 def _device_metrics(record: dict[str, Any], timestamp: float) -> dict[str, Any]:
     nvml = record["source"] == "nvml"
-    allocated = record["torch_mem_allocated_bytes"]
     used, total = record["mem_used_bytes"], record["mem_total_bytes"]
     if nvml and used is not None and total:
         memory_utilization = 100.0 * used / total
@@ -53,7 +46,7 @@ def _device_metrics(record: dict[str, Any], timestamp: float) -> dict[str, Any]:
         "source": record["source"],
         "gpu_utilization": record["util_pct"] if nvml else None,
         "cpu_utilization": None if nvml else record["util_pct"],
-        "memory_allocated_gb": _gib(allocated if allocated is not None else used),
+        "memory_allocated_gb": _gib(_allocated(record)),
         "memory_reserved_gb": _gib(record["torch_mem_reserved_bytes"]),
         "memory_utilization": memory_utilization,
         "temperature": record["temperature_c"],
@@ -76,10 +69,6 @@ def flat_metrics(sample: dict[str, Any]) -> dict[str, Any]:
     ``memory_utilization``: percent of the device's memory in use (NVML), of the host's RAM
     in use (psutil). ``temperature`` (°C) and ``power_w``: None where unknown.
     ``timestamp``: seconds since the epoch (``time.time()``).
-
-    Example::
-
-        flat_metrics(GPUMonitor().sample())["memory_allocated_gb"]
     """
     # The monitor stamps samples with a monotonic clock: shift it onto the wall clock by one
     # offset per process, so a sample converted twice gets the same timestamp.
@@ -91,11 +80,7 @@ def flat_metrics(sample: dict[str, Any]) -> dict[str, Any]:
 
 class FlatMetricsMonitor:
     """A :class:`~core.monitoring.gpu_monitor.GPUMonitor` (its own, or ``monitor``, e.g. a
-    run's) read as flat metrics (:func:`flat_metrics`, :func:`totals_summary`). Samples are
-    taken every ``interval`` seconds in a daemon thread after :meth:`start_monitoring`, or
-    one at a time by :meth:`record_gpu_metrics`; the monitor keeps the last
-    ``config.history_size`` of them.
-
+    run's) read as flat metrics; it keeps the last ``config.history_size`` samples.
     ``device_indices``: torch CUDA indices (None: every visible device).
 
     Example::
@@ -126,8 +111,7 @@ class FlatMetricsMonitor:
         self.monitor.close()
 
     def record_gpu_metrics(self) -> dict[str, Any]:
-        """Take one sample now into the history; returns it as the monitor does
-        (``{"t_s", "source", "devices": [record, ...]}``); never raises."""
+        """Take one sample now into the history, as the monitor returns it; never raises."""
         return self.monitor.sample()
 
     def get_latest_metrics(self) -> dict[str, Any] | None:
@@ -140,8 +124,7 @@ class FlatMetricsMonitor:
         return [flat_metrics(sample) for sample in self.monitor.get_metrics_history()]
 
     def get_gpu_info(self) -> dict[str, Any]:
-        """Device count, current device, versions, and per GPU its ``name``,
-        ``total_memory`` (bytes) and ``capability`` (``devices`` is empty without GPUs)."""
+        """:meth:`GPUMonitor.get_gpu_info`."""
         return self.monitor.get_gpu_info()
 
     def get_gpu_summary(self) -> dict[str, Any]:
@@ -163,12 +146,7 @@ def _allocated(record: dict[str, Any]) -> Any:
 def totals_summary(history: Sequence[dict[str, Any]]) -> dict[str, float | None]:
     """The devices' totals over ``history``, each ``_mean``/``_max``/``_min`` over the
     samples: ``memory_allocated`` and ``memory_reserved`` (bytes, a sample's devices summed)
-    and ``gpu_utilization`` (percent, their mean). ``memory_allocated`` is torch's allocated
-    memory on CUDA, else the memory in use (NVML: the device's; psutil: this process's
-    resident set). Unknown in every sample (no CUDA, no GPU): None.
-
-    >>> totals_summary([])["memory_allocated_mean"] is None
-    True
+    and ``gpu_utilization`` (percent, their mean); None where unknown in every sample.
     """
     series: dict[str, list[float]] = {name: [] for name in _SUMMARY}
     for sample in history:
@@ -184,7 +162,5 @@ def totals_summary(history: Sequence[dict[str, Any]]) -> dict[str, float | None]
                 series[name].append(total / len(per_device) if name == "gpu_utilization" else total)
     summary: dict[str, float | None] = {}
     for name, xs in series.items():
-        summary[f"{name}_mean"] = sum(xs) / len(xs) if xs else None
-        summary[f"{name}_max"] = max(xs, default=None)
-        summary[f"{name}_min"] = min(xs, default=None)
+        summary |= spread(name, xs)
     return summary

@@ -42,11 +42,9 @@ Emit = Callable[..., None]
 class GPUMonitor:
     """Samples NVML (or, degraded, psutil) into a bounded history and the run log.
 
-    ``device_indices`` are torch CUDA indices (None: every visible device; under DDP the
-    orchestrator passes this rank's device). ``emit(event, **fields)`` writes a record; without
-    it samples are only kept in the history and the rare notices go to structlog. ``nvml``,
-    ``clock`` and ``sleep`` are seams for tests: a pynvml-like module, a monotonic clock and
-    the coroutine that waits between samples. NVML is opened on the first sample.
+    ``device_indices`` are torch CUDA indices (None: every visible device). ``emit(event,
+    **fields)`` writes a record; without it the rare notices go to structlog. ``nvml``,
+    ``clock`` and ``sleep`` are seams for tests. NVML is opened on the first sample.
     """
 
     def __init__(
@@ -67,7 +65,6 @@ class GPUMonitor:
         self._sleep = sleep
         self._lock = threading.Lock()
         self._history: deque[Sample] = deque(maxlen=self.config.history_size)
-        self._step: dict[str, Any] = {"util_pct": None, "mem_used_bytes": None}
         self.record_fields: dict[str, Any] = {
             "device_util_pct": None,
             "device_mem_used_bytes": None,
@@ -142,9 +139,9 @@ class GPUMonitor:
 
     # -- sampling --------------------------------------------------------------------------
     def sample(self) -> Sample:
-        """Sample every device now: append to the history, emit ``gpu_sample``s, return it.
+        """Sample every device now into the history and the log; never raises.
 
-        Returns ``{"t_s", "source", "devices": [record, ...]}``; never raises.
+        Returns ``{"t_s", "source", "devices": [record, ...]}``.
         """
         try:
             with self._lock:
@@ -178,7 +175,6 @@ class GPUMonitor:
             records.append(self._record("cpu", t_s, self._host.read(), self._host_torch_index))
         if records:
             first = records[0]
-            self._step = {"util_pct": first["util_pct"], "mem_used_bytes": first["mem_used_bytes"]}
             self.record_fields = {
                 "device_util_pct": first["util_pct"],
                 "device_mem_used_bytes": first["mem_used_bytes"],
@@ -197,23 +193,15 @@ class GPUMonitor:
     def _source(self) -> Literal["nvml", "psutil"]:
         return "nvml" if self._reader is not None else "psutil"
 
-    def step_fields(self) -> dict[str, Any]:
-        """``util_pct`` and ``mem_used_bytes`` of the first device, latest sample (O(1))."""
-        return dict(self._step)
-
     # -- schedules -------------------------------------------------------------------------
     async def run(self) -> None:
-        """Sample every ``interval_s`` until cancelled, then release NVML (the process keeps
-        its session open for the next run).
-
-        The sample runs in a worker thread so NVML never blocks the event loop.
-        """
+        """Sample every ``interval_s`` until cancelled, then release NVML."""
         interval = self.config.interval_s
         start = self._clock()
         tick = 0
         try:
             while True:
-                await anyio.to_thread.run_sync(self.sample)
+                await anyio.to_thread.run_sync(self.sample)  # NVML never blocks the loop
                 tick, delay = next_tick(start, tick, interval, self._clock())
                 await self._sleep(delay)
         finally:

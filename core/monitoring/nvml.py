@@ -82,8 +82,7 @@ def shutdown_idle_nvml() -> int:
         return len(idle)
 
 
-def _shutdown(nvml: Any) -> None:
-    """Caller holds the lock."""
+def _shutdown(nvml: Any) -> None:  # the caller holds _session_lock
     del _session_users[nvml]
     _failed_sessions.discard(nvml)
     with contextlib.suppress(nvml.NVMLError):  # a driver gone meanwhile: nothing held
@@ -95,12 +94,10 @@ def _snake(camel: str) -> str:
 
 
 def _reason_table(nvml: Any) -> tuple[tuple[int, str], ...]:
-    """(bit, snake_case name) of every single-bit clock event/throttle reason NVML defines.
-
-    Newer NVML renamed ``nvmlClocksThrottleReason*`` to ``nvmlClocksEventReason*``; both are
-    read, and a bit keeps the first name found, so the table suits old and new bindings.
-    """
+    """(bit, snake_case name) of every single-bit clock event/throttle reason NVML defines."""
     names: dict[int, str] = {}
+    # Newer NVML renamed nvmlClocksThrottleReason* to nvmlClocksEventReason*: a bit keeps
+    # the first name found, so the table suits old and new bindings.
     for prefix in ("nvmlClocksEventReason", "nvmlClocksThrottleReason"):
         for attr in sorted(dir(nvml)):
             value = getattr(nvml, attr)
@@ -134,12 +131,9 @@ def _pci_bus_id(props: Any) -> str | None:
 
 
 def torch_device_handle(nvml: Any, index: int) -> Any:
-    """NVML's handle for torch's CUDA device ``index``.
-
-    torch counts devices after ``CUDA_VISIBLE_DEVICES`` and, by default, fastest first; NVML
-    counts every board in PCI order. So the device is found by PCI bus id, then by UUID; the
-    bare index is used only where torch cannot say (a build without CUDA: fakes in tests).
-    """
+    """NVML's handle for torch's CUDA device ``index``."""
+    # torch counts devices after CUDA_VISIBLE_DEVICES, fastest first; NVML counts every board
+    # in PCI order. So: by PCI bus id, then UUID; the bare index only without CUDA (fakes).
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(index)
         uuid = getattr(props, "uuid", None)
@@ -163,10 +157,9 @@ class NvmlReader:
     """Reads the fast counters of a fixed set of torch CUDA devices (handles cached).
 
     A counter the board does not support (``NVMLError_NotSupported``) reads None from then on
-    and is reported once through ``on_unsupported(device, field, reason)``. Any other NVML
-    error propagates: the monitor decides what to do with a failing driver. Per-process
-    queries are never made: they take milliseconds and hold the driver lock the training's
-    own CUDA calls need.
+    and is reported once through ``on_unsupported(device, field, reason)``; any other NVML
+    error propagates. No per-process queries: they take milliseconds and hold the driver lock
+    the training's own CUDA calls need.
     """
 
     def __init__(
@@ -192,16 +185,9 @@ class NvmlReader:
                 lambda h: {"power_limit_w": nvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000},
             ),
             (("sm_clock_mhz",), lambda h: {"sm_clock_mhz": self._clock(h, nvml.NVML_CLOCK_SM)}),
-            (
-                ("mem_clock_mhz",),
-                lambda h: {"mem_clock_mhz": self._clock(h, nvml.NVML_CLOCK_MEM)},
-            ),
+            (("mem_clock_mhz",), lambda h: {"mem_clock_mhz": self._clock(h, nvml.NVML_CLOCK_MEM)}),
             (("throttle_reasons",), self._throttle_reasons),
         )
-
-    @property
-    def device_indices(self) -> tuple[int, ...]:
-        return tuple(i for i, _ in self._handles)
 
     def read(self) -> list[tuple[int, dict[str, Any]]]:
         """``(torch index, counters)`` for every device, in the order given."""

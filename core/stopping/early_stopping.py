@@ -1,11 +1,7 @@
 """Early stopping on a monitored value: the validation loss by default, or any value the
 checkpoint section's ``monitor`` may name (``val_f1``, ``val_accuracy``...), with its mode.
-
-The rules are Lightning's ``EarlyStopping``'s, judged in its order at every check (every
-validation; the epoch's end for the training loss): a value that is not finite, the
-stopping threshold, the divergence threshold, then patience, each a class of
-:mod:`core.stopping.rules`. Each stop says why in words, which ``run_end``
-records as its ``stop_reason``; ``min_epochs``/``min_steps`` hold a stop back (``due``).
+The rules (:mod:`core.stopping.rules`) are asked at every check; each stop says why in words
+(``run_end``'s ``stop_reason``); ``min_epochs``/``min_steps`` hold a stop back (``due``).
 """
 
 from __future__ import annotations
@@ -44,11 +40,7 @@ class EarlyStopping:
     """
 
     def __init__(
-        self,
-        config: EarlyStoppingConfig,
-        *,
-        mode: Mode = "min",
-        monitor: str = "val_loss",
+        self, config: EarlyStoppingConfig, *, mode: Mode = "min", monitor: str = "val_loss"
     ) -> None:
         self.config = config
         self.rules = stopping_rules(config)
@@ -59,10 +51,6 @@ class EarlyStopping:
         """Checks in a row without an improvement (validations; epochs for train_loss)."""
         self.pending: str | None = None
         """A rule that fired before ``min_epochs``/``min_steps``: it stops the run then."""
-
-    @property
-    def min_delta(self) -> float:
-        return self.config.min_delta
 
     def judge(self, value: float, *, epochs: int, steps: int) -> str | None:
         """Record one check of the monitored value after ``epochs`` epochs and ``steps``
@@ -84,8 +72,7 @@ class EarlyStopping:
         return pending
 
     def _rules(self, value: float) -> str | None:
-        """The first rule's reason to stop at ``value``; the rules after it are not asked."""
-        for rule in self.rules:
+        for rule in self.rules:  # the first reason ends the check
             reason = rule.check(value, self)
             if reason is not None:
                 return reason

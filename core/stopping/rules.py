@@ -1,10 +1,7 @@
 """Early stopping's rules, one small class each, judged in the order of :data:`RULES`.
 
-A rule reads the monitored value and the watch it shares with the others (the best value so
-far, the checks in a row without an improvement) and gives the reason to stop in words, or
-None to hand the value to the next rule. The first reason ends the check: the rules after it
-do not see that value. A new rule is a class here, its place in ``RULES``, and its setting
-in ``EarlyStoppingConfig``.
+A rule reads the monitored value and the :class:`Watch` it shares with the others and gives
+the reason to stop in words, or None to hand the value to the next rule.
 """
 
 from __future__ import annotations
@@ -102,9 +99,8 @@ class DivergenceThreshold:
     def check(self, value: float, watch: Watch) -> str | None:
         if not better(self.threshold, value, watch.mode):
             return None
-        return (
-            f"{watch.monitor} = {value:.4g} is worse than divergence_threshold {self.threshold:g}"
-        )
+        threshold = self.threshold
+        return f"{watch.monitor} = {value:.4g} is worse than divergence_threshold {threshold:g}"
 
 
 @dataclass(frozen=True)

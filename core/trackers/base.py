@@ -32,21 +32,14 @@ from typing_extensions import override
 from core.callbacks import Callback, Record, RunInfo
 from core.checks import check_bool, is_int
 from core.errors import ConfigError, config_error
+from core.reports import PLOT_FILE, SUMMARY_FILE
 from core.reports.apart import ReportsFailed, wait_for_reports
 from core.trackers.convert import ParamValue, Scalar, flatten_params, model_summary_text, scalars_of
 from core.trackers.worker import BackendThread
 
-__all__ = (
-    "REPORT_FILES",
-    "Status",
-    "TrackedRun",
-    "Tracker",
-    "TrackerUnavailableError",
-    "require",
-)
+__all__ = ("Status", "TrackedRun", "Tracker", "TrackerUnavailableError", "check_names", "require")
 
 Status = Literal["FINISHED", "FAILED", "KILLED"]
-REPORT_FILES = ("training_metrics.png", "performance_summary.txt")
 # A stopped run gives control back without waiting for its reports' writer: the files are
 # in the run directory, not in the tracker.
 _STOPPED = ("stopped", "cancelled", "abandoned")
@@ -67,15 +60,19 @@ class TrackerUnavailableError(ConfigError, ImportError):
 
 def require(package: str, tracker: str, extra: str = "trackers") -> None:
     """Raise :class:`TrackerUnavailableError` unless ``package`` can be imported (the check
-    does not import it).
-
-    >>> require("json", "JSONTracker")
-    """
+    does not import it)."""
     if importlib.util.find_spec(package) is None:
         raise TrackerUnavailableError(
             f"{tracker} needs the {package!r} package, which is not installed. "
             f"Fix: pip install {package}, or pip install -e '.[{extra}]' in core's checkout."
         )
+
+
+def check_names(**names: object) -> None:
+    """Raise a ConfigError for the first value that is neither None nor a non-empty str."""
+    for field, value in names.items():
+        if value is not None and not (isinstance(value, str) and value.strip()):
+            raise config_error(field, value, "None (the default) or a non-empty str")
 
 
 @dataclass(frozen=True)
@@ -116,13 +113,11 @@ class Tracker(Callback, ABC):
 
     @abstractmethod
     def _open(self, run: TrackedRun, run_start: Record) -> None:
-        """Open the backend (files, a writer, a tracking-server run), once, with the
-        ``run_start`` record (``{}`` if it was lost)."""
+        """Open the backend, once, with the ``run_start`` record (``{}`` if it was lost)."""
 
     @abstractmethod
     def _log_params(self, params: dict[str, ParamValue]) -> None:
-        """Log the hyper-parameters, once: the config tree as dotted keys (``run.max_epochs``),
-        the run's plan (``plan.effective_batch_size``) and its ``seed``."""
+        """Log the hyper-parameters, once, as dotted keys (``run.max_epochs``)."""
 
     @abstractmethod
     def _log_text(self, name: str, text: str) -> None:
@@ -130,19 +125,16 @@ class Tracker(Callback, ABC):
 
     @abstractmethod
     def _log_scalars(self, rows: list[Scalar]) -> None:
-        """Log a batch of scalar rows (buffered: every ``flush_every`` records, at each epoch
-        end and at the end)."""
+        """Log a batch of scalar rows (every ``flush_every`` records, each epoch end, the end)."""
 
     @abstractmethod
     def _log_artifact(self, path: Path) -> None:
-        """Log a report file of the run, once the run's files are complete (the tracker's
-        thread waits for the report writer; ``train()`` waits for the tracker)."""
+        """Log a report file of the run, once the run's files are complete."""
 
     @abstractmethod
     def _close(self, status: Status) -> None:
-        """Flush and release the backend, last; ``status`` is how the run ended:
-        ``"FINISHED"``, ``"FAILED"`` or ``"KILLED"`` (also when cancelled as the run's callback
-        grace runs out, before ``run_end``)."""
+        """Flush and release the backend, last; ``status`` is how the run ended (``"KILLED"``
+        also when cancelled as the run's callback grace runs out, before ``run_end``)."""
 
     # -- the callback hooks -----------------------------------------------------------
 
@@ -164,14 +156,13 @@ class Tracker(Callback, ABC):
 
     @override
     async def on_run_closed(self, run: RunInfo) -> None:
-        """Write what is buffered, log the report files (not of a stopped run: a stop does not
-        wait for their writer), close the backend and wait for it."""
+        """Write what is buffered, log the report files, close the backend and wait for it."""
         if not self._tracks(run) or self._thread is None:
             return
         self._done = True
         try:
             self._write()
-            if run.run_dir is not None and self._ended not in _STOPPED:
+            if run.run_dir is not None and self._ended not in _STOPPED:  # see _STOPPED
                 self._thread.submit(self._log_reports, run.run_dir)
             await self._thread.finish(self._close, self._status or "FAILED")
         except BaseException as exc:
@@ -235,24 +226,20 @@ class Tracker(Callback, ABC):
         self._unflushed = 0
 
     def _log_reports(self, run_dir: Path) -> None:
-        """On the tracker's thread: the report files the run wrote, if any, once their
-        writer (a child process the run did not wait for) has finished."""
+        """On the tracker's thread: the report files the run wrote, once their writer ended."""
         with contextlib.suppress(ReportsFailed):  # said in the process's log; log what exists
             wait_for_reports(run_dir, timeout_s=None)
-        for name in REPORT_FILES:
+        for name in (PLOT_FILE, SUMMARY_FILE):
             if (run_dir / name).is_file():
                 self._log_artifact(run_dir / name)
 
     def _abort(self, exc: BaseException) -> None:
-        """A hook is leaving with an error or a cancellation: close the backend (queued).
-
-        Cancelled (the run's callback grace ran out), the backend keeps the run's own status
-        once ``run_end`` was seen, else ``KILLED``; an error closes it ``FAILED``."""
+        """A hook is leaving with an error or a cancellation: close the backend (queued)."""
         self._done = True
         if self._thread is None:
             return
         status: Status = "FAILED"
-        if isinstance(exc, anyio.get_cancelled_exc_class()):
+        if isinstance(exc, anyio.get_cancelled_exc_class()):  # the callback grace ran out
             status = self._status or "KILLED"
             _log.warning(
                 "tracker_cancelled",

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from typing import NamedTuple
 
 from core.checks import is_finite_number, is_int
+from core.reports.read import timestamp
 
 __all__ = (
     "ParamValue",
@@ -56,18 +56,9 @@ class Scalar(NamedTuple):
 
 
 def wall_time(record: Mapping[str, object]) -> float:
-    """The record's ``ts`` as seconds since the Unix epoch (now when absent or unreadable).
-
-    >>> wall_time({"ts": "2026-01-01T00:00:00.000000Z"})
-    1767225600.0
-    """
-    ts = record.get("ts")
-    if isinstance(ts, str):
-        try:  # Python 3.10's fromisoformat does not read a trailing Z
-            return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            pass
-    return time.time()
+    """The record's ``ts`` as seconds since the Unix epoch (now when absent or unreadable)."""
+    seconds = timestamp(record)
+    return time.time() if seconds is None else seconds
 
 
 def scalars_of(record: Mapping[str, object]) -> list[Scalar]:
@@ -134,13 +125,7 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> s
 
 
 def model_summary_text(summary: object) -> str | None:
-    """``run_start["model_summary"]`` as a Markdown table and a totals line (None: absent).
-
-    >>> text = model_summary_text({"modules": [], "parameters": 10, "trainable": 10,
-    ...                            "size_mb": 0.0})
-    >>> text.splitlines()[-1]
-    'Total: 10 parameters, 10 trainable, 0.0 MB'
-    """
+    """``run_start["model_summary"]`` as a Markdown table and a totals line (None: absent)."""
     if not isinstance(summary, Mapping):
         return None
     modules = summary.get("modules")

@@ -3,10 +3,6 @@
 ``pandas.read_csv(path).pivot_table(index="step", columns="name", values="value")`` makes it
 wide), beside ``params.csv`` and ``model_summary.md``, in the run's directory or ``directory``
 (report files copied there).
-
-Example::
-
-    run = TrainingJob(config, model=m, train_loader=dl, callbacks=[CSVLogger()])
 """
 
 from __future__ import annotations

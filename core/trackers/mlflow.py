@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING
 from typing_extensions import override
 
 from core.callbacks import Record
-from core.errors import config_error
-from core.trackers.base import Status, TrackedRun, Tracker, require
+from core.trackers.base import Status, TrackedRun, Tracker, check_names, require
 from core.trackers.convert import ParamValue, Scalar
 from core.trackers.worker import import_lock
 
@@ -49,13 +48,7 @@ class MLflowLogger(Tracker):
         rank_zero_only: bool = True,
     ) -> None:
         super().__init__(flush_every=flush_every, rank_zero_only=rank_zero_only)
-        for field, value in (
-            ("tracking_uri", tracking_uri),
-            ("experiment_name", experiment_name),
-            ("run_name", run_name),
-        ):
-            if value is not None and not (isinstance(value, str) and value.strip()):
-                raise config_error(field, value, "None (the default) or a non-empty str")
+        check_names(tracking_uri=tracking_uri, experiment_name=experiment_name, run_name=run_name)
         require("mlflow", type(self).__name__)
         if tracking_uri is None:  # the default sqlite store
             require("sqlalchemy", type(self).__name__)
@@ -138,8 +131,7 @@ class MLflowLogger(Tracker):
 
 class _QuietLoggers:
     """MLflow's and alembic's loggers at WARNING while any tracker opens a store (a new
-    SQLite store logs its table creation and migrations at INFO on stderr); their own
-    levels come back when the last one is open. Nothing else of the logging set-up changes."""
+    SQLite store logs its migrations at INFO on stderr); their levels come back after."""
 
     names = ("mlflow", "alembic")
 

@@ -24,7 +24,7 @@ from typing_extensions import override
 from core.callbacks import Record
 from core.checks import is_path
 from core.errors import config_error
-from core.trackers.base import Status, TrackedRun, Tracker, require
+from core.trackers.base import Status, TrackedRun, Tracker, check_names, require
 from core.trackers.convert import ParamValue, Scalar
 from core.trackers.worker import import_lock
 
@@ -42,8 +42,7 @@ _T = TypeVar("_T")
 class _SharedService:
     """wandb's one service process, which the runs of a process share: started by the first
     ``wandb.init``, stopped here once the last run has finished (else it lives until the
-    interpreter exits). A run counts from its init to the end of its finish: wandb forgets
-    a run when its finish starts, before the run's last data is written."""
+    interpreter exits)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -61,7 +60,7 @@ class _SharedService:
         program's own runs included)."""
         from wandb.sdk import wandb_setup
 
-        with self._lock:
+        with self._lock:  # wandb forgets a run when its finish starts, before its last write
             self._open -= 1
             if self._open or getattr(wandb_setup.singleton(), "_active_runs", None) != []:
                 return  # a run is open, or this wandb keeps its runs elsewhere: leave it
@@ -97,14 +96,7 @@ class WandbLogger(Tracker):
         rank_zero_only: bool = True,
     ) -> None:
         super().__init__(flush_every=flush_every, rank_zero_only=rank_zero_only)
-        for field, value in (
-            ("project", project),
-            ("name", name),
-            ("group", group),
-            ("entity", entity),
-        ):
-            if value is not None and not (isinstance(value, str) and value.strip()):
-                raise config_error(field, value, "None (the default) or a non-empty str")
+        check_names(project=project, name=name, group=group, entity=entity)
         if dir is not None and not is_path(dir):
             raise config_error("dir", dir, "None (the run's directory) or a non-empty path")
         if mode is not None and mode not in get_args(Mode):
@@ -228,11 +220,7 @@ def _auto_mode(wandb: ModuleType) -> Mode:
 
 
 def _by_step(rows: list[Scalar]) -> list[tuple[int, dict[str, float]]]:
-    """Consecutive rows of one optimizer step as one history row (with its ``epoch``).
-
-    >>> _by_step([Scalar("a", 1.0, 2, 0, 0.0), Scalar("b", 2.0, 2, 0, 0.0)])
-    [(2, {'a': 1.0, 'epoch': 0, 'b': 2.0})]
-    """
+    """Consecutive rows of one optimizer step as one history row (with its ``epoch``)."""
     grouped: list[tuple[int, dict[str, float]]] = []
     for row in rows:
         if not grouped or grouped[-1][0] != row.step:
@@ -245,11 +233,7 @@ def _by_step(rows: list[Scalar]) -> list[tuple[int, dict[str, float]]]:
 
 
 def _nested(params: Mapping[str, ParamValue]) -> dict[str, Any]:
-    """Dotted keys as nested dicts, the shape wandb's config shows as ``run.max_epochs``.
-
-    >>> _nested({"run.max_epochs": 2, "seed": 0})
-    {'run': {'max_epochs': 2}, 'seed': 0}
-    """
+    """Dotted keys as nested dicts, the shape wandb's config shows as ``run.max_epochs``."""
     tree: dict[str, Any] = {}
     for key, value in params.items():
         *parents, leaf = key.split(".")

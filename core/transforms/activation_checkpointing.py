@@ -1,11 +1,6 @@
 """Activation checkpointing in place: each chosen block's forward runs under
 ``torch.utils.checkpoint`` (non-reentrant), so its activations are recomputed in the backward
 pass instead of kept. The module tree and ``state_dict()`` keys do not change.
-
-Example::
-
-    names = apply_activation_checkpointing(model)   # ['blocks.0', 'blocks.1', ...]
-    remove_activation_checkpointing(model)          # back to plain forwards
 """
 
 from __future__ import annotations
@@ -34,10 +29,8 @@ _FIELD = "activation_checkpointing"
 
 
 class _CheckpointedForward:
-    """An instance-level ``forward`` that runs the original one under checkpoint.
-
-    ``inner`` is what ``module.forward`` was before (usually the bound class method);
-    ``had_instance_forward`` says whether it was an instance attribute to restore."""
+    """An instance-level ``forward`` that runs ``inner`` (the previous ``module.forward``)
+    under checkpoint; ``had_instance_forward``: it was an instance attribute to restore."""
 
     __slots__ = ("had_instance_forward", "inner")
 
@@ -54,11 +47,7 @@ class _CheckpointedForward:
 
 
 def is_checkpointed(module: nn.Module) -> bool:
-    """Whether ``module``'s forward runs under activation checkpointing (set by this module).
-
-    >>> is_checkpointed(nn.Linear(2, 2))
-    False
-    """
+    """Whether ``module``'s forward runs under activation checkpointing (set by this module)."""
     return isinstance(module.__dict__.get("forward"), _CheckpointedForward)
 
 
@@ -77,8 +66,7 @@ def _matches(module: nn.Module, block_types: BlockTypes) -> bool:
 
 
 def _repeated_children(container: nn.Module) -> set[int]:
-    """ids of the children of a ModuleList/Sequential whose class occurs there twice or more
-    and that have submodules of their own (a repeated composite block)."""
+    """ids of the repeated composite children of a ModuleList/Sequential."""
     counts = Counter(type(child) for child in container.children())
     return {
         id(child)
@@ -150,12 +138,7 @@ def apply_activation_checkpointing(
 ) -> list[str]:
     """Checkpoint the blocks :func:`find_blocks` chooses, in place; returns their names.
 
-    Idempotent: a block already checkpointed is not wrapped twice (its name is returned
-    again). Raises ``ConfigError`` when no block is found, naming the fix.
-
-    >>> model = nn.Sequential(*(nn.Sequential(nn.Linear(4, 4), nn.ReLU()) for _ in range(2)))
-    >>> apply_activation_checkpointing(model)
-    ['0', '1']
+    Idempotent. Raises ``ConfigError`` when no block is found, naming the fix.
     """
     blocks = find_blocks(model, block_types)
     if not blocks:
@@ -170,11 +153,7 @@ def apply_activation_checkpointing(
 
 
 def remove_activation_checkpointing(model: nn.Module) -> list[str]:
-    """Undo :func:`apply_activation_checkpointing`; returns the names of the blocks restored.
-
-    >>> remove_activation_checkpointing(nn.Linear(2, 2))
-    []
-    """
+    """Undo :func:`apply_activation_checkpointing`; returns the names of the blocks restored."""
     restored = []
     for name, module in model.named_modules():
         wrapper = module.__dict__.get("forward")

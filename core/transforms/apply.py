@@ -1,10 +1,5 @@
 """The model transforms, applied in their fixed order before the model is wrapped for
 DDP/FSDP2: activation checkpointing, then channels_last, then ``torch.compile``.
-
-Example::
-
-    report = apply_model_transforms(model, config, device, emit=emit, report_error=report_error)
-    report.to_dict()   # {'activation_checkpointed': [...], 'channels_last': False, ...}
 """
 
 from __future__ import annotations
@@ -38,11 +33,7 @@ class TransformReport:
     """``compile="auto"`` on CUDA: the step loop decides after timing eager steps."""
 
     def to_dict(self) -> dict[str, object]:
-        """The report as JSON-ready values, for the ``run_start`` record.
-
-        >>> TransformReport(channels_last=True).to_dict()["channels_last"]
-        True
-        """
+        """The report as JSON-ready values, for the ``run_start`` record."""
         return {
             "activation_checkpointed": list(self.activation_checkpointed),
             "channels_last": self.channels_last,
@@ -67,18 +58,12 @@ def apply_model_transforms(
     else the repeated blocks :func:`find_blocks` finds, else the whole model.
     ``before_compile`` is called with the model after channels_last and before compilation
     (whether or not it compiles), e.g. to search the batch size on the eager model.
-
-    >>> report = apply_model_transforms(
-    ...     nn.Linear(4, 2), ModelTransformsConfig(), torch.device("cpu"),
-    ...     emit=lambda event, **f: None, report_error=lambda event, **f: None)
-    >>> report.compiled
-    ()
     """
     setting = config.activation_checkpointing
     block_types = setting if isinstance(setting, tuple) else None
-    checkpointed = (
-        apply_activation_checkpointing(model, block_types) if setting is not False else []
-    )
+    checkpointed = []
+    if setting is not False:
+        checkpointed = apply_activation_checkpointing(model, block_types)
     channels_last = wants_channels_last(config.channels_last, model, device)
     if channels_last:
         apply_channels_last(model)

@@ -1,11 +1,5 @@
 """The channels_last (NHWC) memory format for convolutional models: when it applies, and the
 conversion of a model's 4-D weights and of every batch's 4-D floating tensors.
-
-Example::
-
-    if wants_channels_last("auto", model, torch.device("cuda")):
-        apply_channels_last(model)
-        inputs, targets = channels_last_batch((inputs, targets))
 """
 
 from __future__ import annotations
@@ -22,11 +16,7 @@ __all__ = ("apply_channels_last", "channels_last_batch", "has_conv2d", "wants_ch
 
 
 def has_conv2d(model: nn.Module) -> bool:
-    """Whether the model holds an ``nn.Conv2d`` (the layers channels_last speeds up).
-
-    >>> has_conv2d(nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU()))
-    True
-    """
+    """Whether the model holds an ``nn.Conv2d`` (the layers channels_last speeds up)."""
     return any(isinstance(module, nn.Conv2d) for module in model.modules())
 
 
@@ -34,24 +24,14 @@ def wants_channels_last(
     setting: Literal["auto"] | bool, model: nn.Module, device: torch.device
 ) -> bool:
     """Resolve the ``channels_last`` setting: ``"auto"`` is on for a model with an
-    ``nn.Conv2d`` on a CUDA device; ``True`` forces it on any device; ``False`` is off.
-
-    >>> wants_channels_last("auto", nn.Conv2d(3, 8, 3), torch.device("cpu"))
-    False
-    """
+    ``nn.Conv2d`` on a CUDA device; ``True`` forces it on any device; ``False`` is off."""
     if setting == "auto":
         return device_of(device).is_cuda and has_conv2d(model)
     return bool(setting)
 
 
 def apply_channels_last(model: nn.Module) -> None:
-    """Store the model's 4-D parameters and buffers in channels_last order, in place.
-
-    >>> conv = nn.Conv2d(3, 8, 3)
-    >>> apply_channels_last(conv)
-    >>> conv.weight.is_contiguous(memory_format=torch.channels_last)
-    True
-    """
+    """Store the model's 4-D parameters and buffers in channels_last order, in place."""
     # Module.to accepts memory_format at run time; its type stub leaves it out.
     model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
 
@@ -74,10 +54,6 @@ def channels_last_batch(batch: Any) -> Any:
     """The batch with every 4-D floating tensor (images) in channels_last order; other
     values (targets, token ids, non-tensors) are returned untouched. Nested pairs, lists and
     dicts are walked; a tensor already in that order is not copied.
-
-    >>> images, labels = channels_last_batch((torch.zeros(2, 3, 8, 8), torch.zeros(2)))
-    >>> images.is_contiguous(memory_format=torch.channels_last)
-    True
     """
     if type(batch) is tuple and len(batch) == 2:  # fast path: (inputs, targets)
         inputs, targets = batch

@@ -2,11 +2,6 @@
 ``nn.Module.compile`` does it, keeping ``state_dict()`` keys. The first compiled call is timed
 and its graph breaks counted (a ``compile`` record); a compiler error reverts that module to
 eager, reports ``compile_failed`` once, and returns the eager result.
-
-Example::
-
-    compile_model(model, emit=emit, report_error=report_error)   # ['model']
-    compile_model(model, blocks=["blocks.0", "blocks.1"], emit=emit, report_error=report_error)
 """
 
 from __future__ import annotations
@@ -37,20 +32,12 @@ class EventSink(Protocol):
 
 def wants_compile(setting: Literal["auto"] | bool, device: torch.device) -> bool:
     """Whether to compile before the first step: only ``compile=True``. ``"auto"`` decides
-    later, from measured steps (``core.transforms.payback``), and only on CUDA.
-
-    >>> wants_compile("auto", torch.device("cpu")), wants_compile(True, torch.device("cpu"))
-    (False, True)
-    """
+    later, from measured steps (``core.transforms.payback``), and only on CUDA."""
     return setting is True
 
 
 def compile_reason(setting: Literal["auto"] | bool, device: torch.device, *, blocks: bool) -> str:
-    """Why the model is (or is not yet) compiled, for ``run_start``.
-
-    >>> compile_reason(False, torch.device("cpu"), blocks=False)
-    'off: compile=False (the default)'
-    """
+    """Why the model is (or is not yet) compiled, for ``run_start``."""
     if setting is True:
         return "on: compile=True, before the first step"
     if setting is False:
@@ -104,8 +91,7 @@ def _reason(error: BaseException) -> str:
 
 class _GuardedCompile:
     """Stands in ``module._compiled_call_impl``: calls the compiled ``_call_impl``, records the
-    first call, and falls back to eager on a compiler error. Thread-safe: the step runs on a
-    worker thread, and the once-only bookkeeping is taken under a lock."""
+    first call, and falls back to eager on a compiler error. Thread-safe (the step thread)."""
 
     def __init__(
         self,
@@ -180,11 +166,7 @@ def _call_impl_of(module: nn.Module) -> Callable[..., Any]:
 
 
 def is_compiled(module: nn.Module) -> bool:
-    """Whether :func:`compile_model` compiled ``module`` and it has not fallen back to eager.
-
-    >>> is_compiled(nn.Linear(2, 2))
-    False
-    """
+    """Whether :func:`compile_model` compiled ``module`` and it has not fallen back to eager."""
     return isinstance(module.__dict__.get("_compiled_call_impl"), _GuardedCompile)
 
 
@@ -203,21 +185,14 @@ def compile_model(
     the targets compiled (``"model"`` for the whole model).
 
     Compilation is lazy: at a target's first call, ``emit("compile", target=, mode=,
-    fullgraph=, seconds=, graph_breaks=)`` is called once with that call's wall
-    time (tracing, compiling the forward and backward graphs, running the forward) and the
-    graph breaks it added. A compiler error at any call reverts the target to eager,
-    calls ``report_error("error", kind="compile_failed", reason=, effect=)`` once and returns
-    the eager result; errors raised by the model's own code propagate unchanged.
-
-    >>> model = nn.Linear(4, 2)
-    >>> compile_model(model, emit=lambda event, **f: None, report_error=lambda e, **f: None)
-    ['model']
+    fullgraph=, seconds=, graph_breaks=)`` is called once with that call's wall time and the
+    graph breaks it added. A compiler error at any call reverts the target to eager, calls
+    ``report_error("error", kind="compile_failed", reason=, effect=)`` once and returns the
+    eager result; errors raised by the model's own code propagate unchanged.
     """
-    targets = (
-        [(_WHOLE_MODEL, model)]
-        if blocks is None
-        else [(name, model.get_submodule(name)) for name in blocks]
-    )
+    targets = [(_WHOLE_MODEL, model)]
+    if blocks is not None:
+        targets = [(name, model.get_submodule(name)) for name in blocks]
     record = {"mode": mode, "fullgraph": fullgraph}
     for target, module in targets:
         if is_compiled(module):

@@ -1,14 +1,9 @@
-"""The model-transforms section of the config tree: ``ModelTransformsConfig``.
-
-Example::
-
-    ModelTransformsConfig(activation_checkpointing=("TransformerBlock",), compile=False)
-"""
+"""The model-transforms section of the config tree: ``ModelTransformsConfig``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from core.checks import check_bool_fields
 from core.errors import config_error
@@ -17,12 +12,7 @@ from core.flat_keyword import flat
 __all__ = ("COMPILE_MODES", "CompileMode", "ModelTransformsConfig")
 
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
-COMPILE_MODES: tuple[CompileMode, ...] = (
-    "default",
-    "reduce-overhead",
-    "max-autotune",
-    "max-autotune-no-cudagraphs",
-)
+COMPILE_MODES: tuple[CompileMode, ...] = get_args(CompileMode)
 _AUTO_OR_BOOL = ("auto", True, False)
 
 

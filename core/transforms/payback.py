@@ -33,11 +33,7 @@ def planned_steps(
     batches_per_epoch: int | None, accumulation_steps: int, max_epochs: int, max_steps: int | None
 ) -> int | None:
     """Optimizer steps the whole run plans (``max_steps`` caps it); None when unknown (a
-    streamed loader without ``max_steps``).
-
-    >>> planned_steps(10, 1, 10, None), planned_steps(10, 2, 10, 30)
-    (100, 30)
-    """
+    streamed loader without ``max_steps``)."""
     if batches_per_epoch is None:
         return max_steps
     total = -(-batches_per_epoch // accumulation_steps) * max_epochs
@@ -45,11 +41,7 @@ def planned_steps(
 
 
 def payback_rule() -> str:
-    """The rule, as ``run_start`` and the ``compile_decision`` record state it.
-
-    >>> payback_rule().startswith("compile when")
-    True
-    """
+    """The rule, as ``run_start`` and the ``compile_decision`` record state it."""
     return (
         f"compile when remaining planned steps x measured eager step time x "
         f"{EXPECTED_SAVING:.0%} saved >= {EXPECTED_COMPILE_S:.0f} s of compilation"
@@ -95,27 +87,23 @@ class CompileWhenItPays:
             return
         if self._first is None:  # the run's first step here (it may resume mid-run)
             self._first = step
-        if step == self._first + self.warmup_steps - 1:
+        warm = self._first + self.warmup_steps - 1
+        if step == warm:
             self._started = self.clock()
-        elif self._started is not None and step == self._first + self.warmup_steps - 1 + (
-            self.measure_steps
-        ):
+        elif self._started is not None and step == warm + self.measure_steps:
             self._decide(step, (self.clock() - self._started) / self.measure_steps)
         elif step >= self.planned_steps:  # the run ends before anything was measured
             self._decide(step, None)
 
     def _decide(self, step: int, eager_step_s: float | None) -> None:
         remaining = max(0, self.planned_steps - step)
-        pays = eager_step_s is not None and (
-            remaining * eager_step_s * EXPECTED_SAVING >= EXPECTED_COMPILE_S
-        )
+        saving = None if eager_step_s is None else remaining * eager_step_s * EXPECTED_SAVING
+        pays = saving is not None and saving >= EXPECTED_COMPILE_S
         self.decision = {
             "step": step,
             "eager_step_s": eager_step_s,
             "remaining_steps": remaining,
-            "expected_saving_s": (
-                None if eager_step_s is None else remaining * eager_step_s * EXPECTED_SAVING
-            ),
+            "expected_saving_s": saving,
             "expected_compile_s": EXPECTED_COMPILE_S,
             "compile": pays,
             "rule": payback_rule(),

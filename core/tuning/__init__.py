@@ -1,10 +1,4 @@
-"""Tuning a run before it starts: the learning-rate range test.
-
-Example::
-
-    result = find_learning_rate(model, train_loader)
-    result.suggestion, result.reason
-"""
+"""Tuning a run before it starts: the learning-rate range test."""
 
 from __future__ import annotations
 

@@ -2,17 +2,9 @@
 Networks", 2017; what Lightning's ``Tuner.lr_find`` and fastai's ``lr_find`` run).
 
 A short training run raises the learning rate exponentially, one step per batch, from
-``min_lr`` to ``max_lr``, and records the loss of every batch. The loss first barely moves
-(the rate is too small), then falls fast, bottoms out and finally blows up. The rate to
-train with lies on the steep fall, well before the bottom (see :mod:`core.tuning.suggest`).
-The sweep trains a throwaway optimizer; the model's weights, buffers, gradients, train/eval
-modes, device and every RNG are put back as they were, so the caller's model and optimizer
-are untouched.
-
-Example::
-
-    result = find_learning_rate(model, train_loader)
-    result.suggestion, result.reason
+``min_lr`` to ``max_lr``, and records the loss of every batch; the rate to train with lies
+on the steep fall, well before the bottom (:mod:`core.tuning.suggest`). The model's weights,
+buffers, gradients, modes, device and every RNG are put back as they were.
 """
 
 from __future__ import annotations
@@ -64,16 +56,12 @@ def find_learning_rate(
     device: torch.device | str | None = None,
     precision: AmpDtype = "auto",
 ) -> LRFinderResult:
-    """Run a learning-rate range test and suggest a learning rate (module docstring).
+    """Run a learning-rate range test and suggest a learning rate (docs/training.md).
 
-    ``loss_fn`` and ``optimizer`` are what the run would take: the loss defaults to
-    ``CrossEntropyLoss()`` (dict batches use the model's own loss), the optimizer to the
-    run's default AdamW; an optimizer instance is not stepped, a fresh one of its class and
-    settings is. ``train_loader`` is cycled when it holds fewer than ``num_steps`` batches.
-    ``device`` defaults to the model's accelerator, else ``cuda:0`` where there is one, else
-    the CPU; ``precision`` is the run's ``amp_dtype`` ("auto": bf16 on recent GPUs, fp32 on
-    CPU). The other settings are :class:`~core.tuning.config.LRFinderConfig`'s. Bad input
-    raises :class:`~core.errors.ConfigError` naming the argument, before any step.
+    ``loss_fn`` and ``optimizer`` are what the run would take (an optimizer instance is not
+    stepped: a fresh one of its class and settings is); ``precision`` is the run's
+    ``amp_dtype``; the other settings are :class:`~core.tuning.config.LRFinderConfig`'s.
+    Bad input raises :class:`~core.errors.ConfigError` naming the argument, before any step.
 
     Example::
 

@@ -1,11 +1,6 @@
 """The range test's PNG: raw and smoothed loss against the learning rate (log scale), the
 suggestion and the smoothed minimum marked. Drawn on matplotlib's Agg canvas directly
 (never pyplot or the global backend, which belong to the application).
-
-Example::
-
-    write_lr_plot(Path("lr_find.png"), result.lrs, result.losses, result.smoothed_losses,
-                  suggestion=result.suggestion, lowest=result.min_loss_lr, title="...")
 """
 
 from __future__ import annotations

@@ -1,12 +1,4 @@
-"""What a learning-rate range test found: the curve, the suggested rate and why.
-
-Example::
-
-    result = find_learning_rate(model, train_loader)
-    result.suggestion, result.reason
-    result.plot("lr_find.png")          # needs matplotlib (the plots extra)
-    json.dumps(result.to_dict())
-"""
+"""What a learning-rate range test found: the curve, the suggested rate and why."""
 
 from __future__ import annotations
 
@@ -26,11 +18,9 @@ __all__ = ("LRFinderResult",)
 class LRFinderResult:
     """One range test: ``lrs[i]`` is the learning rate of step ``i``, ``losses[i]`` the
     loss of the batch that step trained on, ``smoothed_losses[i]`` its bias-corrected
-    moving average. ``suggestion`` is the rate to train with (see
-    :func:`~core.tuning.suggest.suggest_learning_rate`; None after a sweep shorter than
-    ``MIN_STEPS``), ``reason`` says how it was read
-    off the curve, ``stopped`` why the sweep ended, ``min_loss_lr`` where the smoothed loss
-    was lowest; ``device`` and ``precision`` are where and how the steps ran."""
+    moving average. ``suggestion`` is the rate to train with (None after a sweep shorter
+    than ``MIN_STEPS``), ``reason`` says how it was read off the curve, ``stopped`` why the
+    sweep ended, ``min_loss_lr`` where the smoothed loss was lowest."""
 
     lrs: tuple[float, ...]
     losses: tuple[float, ...]
@@ -49,11 +39,7 @@ class LRFinderResult:
         return len(self.lrs)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain values (JSON-ready): the suggestion, its reason, the curve and the config.
-
-        >>> sorted(result.to_dict())  # doctest: +SKIP
-        ['config', 'losses', 'lrs', 'min_loss_lr', 'reason', 'smoothed_losses', 'steps', ...]
-        """
+        """Plain values (JSON-ready; a loss that was not finite is None)."""
         return {
             "suggestion": self.suggestion,
             "reason": self.reason,
@@ -69,9 +55,8 @@ class LRFinderResult:
         }
 
     def plot(self, path: str | os.PathLike[str]) -> Path:
-        """Draw the loss against the learning rate (log scale) into the PNG ``path``, the
-        suggestion marked; return the path. Raises ``ImportError`` naming the fix when
-        matplotlib (the ``plots`` extra) is not installed."""
+        """Draw the curve into the PNG ``path``, the suggestion marked; return the path.
+        Raises ``ImportError`` naming the fix without matplotlib (the ``plots`` extra)."""
         title = f"Learning-rate range test: {self.steps} steps ({self.stopped})"
         return write_lr_plot(
             Path(path),
@@ -84,6 +69,5 @@ class LRFinderResult:
         )
 
 
-def _finite_or_none(value: float) -> float | None:
-    """JSON has no NaN or infinity: a loss that was not finite is written as null."""
+def _finite_or_none(value: float) -> float | None:  # JSON has no NaN or infinity
     return value if math.isfinite(value) else None

@@ -1,29 +1,8 @@
 """Reading a learning rate off a range test's smoothed loss curve.
 
 The rule: **one tenth of the rate where the smoothed loss is lowest**, the first tenth of
-the sweep left out when looking for that lowest point (fastai's ``lr_min / 10``; Lightning
-skips the first 10 points too). Why this rule and not the steepest slope:
-
-- The moving average lags the raw loss (with beta 0.98, by tens of steps), so its lowest
-  point sits past where the raw loss bottomed, close to divergence. A decade below it is on
-  the falling part of the curve, where training is fast and still stable.
-- The steepest slope is a derivative of a noisy curve: where the loss falls little (a
-  regression MLP whose batch losses scatter by 30%), the steepest point is wherever the
-  noise dips, 1e-6 as readily as 1e-2; Lightning's plain steepest-gradient rule picked 0.85
-  on the digits CNN, which then did not train at all. The lowest point is one comparison
-  of levels, not of differences, and barely moves with the noise.
-- On the digits CNN and MLP (constant rate and one-cycle, 4 seeds each) and a synthetic
-  regression, this rule never failed: 96-99% validation accuracy on digits, a validation MSE
-  of 0.034-0.061 on the regression (the default rate 1e-3 reaches 0.14-0.33). The steepest
-  slope before the minimum failed the regression twice (MSE 0.75); fastai's "valley" picked
-  rates 5-10x lower and under-trained the MLP (93-94%).
-
-The first points are left out because the bias-corrected average starts as the first raw
-loss alone: a lucky first batch would look like the minimum.
-
-Example::
-
-    suggestion, reason, lowest = suggest_learning_rate(lrs, smoothed, min_lr=1e-7)
+the sweep left out when looking for that lowest point (fastai's ``lr_min / 10``). Why this
+rule and not the steepest slope, with the measurements: docs/training.md.
 """
 
 from __future__ import annotations
@@ -45,11 +24,7 @@ RAN_OUT = "the train loader ran out"
 
 
 def too_short(steps: int, stopped: str, num_steps: int) -> str:
-    """Why a sweep of fewer than ``MIN_STEPS`` steps makes no suggestion, and the fix.
-
-    >>> too_short(3, "the train loader ran out after 3 batches", 50)[:60]
-    'no suggestion: the train loader ran out after 3 batches, 3 o'
-    """
+    """Why a sweep of fewer than ``MIN_STEPS`` steps makes no suggestion, and the fix."""
     fix = (
         "a loader that can be iterated again (a DataLoader is cycled) or yields at least "
         "num_steps batches"
@@ -66,8 +41,7 @@ def suggest_learning_rate(
     lrs: Sequence[float], smoothed: Sequence[float], min_lr: float
 ) -> tuple[float, str, float]:
     """``(suggestion, reason, lowest)``: one tenth of ``lowest``, the rate where the smoothed
-    loss bottomed (the first tenth of the sweep left out), never below ``min_lr``; the
-    reason says how it was read and what to do where the curve is weak.
+    loss bottomed, never below ``min_lr``; the reason says how it was read.
 
     >>> lrs = [10.0**e for e in range(-6, 1)]
     >>> suggest_learning_rate(lrs, [2.3, 2.3, 2.2, 1.6, 0.9, 1.4, 9.0], 1e-6)[0]
@@ -104,14 +78,12 @@ def suggest_learning_rate(
 
 def reading_window(smoothed: Sequence[float]) -> tuple[int, int, int] | None:
     """``(skip, bottom, finite)``: the points left out at the start, the index of the lowest
-    smoothed loss after them, and how many leading points are finite; None without any.
-
-    >>> reading_window([2.0, 1.0, 1.5, 0.5, 3.0, float("inf")])
-    (1, 3, 5)
-    """
+    smoothed loss after them, and how many leading points are finite; None without any."""
     finite = next((i for i, v in enumerate(smoothed) if not math.isfinite(v)), len(smoothed))
     if finite == 0:
         return None
+    # The bias-corrected average starts as the first raw loss alone: a lucky first batch
+    # would look like the minimum.
     skip = min(max(1, finite // 10), finite - 1)
     bottom = min(range(skip, finite), key=lambda i: smoothed[i])
     return skip, bottom, finite
