@@ -21,9 +21,6 @@ _FIX = "Fix: --example moe, or a factory with an experts parameter; or leave out
 def takes_keyword(factory: Callable[..., Any], name: str) -> bool | None:
     """Whether ``factory`` takes the keyword ``name``: True, False, or None when only
     calling it tells (it takes ``**kwargs``, or has no signature to read).
-
-    >>> takes_keyword(lambda experts=4: None, "experts"), takes_keyword(lambda: None, "experts")
-    (True, False)
     """
     try:
         parameters = inspect.signature(factory).parameters.values()
@@ -49,9 +46,6 @@ def with_experts(
     """``kwargs`` with ``experts=experts`` added for the model factory (unchanged when
     ``experts`` is None); ``ValueError`` when ``--model-arg experts=`` sets it too or the
     factory's signature has no such keyword.
-
-    >>> with_experts({"top_k": 2}, 8, lambda experts=4, top_k=1: None)
-    {'top_k': 2, 'experts': 8}
     """
     if experts is None:
         return kwargs

@@ -54,9 +54,6 @@ EXAMPLES: dict[str, tuple[str, str]] = {
 def import_object(spec: str) -> Any:
     """The object ``'package.module:name'`` names (``name`` may be dotted); ``ValueError``
     says what is wrong.
-
-    >>> import_object("torch.nn:Linear").__name__
-    'Linear'
     """
     module_name, colon, attr = spec.partition(":")
     if not (colon and module_name and attr):
@@ -117,9 +114,6 @@ def _callable(spec: str) -> Any:
 def parse_model_args(pairs: list[str]) -> dict[str, object]:
     """``["width=64", "kind=cnn"]`` -> ``{"width": 64, "kind": "cnn"}`` (ints, floats,
     true/false and none are converted; the rest stay strings).
-
-    >>> parse_model_args(["width=64", "dropout=0.1", "kind=cnn"])
-    {'width': 64, 'dropout': 0.1, 'kind': 'cnn'}
     """
     kwargs: dict[str, object] = {}
     for pair in pairs:
@@ -134,9 +128,6 @@ def model_record(spec: str, kwargs: dict[str, object]) -> Factory:
     """``Factory(spec, **kwargs)``: how a run's checkpoints record its model; ``ValueError``
     names the flag at fault (a ``--model-arg`` value that is no JSON value, ``nan`` or
     ``inf``; a ``--model`` name :class:`~core.factory.Factory` refuses).
-
-    >>> model_record("tests.test_cli:tiny_model", {"hidden": 8})
-    Factory('tests.test_cli:tiny_model', hidden=8)
     """
     for key, value in kwargs.items():
         try:

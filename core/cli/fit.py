@@ -150,9 +150,6 @@ def fit_in_ranks(
     them, and the exit status (the first failing rank's; 128 + the signal that stopped them).
     None: this process trains (no ``--devices``, 1, or it is a rank already); a ``--devices``
     the machine cannot run exits with status 2.
-
-    >>> fit_in_ranks(config, ["--example", "digits", "--devices", "2"], ns, p)  # doctest: +SKIP
-    0
     """
     try:
         devices = ranks_to_start(config.distributed, isolation=config.run.isolation)

@@ -36,9 +36,6 @@ _HELP_LIMIT = 220
 class Leaf:
     """One setting of the tree. ``kinds`` are the annotation's members without ``None``
     (a ``Literal``'s values gathered in ``choices``); ``optional``: ``None`` is allowed.
-
-    >>> leaf_for("run.max_epochs").parse("3")
-    3
     """
 
     path: str

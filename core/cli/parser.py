@@ -36,9 +36,6 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
 class Parser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` with the house error format and no abbreviated flags
     (``--epoch`` is not ``--epochs``).
-
-    >>> Parser(prog="x").parse([]).__class__.__name__
-    'Namespace'
     """
 
     def __init__(self, **kwargs: Any) -> None:

@@ -51,11 +51,6 @@ def steps_per_epoch(
     step), its batches capped by ``limit`` (``run.limit_train_batches``); a DataLoader is
     counted as the run re-shards it over ``world_size`` ranks. None when the loader has no
     length and no integer limit.
-
-    >>> steps_per_epoch(DataLoader(range(100), batch_size=10), 3, 1)
-    4
-    >>> steps_per_epoch(DataLoader(range(100), batch_size=10), 2, 1, limit=3)
-    2
     """
     batches = epoch_batches(limit, _batches_per_rank(loader, world_size), "limit_train_batches")
     return None if batches is None else math.ceil(batches / accumulation_steps)

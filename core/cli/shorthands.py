@@ -101,9 +101,6 @@ def expert_mode(mode: str) -> str:
     (already checked by :func:`gpu_mode`): ``expert_parallel`` (torchrun: experts sharded over
     the ranks; one process: placed over this machine's GPUs, or all on the CPU), unless
     ``mode`` names one device and the strategy would use others.
-
-    >>> expert_mode("auto")
-    'expert_parallel'
     """
     cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if mode == "cpu" and cuda:
@@ -168,11 +165,7 @@ class _ParallelStrategyAction(argparse.Action):
 
 
 def positive_int(text: str) -> int:
-    """An argparse ``type``: an integer >= 1 (``--experts``).
-
-    >>> positive_int("8")
-    8
-    """
+    """An argparse ``type``: an integer >= 1 (``--experts``)."""
     try:
         value = int(text)
     except ValueError:

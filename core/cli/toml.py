@@ -67,9 +67,6 @@ def _normalised(path: str, value: Any) -> Any:
 def loads(text: str, base: TrainingConfig | None = None) -> TrainingConfig:
     """The tree ``text`` describes, on top of ``base`` (default: the defaults); a bad key or
     value raises :class:`~core.errors.ConfigError` naming its dotted path.
-
-    >>> loads("[run]\\nmax_epochs = 3\\n").run.max_epochs
-    3
     """
     toml = _toml_module()
     try:

@@ -106,11 +106,7 @@ pass sees: larger loader batches are split into micro-batches of it, with the sa
 def config_from_flat(
     settings: Mapping[str, Any], config: TrainingConfig | None = None
 ) -> TrainingConfig:
-    """The tree for ``settings`` (flat and section keywords) on top of ``config``.
-
-    >>> config_from_flat({"amp_dtype": "bf16"}).precision.dtype
-    'bf16'
-    """
+    """The tree for ``settings`` (flat and section keywords) on top of ``config``."""
     _check_names(settings)
     settings = _unalias(settings)
     if config is not None and not isinstance(config, TrainingConfig):

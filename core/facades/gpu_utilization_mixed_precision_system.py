@@ -131,11 +131,6 @@ class IntegratedGPUTrainingSystem:
         ``device``, ``precision``, ``training_mode``, ``gpu_info``, ``memory_usage``,
         ``model_optimization`` and ``batch_size_search`` (see
         :func:`core.facades.integrated.setup.setup_training`).
-
-        Example::
-
-            setup_info = system.setup_training(model, (32, 784))
-            loader = DataLoader(dataset, batch_size=setup_info["optimal_batch_size"])
         """
         config = self.training_config(model)
         report = setup_training(self.gpu_manager, model, input_shape, config)
@@ -153,10 +148,6 @@ class IntegratedGPUTrainingSystem:
         """A DataLoader built with ``GPUConfig``'s loader fields for this device (see
         :func:`~core.data.create_dataloader`); ``batch_size`` defaults to the size
         :meth:`setup_training` found.
-
-        Example::
-
-            loader = system.create_dataloader(dataset)   # after setup_training
         """
         size = batch_size if batch_size is not None else self.optimal_batch_size
         if size is None:
@@ -228,11 +219,6 @@ class IntegratedGPUTrainingSystem:
         Returns :class:`~core.TrainingResults`' fields plus per epoch ``train_losses``,
         ``val_losses``, ``epoch_times_s`` and ``samples_per_s_per_epoch``, and ``device``,
         ``precision``, ``training_mode`` and ``gpu_summary`` (the run's device samples).
-
-        Example::
-
-            stats = system.training_loop(model, loader, nn.CrossEntropyLoss(), optimizer, 10)
-            stats["train_losses"], stats["samples_per_s"]
         """
         library = running_event_loop()
         if library is not None:
@@ -269,12 +255,7 @@ class IntegratedGPUTrainingSystem:
         }
 
     def cleanup(self) -> None:
-        """Stop the performance monitor, drop the last run and free cached device memory.
-
-        Example::
-
-            system.cleanup()
-        """
+        """Stop the performance monitor, drop the last run and free cached device memory."""
         self.performance_monitor.close()
         self.last_run = None
         self.gpu_manager.clear_memory()

@@ -3,10 +3,6 @@ panels) and ``performance_summary.txt`` (throughput, step times, input stalls, A
 validation, errors; experts for MoE runs), plus ``expert_activations.png`` and
 ``expert_device_distribution.png`` for mixture-of-experts runs. Works for any finished or
 crashed run.
-
-Example::
-
-    written = write_reports(Path("logs/demo/20261122-031500.123-a1b2c3"))
 """
 
 from __future__ import annotations

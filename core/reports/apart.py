@@ -1,13 +1,6 @@
 """Writing a run's reports in a child Python process, in the background: they never pause the
 training process, never delay ``train()``'s return and never delay the process's exit. The child
 has its own heap, GIL and session, runs at :data:`NICENESS` and loads ``core.reports`` alone.
-
-Example::
-
-    job = start_reports(run_dir)   # returns at once
-    ...
-    job.wait(timeout_s=30)         # [.../performance_summary.txt, .../training_metrics.png]
-    wait_for_reports()             # every report job this process started
 """
 
 from __future__ import annotations

@@ -27,9 +27,6 @@ _MAX_SEGMENT_TEXT = 9  # characters of a segment's label ("12-15"; longer ones a
 def device_figure(records: Records) -> Figure | None:
     """The expert placement figure, or None when no expert strategy ran: experts per device
     (one process: the plan, with its summed cost) or per rank (torchrun), by layer.
-
-    >>> [t.get_text() for t in device_figure(records).axes[0].get_xticklabels()]
-    ['cpu\\ncpu\\n1 SMs']
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

@@ -2,10 +2,6 @@
 share of its layer's assignments over the steps, the balance loss and the dropped fraction) and
 ``expert_device_distribution.png`` (experts per device or rank). They are drawn like
 ``training_metrics.png``.
-
-Example::
-
-    write_expert_activations(records, run_dir / "expert_activations.png")  # None: no MoE records
 """
 
 from __future__ import annotations
@@ -47,9 +43,6 @@ def activations_figure(records: Records) -> Figure | None:
     One row per layer: a heatmap of each expert's share of the layer's kept assignments
     per step (binned past :data:`MAX_COLUMNS`) and the share over the last steps; then the
     balance loss and the dropped fraction.
-
-    >>> activations_figure(records).axes[0].get_title(loc="left")
-    'blocks.0.moe: share of kept assignments'
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -203,19 +196,12 @@ def _balance(ax: Axes, routing: ExpertSteps) -> None:
 def write_expert_activations(records: Records, path: Path) -> Path | None:
     """Save :func:`activations_figure` as PNG to ``path``; None (nothing written) when the
     run had no MoE records.
-
-    >>> write_expert_activations(records, run_dir / "expert_activations.png").name
-    'expert_activations.png'
     """
     return _save(activations_figure, records, path)
 
 
 def write_expert_device_distribution(records: Records, path: Path) -> Path | None:
-    """Save :func:`device_figure` as PNG to ``path``; None when no expert strategy ran.
-
-    >>> write_expert_device_distribution(records, run_dir / "expert_device_distribution.png")
-    PosixPath('.../expert_device_distribution.png')
-    """
+    """Save :func:`device_figure` as PNG to ``path``; None when no expert strategy ran."""
     return _save(device_figure, records, path)
 
 

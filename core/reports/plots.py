@@ -2,10 +2,6 @@
 directly (never pyplot nor the global backend: an application may have its own). Without
 matplotlib (the ``plots`` extra) no PNG is written and one ``plots_unavailable`` warning is
 logged per process.
-
-Example::
-
-    write_training_plot(read_events(run_dir / "events.jsonl"), run_dir / "training_metrics.png")
 """
 
 from __future__ import annotations
@@ -34,9 +30,6 @@ def write_training_plot(records: Records, path: Path) -> Path | None:
 
     Panels: loss, validation metrics, learning rate, loss scale with overflows, step and
     data time, device utilisation and memory. A panel without data says so.
-
-    >>> write_training_plot(records, run_dir / "training_metrics.png").name
-    'training_metrics.png'
     """
     try:
         # The package itself first: a blocked or broken matplotlib must fail here, even
@@ -88,8 +81,6 @@ def _title(records: Records) -> str:
 def warn_unavailable(exc: ImportError) -> None:
     """Log ``plots_unavailable`` (with the fix) for the first figure of this process that
     could not be drawn because matplotlib is missing; later calls log nothing.
-
-    >>> warn_unavailable(ImportError("No module named 'matplotlib'"))
     """
     with _warn_lock:
         if _warned_unavailable.is_set():

@@ -1,10 +1,5 @@
 """Read a run's ``events.jsonl`` back into records, and pick series out of them. Every helper
 tolerates odd content: a field absent, null, not a number or not finite is skipped.
-
-Example::
-
-    records = read_events(run_dir / "events.jsonl")
-    steps, losses = series(records, "train_step", "loss")
 """
 
 from __future__ import annotations
@@ -41,9 +36,6 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 
     Lines that are not a JSON object are skipped: the truncated last line of a crashed run,
     blank lines, stray text. Raises ``FileNotFoundError`` when ``path`` does not exist.
-
-    >>> read_events(Path("logs/demo/20261122-031500.123-a1b2c3/events.jsonl"))[0]["event"]
-    'run_start'
     """
     records: list[dict[str, Any]] = []
     for line in Path(path).read_bytes().splitlines():
@@ -59,38 +51,22 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 
 
 def of(records: Iterable[Record], *events: str) -> list[Record]:
-    """The records whose ``event`` is one of ``events``, in order.
-
-    >>> len(of(records, "train_step"))
-    96
-    """
+    """The records whose ``event`` is one of ``events``, in order."""
     return [r for r in records if r.get("event") in events]
 
 
 def first(records: Iterable[Record], event: str) -> Record | None:
-    """The first record named ``event``, or None.
-
-    >>> first(records, "run_start")["device"]
-    'cpu'
-    """
+    """The first record named ``event``, or None."""
     return next((r for r in records if r.get("event") == event), None)
 
 
 def last(records: Records, event: str) -> Record | None:
-    """The last record named ``event``, or None.
-
-    >>> last(records, "run_end")["status"]
-    'completed'
-    """
+    """The last record named ``event``, or None."""
     return next((r for r in reversed(records) if r.get("event") == event), None)
 
 
 def number(value: object) -> float | None:
-    """``value`` as a finite float; None for null, bools, text and NaN/inf.
-
-    >>> number(3), number(None), number(float("nan")), number(True)
-    (3.0, None, None, None)
-    """
+    """``value`` as a finite float; None for null, bools, text and NaN/inf."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     result = float(value)
@@ -98,11 +74,7 @@ def number(value: object) -> float | None:
 
 
 def numbers(records: Iterable[Record], event: str, field: str) -> list[float]:
-    """The finite values of ``field`` over the records named ``event``.
-
-    >>> max(numbers(records, "train_step", "step_time_s"))
-    0.048
-    """
+    """The finite values of ``field`` over the records named ``event``."""
     values = (number(r.get(field)) for r in records if r.get("event") == event)
     return [v for v in values if v is not None]
 
@@ -112,8 +84,6 @@ def series(
 ) -> tuple[list[float], list[float]]:
     """``(xs, ys)``: ``field`` against ``x`` over the records named ``event``, keeping only
     the records where both are finite numbers.
-
-    >>> steps, lrs = series(records, "train_step", "lr")
     """
     xs: list[float] = []
     ys: list[float] = []
@@ -128,11 +98,7 @@ def series(
 
 
 def mapping(value: object, *keys: str) -> Mapping[str, Any]:
-    """The nested mapping ``value[keys[0]][keys[1]]...``; empty where a level is absent.
-
-    >>> mapping(run_start, "resolved", "strategy").get("world_size")
-    1
-    """
+    """The nested mapping ``value[keys[0]][keys[1]]...``; empty where a level is absent."""
     current: object = value
     for key in keys:
         current = current.get(key) if isinstance(current, Mapping) else None
@@ -140,22 +106,14 @@ def mapping(value: object, *keys: str) -> Mapping[str, Any]:
 
 
 def text(value: object, default: str = "?") -> str:
-    """``value`` as display text: ``default`` for null or empty.
-
-    >>> text(None), text("cpu"), text("", "none")
-    ('?', 'cpu', 'none')
-    """
+    """``value`` as display text: ``default`` for null or empty."""
     if value is None or value == "":
         return default
     return str(value)
 
 
 def timestamp(record: Record) -> float | None:
-    """The record's ``ts`` as POSIX seconds; None when absent or malformed.
-
-    >>> timestamp({"ts": "2026-11-22T12:00:00.500000Z"}) % 60
-    0.5
-    """
+    """The record's ``ts`` as POSIX seconds; None when absent or malformed."""
     ts = record.get("ts")
     if not isinstance(ts, str):
         return None

@@ -1,11 +1,6 @@
 """The performance summary: a plain-text report of a run, built from its records alone. Run,
 Throughput, Step time, Input pipeline and Bottleneck verdicts are here, the other sections in
 ``sections`` and ``expert_summary``; a section without data says so.
-
-Example::
-
-    text = format_performance_summary(read_events(run_dir / "events.jsonl"))
-    write_performance_summary(records, run_dir / "performance_summary.txt")
 """
 
 from __future__ import annotations
@@ -45,11 +40,7 @@ Section = Callable[[Records], list[str]]
 
 
 def format_performance_summary(records: Records) -> str:
-    """The summary of a run's records as text (ends with a newline).
-
-    >>> format_performance_summary(read_events(run_dir / "events.jsonl")).splitlines()[0]
-    'Performance summary: demo / 20261122-031500.123-a1b2c3'
-    """
+    """The summary of a run's records as text (ends with a newline)."""
     start = first(records, "run_start") or {}
     experiment = text(mapping(start, "config", "run").get("experiment_name"))
     run_id = text(start.get("run_id") or next((r.get("run_id") for r in records), None))
@@ -86,11 +77,7 @@ def _guarded(section: Section, records: Records) -> list[str]:
 
 
 def write_performance_summary(records: Records, path: Path) -> Path:
-    """Write :func:`format_performance_summary` to ``path`` (UTF-8) and return ``path``.
-
-    >>> write_performance_summary(records, run_dir / "performance_summary.txt").name
-    'performance_summary.txt'
-    """
+    """Write :func:`format_performance_summary` to ``path`` (UTF-8) and return ``path``."""
     path = Path(path)
     path.write_text(format_performance_summary(records), encoding="utf-8")
     return path

@@ -34,17 +34,7 @@ __all__ = ("ManualSteps",)
 
 
 class ManualSteps:
-    """Seed 000's ``forward_pass``/``compute_loss``/``backward_pass``/``optimizer_step``.
-
-    Example::
-
-        calls = ManualSteps(PrecisionPolicy(MixedPrecisionConfig(dtype="bf16"), cpu),
-                            emit=emit_to(None), optim=OptimConfig(max_grad_norm=1.0))
-        predictions = calls.forward_pass(model, inputs)
-        loss = calls.compute_loss(nn.CrossEntropyLoss(), predictions, targets)
-        calls.backward_pass(loss, optimizer)
-        calls.optimizer_step(optimizer)["skipped"]
-    """
+    """Seed 000's ``forward_pass``/``compute_loss``/``backward_pass``/``optimizer_step``."""
 
     def __init__(
         self,

@@ -76,14 +76,6 @@ class EagerSteps:
 
     With ``track_memory`` the first call first measures AMP's peak-memory saving on its
     batch (``core.memory.amp_savings``) and hands it to ``policy.note_memory_savings``.
-
-    Example::
-
-        steps = EagerSteps(model=model, optimizer=optimizer,
-                           policy=PrecisionPolicy(MixedPrecisionConfig(dtype="bf16"), cpu),
-                           optim=OptimConfig(max_grad_norm=1.0), emit=emit_to(None))
-        metrics = steps.train_step((inputs, targets), nn.CrossEntropyLoss())
-        metrics["loss"], metrics["accuracy"], metrics["overflow"]
     """
 
     def __init__(

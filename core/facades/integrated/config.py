@@ -18,12 +18,6 @@ builds); :func:`training_config` writes them there:
 ``prefetch_factor``,                used by the loaders core builds
 ``persistent_workers``              (``IntegratedGPUTrainingSystem.create_dataloader``)
 ==================================  =====================================================
-
-Example::
-
-    gpu_config = GPUConfig(device_ids=[0], memory_fraction=0.9, enable_gradient_checkpointing=True)
-    tree = training_config(gpu_config, None, TrainingConfig(), checkpoint_blocks=True)
-    tree.hardware.memory_fraction   # 0.9
 """
 
 from __future__ import annotations
@@ -104,11 +98,6 @@ def training_config(
     """``base`` with ``gpu_config``'s fields and ``mixed_precision_config`` (the whole
     precision section, when given) written where the module docstring says.
     ``checkpoint_blocks``: whether the model has repeated blocks to checkpoint.
-
-    Example::
-
-        training_config(GPUConfig(memory_fraction=0.5), None, TrainingConfig(),
-                        checkpoint_blocks=False).hardware.memory_fraction   # 0.5
     """
     precision = mixed_precision_config or base.precision
     amp = precision.enable_amp and gpu_config.enable_mixed_precision

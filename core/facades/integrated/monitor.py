@@ -1,12 +1,5 @@
 """Seed 000's ``GPUPerformanceMonitor`` (and seed 004's ``trainer.gpu_monitor``): the flat
 metrics of :class:`core.monitoring.flat_metrics.FlatMetricsMonitor` under the seed's name.
-
-Example::
-
-    monitor = GPUPerformanceMonitor()
-    monitor.start_monitoring(interval=2.0)
-    metrics = monitor.get_latest_metrics()   # None before the first sample
-    monitor.stop_monitoring()
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
 """Seed 000's ``setup_training``: the model made ready for its device and the largest batch
 size whose training step fits there, in the precision the run will use.
-
-Example::
-
-    report = setup_training(GPUManager(gpu_config), model, (32, 784), config)
-    report["optimal_batch_size"], report["precision"], report["model_optimization"]
 """
 
 from __future__ import annotations
@@ -38,10 +33,6 @@ def setup_training(
     ``"fp16"``), ``gpu_info``, ``memory_usage`` (GiB, after the search),
     ``model_optimization`` (what was applied to the model) and ``batch_size_search`` (its
     trials). Weights and RNG are as before the search.
-
-    Example::
-
-        setup_training(manager, model, (32, 784), TrainingConfig())["optimal_batch_size"]
     """
     model = manager.optimize_model_for_gpu(model)
     precision = resolve_precision(config.precision, manager.device)
