@@ -69,8 +69,7 @@ def _flat_fields(node: Any, prefix: str) -> list[FlatField]:
 
 
 def _check_unique(names: list[tuple[str, str]]) -> None:
-    """Each flat name (keyword or alias) is declared once; ``names``: (name, dotted path).
-    A name two fields declare is a mistake in the tree, reported at import."""
+    """``TypeError`` at import for a flat name two fields of the tree declare."""
     seen: dict[str, str] = {}
     for name, path in names:
         if name in seen:
@@ -97,10 +96,7 @@ SECTION_KEYWORDS: dict[str, str] = {f.keyword: f.path for f in _FIELDS if f.is_s
 SEED_ALIASES: dict[str, str] = {
     alias: f.keyword for f in _FIELDS for alias in flat_aliases(f.field)
 }
-"""Seed 004's names for flat keywords (the ``flat(keyword, *aliases)`` of a field): an alias
-sets the same leaf, and giving both raises. ``batch_size`` is the most samples one forward
-pass sees: larger loader batches are split into micro-batches of it, with the same result
-(the loader's batch stays the step's batch)."""
+"""Seed 004's names for flat keywords: an alias sets the same leaf; giving both raises."""
 
 
 def config_from_flat(
@@ -129,7 +125,6 @@ def config_from_flat(
 
 
 def _unalias(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """``settings`` with seed aliases under their flat keyword (an error keeps the alias)."""
     plain = {k: v for k, v in settings.items() if k not in SEED_ALIASES}
     for alias, keyword in SEED_ALIASES.items():
         if alias not in settings:

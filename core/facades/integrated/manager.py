@@ -52,9 +52,8 @@ def _host_memory() -> tuple[int, int]:
 
 
 class GPUManager(DeviceManager):
-    """Device settings and reports for one device, from a seed :class:`GPUConfig` (or a
-    :class:`~core.hardware.settings.GPUManagerConfig`); ``device`` defaults to
-    :func:`default_device`. Without CUDA the reports describe the host (see each method).
+    """Device settings and reports for one device; without CUDA the reports describe the
+    host.
 
     Example::
 
@@ -82,9 +81,7 @@ class GPUManager(DeviceManager):
 
     @override
     def get_gpu_info(self) -> dict[str, Any]:
-        """The seed keys. With CUDA: the GPU's ``device_name`` and ``total_memory`` (bytes).
-        Without: the CPU's model name, this machine's RAM as ``total_memory``, and
-        ``"host": True``."""
+        """The seed keys; without CUDA the CPU's name, the RAM and ``"host": True``."""
         info = super().get_gpu_info() | {"host": not self.cuda}
         if not self.cuda:
             total, _rss = _host_memory()
@@ -93,21 +90,17 @@ class GPUManager(DeviceManager):
 
     @override
     def get_memory_usage(self) -> dict[str, float]:
-        """GiB from torch's allocator counters on CUDA (no device sync). Without CUDA torch
-        keeps no counters: ``allocated_gb`` and ``max_allocated_gb`` are this process's
-        resident memory and ``reserved_gb`` is 0."""
+        """GiB from torch's allocator counters (no device sync); without CUDA, this
+        process's resident memory, ``reserved_gb`` 0."""
         if self.cuda:
             return super().get_memory_usage()
         _total, rss = _host_memory()
         return {"allocated_gb": rss / _GIB, "reserved_gb": 0.0, "max_allocated_gb": rss / _GIB}
 
     def optimize_model_for_gpu(self, model: nn.Module) -> nn.Module:
-        """Apply the device settings (memory fraction, TF32, cuDNN: :meth:`apply`), move
-        ``model`` to the device, checkpoint its repeated blocks when
-        ``enable_gradient_checkpointing`` (a model without any is left as it is) and store a
-        convolutional model channels_last on CUDA. Changes ``model`` in place and returns
-        it; what was done is kept in ``last_optimization``.
-        """
+        """:meth:`apply` the device settings, then move ``model`` there, checkpoint its
+        repeated blocks (``enable_gradient_checkpointing``) and make a CNN channels_last on
+        CUDA, in place; what was done is kept in ``last_optimization``."""
         settings = self.apply()
         model.to(self.device)
         checkpointed: list[str] = []

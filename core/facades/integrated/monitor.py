@@ -10,14 +10,8 @@ __all__ = ("GPUPerformanceMonitor",)
 
 
 class GPUPerformanceMonitor(FlatMetricsMonitor):
-    """Seed 000's monitor: a :class:`~core.monitoring.gpu_monitor.GPUMonitor` (its own, or
-    ``monitor``, e.g. a run's) read under the seeds' flat metric names
-    (:func:`~core.monitoring.flat_metrics.flat_metrics`); ``get_gpu_summary()`` adds seed
-    004's totals (:func:`~core.monitoring.flat_metrics.totals_summary`). Samples are taken
-    every ``interval`` seconds in a daemon thread after :meth:`start_monitoring`, or one at a
-    time by :meth:`record_gpu_metrics`; the monitor keeps the last ``config.history_size``.
-
-    ``device_indices``: torch CUDA indices (None: every visible device).
+    """Seed 000's monitor: a :class:`~core.monitoring.gpu_monitor.GPUMonitor` read under the
+    seeds' flat metric names, sampled in a daemon thread after :meth:`start_monitoring`.
 
     Example::
 

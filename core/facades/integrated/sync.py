@@ -11,9 +11,7 @@ __all__ = ("running_event_loop",)
 
 
 def running_event_loop() -> str | None:
-    """``"asyncio"`` or ``"trio"`` when that library runs an event loop in this thread,
-    else None.
-    """
+    """``"asyncio"`` or ``"trio"`` when that library runs an event loop in this thread."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
