@@ -1,8 +1,7 @@
 """The commands besides ``fit`` and ``find-lr``: ``report`` (rebuild a run's reports),
 ``info`` (devices, their capabilities and what core recommends here), ``find-batch-size``
 (the largest batch a training step fits) and ``check-amp`` (whether a model suits mixed
-precision). Each has its parser (``info_parser()``...), which ``core.cli.reference`` lists.
-"""
+precision). Each has its parser (``info_parser()``...), which ``core.cli.reference`` lists."""
 
 from __future__ import annotations
 

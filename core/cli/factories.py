@@ -53,8 +53,7 @@ EXAMPLES: dict[str, tuple[str, str]] = {
 
 def import_object(spec: str) -> Any:
     """The object ``'package.module:name'`` names (``name`` may be dotted); ``ValueError``
-    says what is wrong.
-    """
+    says what is wrong."""
     module_name, colon, attr = spec.partition(":")
     if not (colon and module_name and attr):
         raise ValueError("not an import path; allowed: 'package.module:name'")
@@ -113,8 +112,7 @@ def _callable(spec: str) -> Any:
 
 def parse_model_args(pairs: list[str]) -> dict[str, object]:
     """``["width=64", "kind=cnn"]`` -> ``{"width": 64, "kind": "cnn"}`` (ints, floats,
-    true/false and none are converted; the rest stay strings).
-    """
+    true/false and none are converted; the rest stay strings)."""
     kwargs: dict[str, object] = {}
     for pair in pairs:
         key, equals, raw = pair.partition("=")
@@ -127,8 +125,7 @@ def parse_model_args(pairs: list[str]) -> dict[str, object]:
 def model_record(spec: str, kwargs: dict[str, object]) -> Factory:
     """``Factory(spec, **kwargs)``: how a run's checkpoints record its model; ``ValueError``
     names the flag at fault (a ``--model-arg`` value that is no JSON value, ``nan`` or
-    ``inf``; a ``--model`` name :class:`~core.factory.Factory` refuses).
-    """
+    ``inf``; a ``--model`` name :class:`~core.factory.Factory` refuses)."""
     for key, value in kwargs.items():
         try:
             json.dumps(value, allow_nan=False)

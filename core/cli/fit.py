@@ -1,6 +1,5 @@
 """``core-train fit`` (the default command): its parser, and the config tree it resolves
-from defaults, a TOML file and flags, in that order, each overriding the one before.
-"""
+from defaults, a TOML file and flags, in that order, each overriding the one before."""
 
 from __future__ import annotations
 
@@ -149,8 +148,7 @@ def fit_in_ranks(
     elastic launcher as ``torchrun --standalone --nproc-per-node N -m core fit ARGV`` starts
     them, and the exit status (the first failing rank's; 128 + the signal that stopped them).
     None: this process trains (no ``--devices``, 1, or it is a rank already); a ``--devices``
-    the machine cannot run exits with status 2.
-    """
+    the machine cannot run exits with status 2."""
     try:
         devices = ranks_to_start(config.distributed, isolation=config.run.isolation)
     except ConfigError as exc:

@@ -1,8 +1,7 @@
 """Shorthand switches (those of the founding documents' programs) for flags of the tree. A
 shorthand sets the same leaf as its flag, so giving both is an error naming both;
 ``--gpu-mode`` is resolved against this machine when parsed; ``--experts N`` is not a leaf
-(``fit`` passes it to the model factory).
-"""
+(``fit`` passes it to the model factory)."""
 
 from __future__ import annotations
 
@@ -100,8 +99,7 @@ def expert_mode(mode: str) -> str:
     """``training_mode`` for ``--parallel-strategy expert_parallel`` with ``--gpu-mode mode``
     (already checked by :func:`gpu_mode`): ``expert_parallel`` (torchrun: experts sharded over
     the ranks; one process: placed over this machine's GPUs, or all on the CPU), unless
-    ``mode`` names one device and the strategy would use others.
-    """
+    ``mode`` names one device and the strategy would use others."""
     cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if mode == "cpu" and cuda:
         raise argparse.ArgumentTypeError(

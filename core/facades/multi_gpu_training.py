@@ -1,6 +1,5 @@
 """The facade of distribution (seed 004): ``MultiGPUTrainer``, ``MultiGPUConfig`` and helpers.
-The work is done by ``core.distributed`` (and the monitor by ``core.monitoring``).
-"""
+The work is done by ``core.distributed`` (and the monitor by ``core.monitoring``)."""
 
 from __future__ import annotations
 
@@ -90,8 +89,7 @@ class MultiGPUTrainer(MonitoredDistribution):
         :meth:`setup_dataloader` (or ``train_loader``), on every rank; ``settings`` are the
         factory's flat keywords. The run wraps the unwrapped model itself. Raises
         :class:`~core.errors.ConfigError` under ``training_mode="fsdp"`` (FSDP2 sharded the
-        model in place already).
-        """
+        model in place already)."""
         model, loader = self._model, train_loader if train_loader is not None else self._loader
         if model is None:
             raise RuntimeError(

@@ -1,8 +1,7 @@
 """The facade of the training job: ``create_optimized_training_optimizer`` and
 ``OptimizedTrainingOptimizer`` (seeds 002 and 004), as in the seed API. The factory's flat
 keywords map onto the config tree through ``core.facades.flat``; ``config=`` reaches every
-other setting.
-"""
+other setting."""
 
 from __future__ import annotations
 

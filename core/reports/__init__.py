@@ -2,8 +2,7 @@
 panels) and ``performance_summary.txt`` (throughput, step times, input stalls, AMP, memory,
 validation, errors; experts for MoE runs), plus ``expert_activations.png`` and
 ``expert_device_distribution.png`` for mixture-of-experts runs. Works for any finished or
-crashed run.
-"""
+crashed run."""
 
 from __future__ import annotations
 
@@ -17,10 +16,7 @@ import structlog
 from core.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
-    from core.reports.expert_plots import (
-        write_expert_activations,
-        write_expert_device_distribution,
-    )
+    from core.reports.expert_plots import write_expert_activations, write_expert_device_distribution
     from core.reports.plots import write_training_plot
     from core.reports.read import Records, read_events
     from core.reports.summary import format_performance_summary, write_performance_summary
@@ -111,20 +107,14 @@ def write_reports(run_dir: Path, *, events_file: str = "events.jsonl") -> list[P
 
 def _figure(
     draw: Callable[[Records, Path], Path | None], records: Records, path: Path, written: list[Path]
-) -> bool | None:
-    """Draw one figure into ``path``, appended to ``written``: True when drawn, False when
-    nothing was drawn, None when it failed (logged; no half-written PNG is left behind).
-    It is drawn under a temporary name and renamed: a reader (the report writer runs beside
-    the training process, or after it) never sees a partly written file."""
+) -> None:
+    """Draw one figure into ``path`` and append it to ``written``; a failure is logged."""
+    # Drawn under a temporary name and renamed: a reader beside the writer never sees half a PNG.
     partial = path.with_name(f".{path.stem}.partial{path.suffix}")
     try:
-        drawn = draw(records, partial) is not None
-        if drawn:
+        if draw(records, partial) is not None:
             os.replace(partial, path)
+            written.append(path)
     except Exception as exc:  # a report must never fail the run that asked for it
         _log.warning("report_failed", report=path.name, error=f"{type(exc).__name__}: {exc}")
         partial.unlink(missing_ok=True)
-        return None
-    if drawn:
-        written.append(path)
-    return drawn

@@ -1,7 +1,6 @@
 """Writing a run's reports in a child Python process, in the background: they never pause the
 training process, never delay ``train()``'s return and never delay the process's exit. The child
-has its own heap, GIL and session, runs at :data:`NICENESS` and loads ``core.reports`` alone.
-"""
+has its own heap, GIL and session, runs at :data:`NICENESS` and loads ``core.reports`` alone."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The two expert figures of a mixture-of-experts run: ``expert_activations.png`` (each expert's
 share of its layer's assignments over the steps, the balance loss and the dropped fraction) and
 ``expert_device_distribution.png`` (experts per device or rank). They are drawn like
-``training_metrics.png``.
-"""
+``training_metrics.png``."""
 
 from __future__ import annotations
 
@@ -13,10 +12,10 @@ from typing import TYPE_CHECKING
 
 from core.reports.expert_devices import device_figure
 from core.reports.expert_summary import LAST_STEPS
-from core.reports.experts import ExpertSteps, expert_steps, run_id
+from core.reports.experts import ExpertSteps, expert_steps
 from core.reports.panels import no_data
 from core.reports.plots import warn_unavailable
-from core.reports.read import Records
+from core.reports.read import Records, run_id
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -195,8 +194,7 @@ def _balance(ax: Axes, routing: ExpertSteps) -> None:
 
 def write_expert_activations(records: Records, path: Path) -> Path | None:
     """Save :func:`activations_figure` as PNG to ``path``; None (nothing written) when the
-    run had no MoE records.
-    """
+    run had no MoE records."""
     return _save(activations_figure, records, path)
 
 

@@ -1,7 +1,6 @@
 """The performance summary's Experts section: routing balance over the last steps, dropped
 assignments, the balance loss and where the experts were placed. Present only for runs
-with MoE records or an expert strategy (:func:`had_experts`).
-"""
+with MoE records or an expert strategy (:func:`had_experts`)."""
 
 from __future__ import annotations
 

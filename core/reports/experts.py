@@ -1,7 +1,6 @@
 """The mixture-of-experts content of a run's records (routing per step from ``train_step``'s
 ``moe_*`` fields, placement from ``run_start``), read into plain objects for the Experts
-section and the expert figures; odd content is skipped.
-"""
+section and the expert figures; odd content is skipped."""
 
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ __all__ = (
     "expert_placement",
     "expert_steps",
     "index_ranges",
-    "run_id",
 )
 
 _MAX_RANKS = 4096  # a world size past this is odd content, not a run
@@ -223,9 +221,3 @@ def index_ranges(indices: Sequence[str]) -> str:
         elif index is not None:
             parts.append(index)
     return ", ".join(parts)
-
-
-def run_id(records: Records) -> str:
-    """The run's id from ``run_start`` (or any record)."""
-    start = first(records, "run_start") or {}
-    return text(start.get("run_id") or next((r.get("run_id") for r in records), None))

@@ -1,6 +1,5 @@
 """Numbers for people: percentiles, durations, bytes, rates and fractions as report text.
-``None`` (unknown) gives a dash or a given note, so partial data never raises.
-"""
+``None`` (unknown) gives a dash or a given note, so partial data never raises."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ _DASH = "-"
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The ``q``-th percentile (0 to 100) by linear interpolation, as ``numpy.percentile``
-    computes it by default; None for no values.
-    """
+    computes it by default; None for no values."""
     if not values:
         return None
     ordered = sorted(values)

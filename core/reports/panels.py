@@ -1,6 +1,5 @@
 """The six panels of ``training_metrics.png``, each drawn from the records onto one matplotlib
-``Axes``; a panel without data keeps its frame and says "no data" and why.
-"""
+``Axes``; a panel without data keeps its frame and says "no data" and why."""
 
 from __future__ import annotations
 
@@ -211,8 +210,7 @@ def step_time_panel(ax: Axes, records: Records) -> None:
 
 def device_panel(ax: Axes, records: Records) -> None:
     """(f) Utilisation % (left axis) and memory GiB (right axis) against time since the
-    first monitor sample; plus the torch allocator from train_step when measured.
-    """
+    first monitor sample; plus the torch allocator from train_step when measured."""
     memory_ax = ax.twinx()
     memory = _monitor_lines(ax, memory_ax, of(records, "gpu_sample"))
     times, allocated = _allocated(records)

@@ -1,8 +1,7 @@
 """``training_metrics.png``: six panels of a run's records, drawn with matplotlib's Agg canvas
 directly (never pyplot nor the global backend: an application may have its own). Without
 matplotlib (the ``plots`` extra) no PNG is written and one ``plots_unavailable`` warning is
-logged per process.
-"""
+logged per process."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import structlog
 
-from core.reports.read import Records, first, last, mapping, text
+from core.reports.read import Records, first, last, mapping, run_id, text
 
 __all__ = ("FIGURE_DPI", "FIGURE_INCHES", "warn_unavailable", "write_training_plot")
 
@@ -26,11 +25,7 @@ _warn_lock = threading.Lock()
 
 def write_training_plot(records: Records, path: Path) -> Path | None:
     """Draw the run's training plot into ``path`` (PNG) and return ``path``; None, with one
-    ``plots_unavailable`` warning per process, when matplotlib is not installed.
-
-    Panels: loss, validation metrics, learning rate, loss scale with overflows, step and
-    data time, device utilisation and memory. A panel without data says so.
-    """
+    ``plots_unavailable`` warning per process, when matplotlib is not installed."""
     try:
         # The package itself first: a blocked or broken matplotlib must fail here, even
         # when some of its submodules were imported earlier.
@@ -70,18 +65,15 @@ def _title(records: Records) -> str:
     start = first(records, "run_start") or {}
     end = last(records, "run_end")
     experiment = text(mapping(start, "config", "run").get("experiment_name"))
-    run_id = text(start.get("run_id") or next((r.get("run_id") for r in records), None))
     status = text(end.get("status")) if end is not None else "unfinished"
     return (
-        f"{experiment}  |  run {run_id}  |  device {text(start.get('device'))}  |  "
+        f"{experiment}  |  run {run_id(records)}  |  device {text(start.get('device'))}  |  "
         f"precision {text(start.get('precision'))}  |  {status}"
     )
 
 
 def warn_unavailable(exc: ImportError) -> None:
-    """Log ``plots_unavailable`` (with the fix) for the first figure of this process that
-    could not be drawn because matplotlib is missing; later calls log nothing.
-    """
+    """Log ``plots_unavailable`` (with the fix), once per process."""
     with _warn_lock:
         if _warned_unavailable.is_set():
             return

@@ -1,6 +1,5 @@
 """Read a run's ``events.jsonl`` back into records, and pick series out of them. Every helper
-tolerates odd content: a field absent, null, not a number or not finite is skipped.
-"""
+tolerates odd content: a field absent, null, not a number or not finite is skipped."""
 
 from __future__ import annotations
 
@@ -22,6 +21,7 @@ __all__ = (
     "numbers",
     "of",
     "read_events",
+    "run_id",
     "series",
     "text",
     "timestamp",
@@ -83,8 +83,7 @@ def series(
     records: Iterable[Record], event: str, field: str, x: str = "step"
 ) -> tuple[list[float], list[float]]:
     """``(xs, ys)``: ``field`` against ``x`` over the records named ``event``, keeping only
-    the records where both are finite numbers.
-    """
+    the records where both are finite numbers."""
     xs: list[float] = []
     ys: list[float] = []
     for r in records:
@@ -110,6 +109,12 @@ def text(value: object, default: str = "?") -> str:
     if value is None or value == "":
         return default
     return str(value)
+
+
+def run_id(records: Records) -> str:
+    """The run's id from ``run_start`` (or any record)."""
+    start = first(records, "run_start") or {}
+    return text(start.get("run_id") or next((r.get("run_id") for r in records), None))
 
 
 def timestamp(record: Record) -> float | None:

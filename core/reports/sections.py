@@ -1,6 +1,5 @@
 """The performance summary's later sections: AMP, Compile, Memory peaks, Validation, Errors
-and warnings, Profile. Each takes the run's records and returns the section's lines.
-"""
+and warnings, Profile. Each takes the run's records and returns the section's lines."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ def kv(key: str, value: str) -> str:
 
 def clip(lines: list[str], limit: int = _MAX_ROWS) -> list[str]:
     """``lines``, or their first and last halves of ``limit`` around a "... N more" line
-    (a run of 500 epochs keeps a readable report).
-    """
+    (a run of 500 epochs keeps a readable report)."""
     if len(lines) <= limit:
         return lines
     half = limit // 2

@@ -1,7 +1,6 @@
 """The performance summary: a plain-text report of a run, built from its records alone. Run,
 Throughput, Step time, Input pipeline and Bottleneck verdicts are here, the other sections in
-``sections`` and ``expert_summary``; a section without data says so.
-"""
+``sections`` and ``expert_summary``; a section without data says so."""
 
 from __future__ import annotations
 
@@ -20,6 +19,7 @@ from core.reports.read import (
     number,
     numbers,
     of,
+    run_id,
     text,
     timestamp,
 )
@@ -43,8 +43,8 @@ def format_performance_summary(records: Records) -> str:
     """The summary of a run's records as text (ends with a newline)."""
     start = first(records, "run_start") or {}
     experiment = text(mapping(start, "config", "run").get("experiment_name"))
-    run_id = text(start.get("run_id") or next((r.get("run_id") for r in records), None))
-    out = [f"Performance summary: {experiment} / {run_id}", "(built from the run's events.jsonl)"]
+    title = f"Performance summary: {experiment} / {run_id(records)}"
+    out = [title, "(built from the run's events.jsonl)"]
     sections: tuple[tuple[str, Section], ...] = (
         ("Run", _run),
         ("Throughput", _throughput),

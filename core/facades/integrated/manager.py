@@ -1,7 +1,6 @@
 """Seed 000's ``GPUManager``: the device settings of :class:`core.hardware.settings.DeviceManager`
 from a :class:`GPUConfig`, a host report where there is no GPU, and the model placed and
-made lighter for its device (``optimize_model_for_gpu``).
-"""
+made lighter for its device (``optimize_model_for_gpu``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Seed 000's ``GPUPerformanceMonitor`` (and seed 004's ``trainer.gpu_monitor``): the flat
-metrics of :class:`core.monitoring.flat_metrics.FlatMetricsMonitor` under the seed's name.
-"""
+metrics of :class:`core.monitoring.flat_metrics.FlatMetricsMonitor` under the seed's name."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Seed 000's ``setup_training``: the model made ready for its device and the largest batch
-size whose training step fits there, in the precision the run will use.
-"""
+size whose training step fits there, in the precision the run will use."""
 
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ def setup_training(
 ) -> dict[str, Any]:
     """Optimize ``model`` for ``manager``'s device (in place) and search its batch size
     (:func:`~core.memory.find_batch_size` from ``input_shape[0]``, under ``config.memory``)
-    in the precision the run will use. Weights and RNG are as before the search.
-    """
+    in the precision the run will use. Weights and RNG are as before the search."""
     model = manager.optimize_model_for_gpu(model)
     precision = resolve_precision(config.precision, manager.device)
     memory = config.memory

@@ -1,6 +1,5 @@
 """Telling whether the calling thread is inside a running event loop, for the synchronous
-facades that run one of their own (``anyio.run`` cannot nest in a running loop).
-"""
+facades that run one of their own (``anyio.run`` cannot nest in a running loop)."""
 
 from __future__ import annotations
 
