@@ -14,7 +14,10 @@ from torch import nn
 
 from core.config import OptimConfig
 from core.errors import config_error
-from core.facades.eager import EagerEpochs, EagerSteps, ManualSteps, emit_to
+from core.facades.eager.emit import emit_to
+from core.facades.eager.epochs import EagerEpochs
+from core.facades.eager.manual import ManualSteps
+from core.facades.eager.steps import EagerSteps
 from core.hardware.device import device_of
 from core.loop.objective import LossFn
 from core.loop.recorder import Scheduler
