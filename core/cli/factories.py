@@ -28,10 +28,9 @@ __all__ = (
     "DataFactory",
     "EXAMPLES",
     "ModelFactory",
-    "build_data",
-    "build_model",
     "email_sequence_data",
     "example_factories",
+    "factory_at",
     "import_object",
     "model_record",
     "parse_model_args",
@@ -91,19 +90,8 @@ def example_factories(name: str) -> tuple[ModelFactory, DataFactory]:
     return model, data
 
 
-def build_model(spec: str) -> ModelFactory:
-    """The model factory ``--model`` names (checked to be callable)."""
-    factory: ModelFactory = _callable(spec)
-    return factory
-
-
-def build_data(spec: str) -> DataFactory:
-    """The data factory ``--data`` names (checked to be callable)."""
-    factory: DataFactory = _callable(spec)
-    return factory
-
-
-def _callable(spec: str) -> Any:
+def factory_at(spec: str) -> Any:
+    """The factory ``--model`` or ``--data`` names (checked to be callable)."""
     found = import_object(spec)
     if not callable(found):
         raise ValueError(f"{spec!r} is a {type(found).__name__}, not a callable factory")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import NoReturn
 
 from core.cli.factories import EXAMPLES
 from core.cli.flags import add_tree_flags
@@ -123,8 +122,7 @@ def resolve_config(namespace: argparse.Namespace, parser: Parser) -> TrainingCon
                 with open(where, encoding="utf-8") as file:
                     text = file.read()
             except OSError as exc:
-                _fail(
-                    parser,
+                parser.error(
                     f"--config {where!r}: cannot be read ({exc.strerror}); allowed: "
                     "a readable TOML file",
                 )
@@ -133,12 +131,8 @@ def resolve_config(namespace: argparse.Namespace, parser: Parser) -> TrainingCon
         if namespace.monitor_gpu and "monitor.interval_s" not in given(namespace):
             config = config.replace({"monitor.interval_s": min(config.monitor.interval_s, 0.25)})
     except ConfigError as exc:
-        _fail(parser, flag_error(exc, namespace, where))
+        parser.error(flag_error(exc, namespace, where))
     return config
-
-
-def _fail(parser: Parser, message: str) -> NoReturn:
-    parser.error(message)
 
 
 def fit_in_ranks(
@@ -152,7 +146,7 @@ def fit_in_ranks(
     try:
         devices = ranks_to_start(config.distributed, isolation=config.run.isolation)
     except ConfigError as exc:
-        _fail(parser, flag_error(exc, namespace, namespace.config))
+        parser.error(flag_error(exc, namespace, namespace.config))
     if devices is None:
         return None
     from torch.distributed.elastic.multiprocessing.api import SignalException

@@ -23,9 +23,8 @@ from core.cli.factories import (
     BuiltModel,
     DataFactory,
     ModelFactory,
-    build_data,
-    build_model,
     example_factories,
+    factory_at,
     model_record,
     parse_model_args,
 )
@@ -61,9 +60,9 @@ def _factories(
                 "MODULE:FACTORY and --data MODULE:FACTORY (see --help)"
             )
         flag, spec = "--model", namespace.model
-        model = build_model(spec)
+        model = factory_at(spec)
         flag, spec = "--data", namespace.data
-        return namespace.model, model, build_data(spec)
+        return namespace.model, model, factory_at(spec)
     except ValueError as exc:
         if namespace.example:
             parser.error(f"--example {exc}")
