@@ -1,15 +1,9 @@
 """The seed factory's flat keywords onto the config tree, read from the tree itself.
 
-``create_optimized_training_optimizer(amp_dtype="bf16", keep_last_n=3)`` sets
-``precision.dtype`` and ``checkpoint.keep_last_n``; a section object
-(``multi_gpu_config=MultiGPUConfig(...)``) sets a whole section; ``config=`` is the base
-tree. A setting's flat name (and its aliases) is declared on its field, where it lives in
-the tree: ``field(default="auto", metadata=flat("amp_dtype"))``; the typed keywords of
-``flat_settings.py`` are generated from the same declarations.
-
-Each setting is given once: a flat keyword, a section object and ``config=`` that set the
-same leaf raise :class:`~core.errors.ConfigError` naming both. (``config=`` sets the leaves
-where it differs from the defaults; a section object sets every leaf of its section.)
+A flat name is declared on its field (``metadata=flat("amp_dtype")``); ``flat_settings.py``'s
+typed keywords are generated from the same declarations. A flat keyword, a section object
+(``multi_gpu_config=``: every leaf of it) and ``config=`` (the leaves that differ from the
+defaults) that set the same leaf raise :class:`~core.errors.ConfigError` naming both.
 """
 
 from __future__ import annotations

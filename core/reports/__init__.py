@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from core.reports.expert_plots import write_expert_activations, write_expert_device_distribution
     from core.reports.plots import write_training_plot
     from core.reports.read import Records, read_events
-    from core.reports.summary import format_performance_summary, write_performance_summary
+    from core.reports.summary import format_performance_summary
 
 __all__ = (
     "ACTIVATIONS_FILE",
@@ -31,7 +31,6 @@ __all__ = (
     "read_events",
     "write_expert_activations",
     "write_expert_device_distribution",
-    "write_performance_summary",
     "write_reports",
     "write_training_plot",
 )
@@ -54,22 +53,18 @@ __getattr__, __dir__ = lazy_exports(
         "read_events": "core.reports.read",
         "write_expert_activations": "core.reports.expert_plots",
         "write_expert_device_distribution": "core.reports.expert_plots",
-        "write_performance_summary": "core.reports.summary",
         "write_training_plot": "core.reports.plots",
     },
 )
 
 
 def write_reports(run_dir: Path, *, events_file: str = "events.jsonl") -> list[Path]:
-    """Write ``performance_summary.txt`` and ``training_metrics.png`` into ``run_dir`` from
-    its ``events_file``, and for a mixture-of-experts run ``expert_activations.png`` (MoE
-    records) and ``expert_device_distribution.png`` (an expert strategy ran); return the
-    files written (the summary always, the PNGs when matplotlib is installed).
+    """Write :data:`REPORT_FILES` that apply into ``run_dir`` from its ``events_file``; the
+    files written (the summary always, the PNGs when matplotlib is installed and they apply).
 
-    Odd record content never raises: a section or plot that fails is logged
-    (``report_failed``) and replaced by a note (summary) or left out (plot), so a report
-    problem cannot fail a run. Raises ``FileNotFoundError`` when ``events_file`` is absent,
-    and ``OSError`` when it cannot be read or ``run_dir`` cannot be written.
+    Odd record content never raises: a failing section or plot is logged (``report_failed``)
+    and replaced by a note or left out. Raises ``FileNotFoundError`` when ``events_file`` is
+    absent, ``OSError`` when it cannot be read or ``run_dir`` cannot be written.
 
     >>> [p.name for p in write_reports(Path("logs/demo/20261122-031500.123-a1b2c3"))]
     ['performance_summary.txt', 'training_metrics.png']

@@ -24,8 +24,7 @@ _MAX_SEGMENT_TEXT = 9  # characters of a segment's label ("12-15"; longer ones a
 
 
 def device_figure(records: Records) -> Figure | None:
-    """The expert placement figure, or None when no expert strategy ran: experts per device
-    (one process: the plan, with its summed cost) or per rank (torchrun), by layer."""
+    """The expert placement figure, or None when no expert strategy ran."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -1,7 +1,6 @@
 """The two expert figures of a mixture-of-experts run: ``expert_activations.png`` (each expert's
 share of its layer's assignments over the steps, the balance loss and the dropped fraction) and
-``expert_device_distribution.png`` (experts per device or rank). They are drawn like
-``training_metrics.png``."""
+``expert_device_distribution.png`` (experts per device or rank)."""
 
 from __future__ import annotations
 
@@ -37,12 +36,7 @@ _DPI = 100
 
 
 def activations_figure(records: Records) -> Figure | None:
-    """The expert activations figure, or None when no record has MoE routing statistics.
-
-    One row per layer: a heatmap of each expert's share of the layer's kept assignments
-    per step (binned past :data:`MAX_COLUMNS`) and the share over the last steps; then the
-    balance loss and the dropped fraction.
-    """
+    """The expert activations figure, or None when no record has MoE routing statistics."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -193,8 +187,7 @@ def _balance(ax: Axes, routing: ExpertSteps) -> None:
 
 
 def write_expert_activations(records: Records, path: Path) -> Path | None:
-    """Save :func:`activations_figure` as PNG to ``path``; None (nothing written) when the
-    run had no MoE records."""
+    """Save :func:`activations_figure` as PNG to ``path``; None without MoE records."""
     return _save(activations_figure, records, path)
 
 

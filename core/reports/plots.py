@@ -14,8 +14,7 @@ from core.reports.read import Records, first, last, mapping, run_id, text
 
 __all__ = ("FIGURE_DPI", "FIGURE_INCHES", "warn_unavailable", "write_training_plot")
 
-FIGURE_INCHES = (14.0, 10.0)
-"""The figure's size (width, height) in inches; at :data:`FIGURE_DPI`, 1400 x 1000 pixels."""
+FIGURE_INCHES = (14.0, 10.0)  # at FIGURE_DPI, 1400 x 1000 pixels
 FIGURE_DPI = 100
 
 _log = structlog.get_logger("core")

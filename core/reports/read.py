@@ -32,11 +32,8 @@ Records = Sequence[Record]
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a run log, one per line, in file order.
-
-    Lines that are not a JSON object are skipped: the truncated last line of a crashed run,
-    blank lines, stray text. Raises ``FileNotFoundError`` when ``path`` does not exist.
-    """
+    """The JSON objects of a run log, in file order; other lines (a crashed run's truncated
+    last line) are skipped. Raises ``FileNotFoundError`` when ``path`` does not exist."""
     records: list[dict[str, Any]] = []
     for line in Path(path).read_bytes().splitlines():
         if not line.strip():

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Callable
-from pathlib import Path
 
 from core.reports import fmt
 from core.reports.expert_summary import experts_section, had_experts
@@ -34,7 +33,7 @@ from core.reports.sections import (
     validation_section,
 )
 
-__all__ = ("format_performance_summary", "write_performance_summary")
+__all__ = ("format_performance_summary",)
 
 Section = Callable[[Records], list[str]]
 
@@ -74,13 +73,6 @@ def _guarded(section: Section, records: Records) -> list[str]:
         return [
             kv("not available", f"the records broke this section ({type(exc).__name__}: {exc})")
         ]
-
-
-def write_performance_summary(records: Records, path: Path) -> Path:
-    """Write :func:`format_performance_summary` to ``path`` (UTF-8) and return ``path``."""
-    path = Path(path)
-    path.write_text(format_performance_summary(records), encoding="utf-8")
-    return path
 
 
 def _run(records: Records) -> list[str]:
