@@ -131,10 +131,9 @@ def model_record(spec: str, kwargs: dict[str, object]) -> Factory:
 
 
 class BuiltModel(Factory):
-    """The :class:`~core.factory.Factory` that made ``model``, handing over ``model`` itself
-    when called: a run given it trains the model ``fit`` built and checked, and records the
-    factory in its checkpoints. It pickles with ``model`` (its weights cross into a training
-    process, as a model object's do)."""
+    """The :class:`~core.factory.Factory` that made ``model``, returning ``model`` itself when
+    called (and pickled with it): the run trains the model ``fit`` checked, and its
+    checkpoints record the factory."""
 
     __slots__ = ("model",)
 

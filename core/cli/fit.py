@@ -138,11 +138,9 @@ def resolve_config(namespace: argparse.Namespace, parser: Parser) -> TrainingCon
 def fit_in_ranks(
     config: TrainingConfig, argv: Sequence[str], namespace: argparse.Namespace, parser: Parser
 ) -> int | None:
-    """``--devices N`` outside torchrun: this same command in N ranks, started by torch's
-    elastic launcher as ``torchrun --standalone --nproc-per-node N -m core fit ARGV`` starts
-    them, and the exit status (the first failing rank's; 128 + the signal that stopped them).
-    None: this process trains (no ``--devices``, 1, or it is a rank already); a ``--devices``
-    the machine cannot run exits with status 2."""
+    """``--devices N`` outside torchrun: this command in N ranks, started as ``torchrun
+    --standalone --nproc-per-node N -m core fit ARGV`` would, and their exit status (the first
+    failing rank's; 128 + a stopping signal). None: this process trains."""
     try:
         devices = ranks_to_start(config.distributed, isolation=config.run.isolation)
     except ConfigError as exc:

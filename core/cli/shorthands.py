@@ -96,10 +96,8 @@ def gpu_mode(mode: str) -> str:
 
 
 def expert_mode(mode: str) -> str:
-    """``training_mode`` for ``--parallel-strategy expert_parallel`` with ``--gpu-mode mode``
-    (already checked by :func:`gpu_mode`): ``expert_parallel`` (torchrun: experts sharded over
-    the ranks; one process: placed over this machine's GPUs, or all on the CPU), unless
-    ``mode`` names one device and the strategy would use others."""
+    """``expert_parallel`` for ``--parallel-strategy expert_parallel`` with ``--gpu-mode
+    mode``, unless ``mode`` names one device and the experts would be placed on others."""
     cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if mode == "cpu" and cuda:
         raise argparse.ArgumentTypeError(

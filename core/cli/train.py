@@ -153,10 +153,8 @@ async def _train(config: TrainingConfig, parts: dict[str, Any]) -> tuple[Trainin
 def _outcome(
     results: TrainingResults, argv: Sequence[str], config: TrainingConfig, monitor_gpu: bool
 ) -> None:
-    """Write ``results.json`` into the run directory and print the outcome: where the run's
-    files are, and, when no progress display showed the end summary (``--no-progress``), the
-    numbers it would have shown. A ``--fast-dev-run`` keeps no run directory, so no
-    ``results.json`` either (``--keep-fast-dev-run-files`` keeps both)."""
+    """Write ``results.json`` into the run directory (a ``--fast-dev-run`` keeps none) and
+    print where the run's files are, and the end summary unless a progress display showed it."""
     run_dir = results.run_dir
     if run_dir is None:
         print(

@@ -209,8 +209,8 @@ def step_time_panel(ax: Axes, records: Records) -> None:
 
 
 def device_panel(ax: Axes, records: Records) -> None:
-    """(f) Utilisation % (left axis) and memory GiB (right axis) against time since the
-    first monitor sample; plus the torch allocator from train_step when measured."""
+    """(f) Utilisation % (left axis) and memory GiB (right, the torch allocator too) against
+    seconds since the first monitor sample."""
     memory_ax = ax.twinx()
     memory = _monitor_lines(ax, memory_ax, of(records, "gpu_sample"))
     times, allocated = _allocated(records)
