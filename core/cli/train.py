@@ -1,7 +1,5 @@
 """``core-train fit``, run: the factories called, the recipes built around the model, the
-orchestrator driven to the end, and the outcome printed (this is a program: it prints). The
-run is given its model as the factory that made it (``BuiltModel``): its checkpoints record
-``--model`` and its ``--model-arg`` keywords, and ``core.load_model`` rebuilds the model."""
+orchestrator driven to the end, and the outcome printed (this is a program: it prints)."""
 
 from __future__ import annotations
 
