@@ -1,13 +1,6 @@
 """``core-train`` (and ``python -m core``): train from the command line with flags generated
 from the config tree, shorthand switches, TOML configs and the commands around a run.
 
-Example::
-
-    core-train --example digits --epochs 8 --scheduler onecycle
-    core-train find-lr --example digits --batch-size 32
-    core-train report logs/digits/<run id>
-    core-train info --json
-
 ``main`` returns the exit status: 0 done, 1 failed, 2 bad command line or setting.
 """
 
@@ -45,9 +38,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     The first word picks the command (``fit``, ``report``, ``info``, ``find-batch-size``,
     ``find-lr``, ``check-amp``); without one it is ``fit``.
-
-    >>> main(["--example", "digits", "--epochs", "2", "--print-config"])  # doctest: +SKIP
-    0
     """
     args = list(sys.argv[1:] if argv is None else argv)
     commands = _commands()

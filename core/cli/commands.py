@@ -1,8 +1,7 @@
 """The commands besides ``fit`` and ``find-lr``: ``report`` (rebuild a run's reports),
 ``info`` (devices, their capabilities and what core recommends here), ``find-batch-size``
 (the largest batch a training step fits) and ``check-amp`` (whether a model suits mixed
-precision). Each has its parser (``info_parser()``...), which ``core.cli.reference`` lists.
-"""
+precision). Each has its parser (``info_parser()``...), which ``core.cli.reference`` lists."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from typing import Any
 
 import torch
 
-from core.cli.factories import build_model, parse_model_args
+from core.cli.factories import factory_at, parse_model_args
 from core.cli.machine import machine_info
 from core.cli.parser import Parser, choice
 from core.errors import ConfigError, OutOfMemoryError
@@ -90,7 +89,7 @@ def _model_parser(prog: str, description: str) -> Parser:
 
 def _model(parser: Parser, spec: str, pairs: list[str], device: torch.device) -> Any:
     try:
-        factory = build_model(spec)
+        factory = factory_at(spec)
         kwargs = parse_model_args(pairs)
     except ValueError as exc:
         parser.error(f"--model {spec!r}: {exc}")

@@ -1,7 +1,6 @@
 """Where ``--experts`` and ``--parallel-strategy expert_parallel`` meet the model: the
 ``experts`` keyword checked against the model factory, and a model without MoE layers
-refused before training starts.
-"""
+refused before training starts."""
 
 from __future__ import annotations
 
@@ -20,11 +19,7 @@ _FIX = "Fix: --example moe, or a factory with an experts parameter; or leave out
 
 def takes_keyword(factory: Callable[..., Any], name: str) -> bool | None:
     """Whether ``factory`` takes the keyword ``name``: True, False, or None when only
-    calling it tells (it takes ``**kwargs``, or has no signature to read).
-
-    >>> takes_keyword(lambda experts=4: None, "experts"), takes_keyword(lambda: None, "experts")
-    (True, False)
-    """
+    calling it tells (it takes ``**kwargs``, or has no signature to read)."""
     try:
         parameters = inspect.signature(factory).parameters.values()
     except (TypeError, ValueError):
@@ -48,11 +43,7 @@ def with_experts(
 ) -> dict[str, object]:
     """``kwargs`` with ``experts=experts`` added for the model factory (unchanged when
     ``experts`` is None); ``ValueError`` when ``--model-arg experts=`` sets it too or the
-    factory's signature has no such keyword.
-
-    >>> with_experts({"top_k": 2}, 8, lambda experts=4, top_k=1: None)
-    {'top_k': 2, 'experts': 8}
-    """
+    factory's signature has no such keyword."""
     if experts is None:
         return kwargs
     if "experts" in kwargs:

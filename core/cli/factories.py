@@ -28,10 +28,9 @@ __all__ = (
     "DataFactory",
     "EXAMPLES",
     "ModelFactory",
-    "build_data",
-    "build_model",
     "email_sequence_data",
     "example_factories",
+    "factory_at",
     "import_object",
     "model_record",
     "parse_model_args",
@@ -53,11 +52,7 @@ EXAMPLES: dict[str, tuple[str, str]] = {
 
 def import_object(spec: str) -> Any:
     """The object ``'package.module:name'`` names (``name`` may be dotted); ``ValueError``
-    says what is wrong.
-
-    >>> import_object("torch.nn:Linear").__name__
-    'Linear'
-    """
+    says what is wrong."""
     module_name, colon, attr = spec.partition(":")
     if not (colon and module_name and attr):
         raise ValueError("not an import path; allowed: 'package.module:name'")
@@ -95,19 +90,8 @@ def example_factories(name: str) -> tuple[ModelFactory, DataFactory]:
     return model, data
 
 
-def build_model(spec: str) -> ModelFactory:
-    """The model factory ``--model`` names (checked to be callable)."""
-    factory: ModelFactory = _callable(spec)
-    return factory
-
-
-def build_data(spec: str) -> DataFactory:
-    """The data factory ``--data`` names (checked to be callable)."""
-    factory: DataFactory = _callable(spec)
-    return factory
-
-
-def _callable(spec: str) -> Any:
+def factory_at(spec: str) -> Any:
+    """The factory ``--model`` or ``--data`` names (checked to be callable)."""
     found = import_object(spec)
     if not callable(found):
         raise ValueError(f"{spec!r} is a {type(found).__name__}, not a callable factory")
@@ -116,11 +100,7 @@ def _callable(spec: str) -> Any:
 
 def parse_model_args(pairs: list[str]) -> dict[str, object]:
     """``["width=64", "kind=cnn"]`` -> ``{"width": 64, "kind": "cnn"}`` (ints, floats,
-    true/false and none are converted; the rest stay strings).
-
-    >>> parse_model_args(["width=64", "dropout=0.1", "kind=cnn"])
-    {'width': 64, 'dropout': 0.1, 'kind': 'cnn'}
-    """
+    true/false and none are converted; the rest stay strings)."""
     kwargs: dict[str, object] = {}
     for pair in pairs:
         key, equals, raw = pair.partition("=")
@@ -133,11 +113,7 @@ def parse_model_args(pairs: list[str]) -> dict[str, object]:
 def model_record(spec: str, kwargs: dict[str, object]) -> Factory:
     """``Factory(spec, **kwargs)``: how a run's checkpoints record its model; ``ValueError``
     names the flag at fault (a ``--model-arg`` value that is no JSON value, ``nan`` or
-    ``inf``; a ``--model`` name :class:`~core.factory.Factory` refuses).
-
-    >>> model_record("tests.test_cli:tiny_model", {"hidden": 8})
-    Factory('tests.test_cli:tiny_model', hidden=8)
-    """
+    ``inf``; a ``--model`` name :class:`~core.factory.Factory` refuses)."""
     for key, value in kwargs.items():
         try:
             json.dumps(value, allow_nan=False)
@@ -155,10 +131,9 @@ def model_record(spec: str, kwargs: dict[str, object]) -> Factory:
 
 
 class BuiltModel(Factory):
-    """The :class:`~core.factory.Factory` that made ``model``, handing over ``model`` itself
-    when called: a run given it trains the model ``fit`` built and checked, and records the
-    factory in its checkpoints. It pickles with ``model`` (its weights cross into a training
-    process, as a model object's do)."""
+    """The :class:`~core.factory.Factory` that made ``model``, returning ``model`` itself when
+    called (and pickled with it): the run trains the model ``fit`` checked, and its
+    checkpoints record the factory."""
 
     __slots__ = ("model",)
 

@@ -1,8 +1,7 @@
 """``core-train find-lr``: the learning-rate range test (:func:`core.tuning.find_learning_rate`)
 on what ``fit`` would train, with ``fit``'s flags for the model, the data and the config
 tree (the loss, clipping, precision, seed and batch size all count), writing the curve and
-its plot into ``<log dir>/<experiment>/lr_find-<run id>/`` (this is a program: it prints).
-"""
+its plot into ``<log dir>/<experiment>/lr_find-<run id>/`` (this is a program: it prints)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,10 @@
 """``core-train fit`` (the default command): its parser, and the config tree it resolves
-from defaults, a TOML file and flags, in that order, each overriding the one before.
-"""
+from defaults, a TOML file and flags, in that order, each overriding the one before."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import NoReturn
 
 from core.cli.factories import EXAMPLES
 from core.cli.flags import add_tree_flags
@@ -124,8 +122,7 @@ def resolve_config(namespace: argparse.Namespace, parser: Parser) -> TrainingCon
                 with open(where, encoding="utf-8") as file:
                     text = file.read()
             except OSError as exc:
-                _fail(
-                    parser,
+                parser.error(
                     f"--config {where!r}: cannot be read ({exc.strerror}); allowed: "
                     "a readable TOML file",
                 )
@@ -134,30 +131,20 @@ def resolve_config(namespace: argparse.Namespace, parser: Parser) -> TrainingCon
         if namespace.monitor_gpu and "monitor.interval_s" not in given(namespace):
             config = config.replace({"monitor.interval_s": min(config.monitor.interval_s, 0.25)})
     except ConfigError as exc:
-        _fail(parser, flag_error(exc, namespace, where))
+        parser.error(flag_error(exc, namespace, where))
     return config
-
-
-def _fail(parser: Parser, message: str) -> NoReturn:
-    parser.error(message)
 
 
 def fit_in_ranks(
     config: TrainingConfig, argv: Sequence[str], namespace: argparse.Namespace, parser: Parser
 ) -> int | None:
-    """``--devices N`` outside torchrun: this same command in N ranks, started by torch's
-    elastic launcher as ``torchrun --standalone --nproc-per-node N -m core fit ARGV`` starts
-    them, and the exit status (the first failing rank's; 128 + the signal that stopped them).
-    None: this process trains (no ``--devices``, 1, or it is a rank already); a ``--devices``
-    the machine cannot run exits with status 2.
-
-    >>> fit_in_ranks(config, ["--example", "digits", "--devices", "2"], ns, p)  # doctest: +SKIP
-    0
-    """
+    """``--devices N`` outside torchrun: this command in N ranks, started as ``torchrun
+    --standalone --nproc-per-node N -m core fit ARGV`` would, and their exit status (the first
+    failing rank's; 128 + a stopping signal). None: this process trains."""
     try:
         devices = ranks_to_start(config.distributed, isolation=config.run.isolation)
     except ConfigError as exc:
-        _fail(parser, flag_error(exc, namespace, namespace.config))
+        parser.error(flag_error(exc, namespace, namespace.config))
     if devices is None:
         return None
     from torch.distributed.elastic.multiprocessing.api import SignalException

@@ -3,8 +3,7 @@
 ``core.cli.leaves``. A ``bool`` is ``--x``/``--no-x``; a leaf taking ``true``/``false`` besides
 other values is ``--x [VALUE]``/``--no-x``; ``Literal`` values are the choices; ``none`` sets an
 optional leaf to ``None``; sequences are comma-separated. A flag not given leaves its leaf
-alone.
-"""
+alone."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The config tree's leaves as the command line sees them: each leaf's dotted path, its flag,
 its type (read from the dataclass annotations), default and help, and how a string (a
-flag's value, a TOML string) becomes the leaf's value.
-"""
+flag's value, a TOML string) becomes the leaf's value."""
 
 from __future__ import annotations
 
@@ -35,11 +34,7 @@ _HELP_LIMIT = 220
 @dataclass(frozen=True)
 class Leaf:
     """One setting of the tree. ``kinds`` are the annotation's members without ``None``
-    (a ``Literal``'s values gathered in ``choices``); ``optional``: ``None`` is allowed.
-
-    >>> leaf_for("run.max_epochs").parse("3")
-    3
-    """
+    (a ``Literal``'s values gathered in ``choices``); ``optional``: ``None`` is allowed."""
 
     path: str
     flag: str

@@ -1,6 +1,5 @@
 """What this machine has and what core recommends on it (``core-train info``): devices and
-their capabilities, NVML, and the settings ``auto`` resolves to here.
-"""
+their capabilities, NVML, and the settings ``auto`` resolves to here."""
 
 from __future__ import annotations
 

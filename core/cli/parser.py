@@ -1,8 +1,7 @@
 """The argument parser every ``core-train`` command uses: errors that name the flag, show
 the bad value and list what is allowed (exit status 2), unknown flags with a suggestion,
 and the record of which flag set which leaf of the config tree (a leaf set by two flags is
-an error naming both).
-"""
+an error naming both)."""
 
 from __future__ import annotations
 
@@ -35,11 +34,7 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
 
 class Parser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` with the house error format and no abbreviated flags
-    (``--epoch`` is not ``--epochs``).
-
-    >>> Parser(prog="x").parse([]).__class__.__name__
-    'Namespace'
-    """
+    (``--epoch`` is not ``--epochs``)."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(allow_abbrev=False, formatter_class=Formatter, **kwargs)

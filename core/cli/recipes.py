@@ -1,7 +1,6 @@
 """The training recipes ``fit`` builds around the model: the loss (cross-entropy with label
 smoothing, or focal loss), the learning-rate schedule over the run's optimizer steps, and
-batch transforms installed in the training loader (Mixup; RandAugment with torchvision).
-"""
+batch transforms installed in the training loader (Mixup; RandAugment with torchvision)."""
 
 from __future__ import annotations
 
@@ -50,13 +49,7 @@ def steps_per_epoch(
     """Optimizer steps in one epoch of ``loader`` on one rank (a short last window is a
     step), its batches capped by ``limit`` (``run.limit_train_batches``); a DataLoader is
     counted as the run re-shards it over ``world_size`` ranks. None when the loader has no
-    length and no integer limit.
-
-    >>> steps_per_epoch(DataLoader(range(100), batch_size=10), 3, 1)
-    4
-    >>> steps_per_epoch(DataLoader(range(100), batch_size=10), 2, 1, limit=3)
-    2
-    """
+    length and no integer limit."""
     batches = epoch_batches(limit, _batches_per_rank(loader, world_size), "limit_train_batches")
     return None if batches is None else math.ceil(batches / accumulation_steps)
 

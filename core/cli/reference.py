@@ -1,7 +1,6 @@
 """Every command of ``core-train`` and every flag, read from the parsers themselves: the
 generated part of docs/cli.md (``python -m core.cli.reference`` prints it, and
-tests/test_cli.py fails when the page differs from it).
-"""
+tests/test_cli.py fails when the page differs from it)."""
 
 from __future__ import annotations
 

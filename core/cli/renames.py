@@ -1,8 +1,7 @@
 """The command line's own names for the leaves whose flat keyword reads ambiguously there.
 ``monitor`` is the checkpoint's metric in Python, but beside ``--monitor-gpu`` it would read as
 the GPU monitor, so it is ``--checkpoint-monitor`` (likewise ``--gpu-monitor-interval-s``); the
-old spellings still work, as aliases the help names once.
-"""
+old spellings still work, as aliases the help names once."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Shorthand switches (those of the founding documents' programs) for flags of the tree. A
 shorthand sets the same leaf as its flag, so giving both is an error naming both;
 ``--gpu-mode`` is resolved against this machine when parsed; ``--experts N`` is not a leaf
-(``fit`` passes it to the model factory).
-"""
+(``fit`` passes it to the model factory)."""
 
 from __future__ import annotations
 
@@ -97,14 +96,8 @@ def gpu_mode(mode: str) -> str:
 
 
 def expert_mode(mode: str) -> str:
-    """``training_mode`` for ``--parallel-strategy expert_parallel`` with ``--gpu-mode mode``
-    (already checked by :func:`gpu_mode`): ``expert_parallel`` (torchrun: experts sharded over
-    the ranks; one process: placed over this machine's GPUs, or all on the CPU), unless
-    ``mode`` names one device and the strategy would use others.
-
-    >>> expert_mode("auto")
-    'expert_parallel'
-    """
+    """``expert_parallel`` for ``--parallel-strategy expert_parallel`` with ``--gpu-mode
+    mode``, unless ``mode`` names one device and the experts would be placed on others."""
     cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if mode == "cpu" and cuda:
         raise argparse.ArgumentTypeError(
@@ -168,11 +161,7 @@ class _ParallelStrategyAction(argparse.Action):
 
 
 def positive_int(text: str) -> int:
-    """An argparse ``type``: an integer >= 1 (``--experts``).
-
-    >>> positive_int("8")
-    8
-    """
+    """An argparse ``type``: an integer >= 1 (``--experts``)."""
     try:
         value = int(text)
     except ValueError:

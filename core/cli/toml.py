@@ -1,7 +1,6 @@
 """The config tree as a TOML file, shaped as ``TrainingConfig.to_dict()`` shapes it: one
 table per section (``[run]``, ``[precision.scaler]``), one key per leaf. TOML has no null:
-``"none"`` sets an optional leaf to ``None``; classes and functions are ``"module:name"``.
-"""
+``"none"`` sets an optional leaf to ``None``; classes and functions are ``"module:name"``."""
 
 from __future__ import annotations
 
@@ -66,11 +65,7 @@ def _normalised(path: str, value: Any) -> Any:
 
 def loads(text: str, base: TrainingConfig | None = None) -> TrainingConfig:
     """The tree ``text`` describes, on top of ``base`` (default: the defaults); a bad key or
-    value raises :class:`~core.errors.ConfigError` naming its dotted path.
-
-    >>> loads("[run]\\nmax_epochs = 3\\n").run.max_epochs
-    3
-    """
+    value raises :class:`~core.errors.ConfigError` naming its dotted path."""
     toml = _toml_module()
     try:
         data = toml.loads(text)

@@ -1,13 +1,5 @@
 """``core-train fit``, run: the factories called, the recipes built around the model, the
-orchestrator driven to the end, and the outcome printed (this is a program: it prints). The
-run is given its model as the factory that made it (``BuiltModel``): its checkpoints record
-``--model`` and its ``--model-arg`` keywords, and ``core.load_model`` rebuilds the model.
-
-Example::
-
-    outcome = run_fit(["--example", "digits", "--epochs", "3", "--log-dir", "/tmp/logs"])
-    outcome.exit_code, outcome.results.val_accuracy
-"""
+orchestrator driven to the end, and the outcome printed (this is a program: it prints)."""
 
 from __future__ import annotations
 
@@ -29,9 +21,8 @@ from core.cli.factories import (
     BuiltModel,
     DataFactory,
     ModelFactory,
-    build_data,
-    build_model,
     example_factories,
+    factory_at,
     model_record,
     parse_model_args,
 )
@@ -67,9 +58,9 @@ def _factories(
                 "MODULE:FACTORY and --data MODULE:FACTORY (see --help)"
             )
         flag, spec = "--model", namespace.model
-        model = build_model(spec)
+        model = factory_at(spec)
         flag, spec = "--data", namespace.data
-        return namespace.model, model, build_data(spec)
+        return namespace.model, model, factory_at(spec)
     except ValueError as exc:
         if namespace.example:
             parser.error(f"--example {exc}")
@@ -160,10 +151,8 @@ async def _train(config: TrainingConfig, parts: dict[str, Any]) -> tuple[Trainin
 def _outcome(
     results: TrainingResults, argv: Sequence[str], config: TrainingConfig, monitor_gpu: bool
 ) -> None:
-    """Write ``results.json`` into the run directory and print the outcome: where the run's
-    files are, and, when no progress display showed the end summary (``--no-progress``), the
-    numbers it would have shown. A ``--fast-dev-run`` keeps no run directory, so no
-    ``results.json`` either (``--keep-fast-dev-run-files`` keeps both)."""
+    """Write ``results.json`` into the run directory (a ``--fast-dev-run`` keeps none) and
+    print where the run's files are, and the end summary unless a progress display showed it."""
     run_dir = results.run_dir
     if run_dir is None:
         print(
@@ -229,11 +218,7 @@ class FitOutcome:
 
 
 def run_fit(argv: Sequence[str]) -> FitOutcome:
-    """Parse ``argv``, train, print where the run's files are (rank 0).
-
-    >>> run_fit(["--example", "digits", "--epochs", "2"]).results.val_accuracy  # doctest: +SKIP
-    0.95
-    """
+    """Parse ``argv``, train, print where the run's files are (rank 0)."""
     parser = fit_parser()
     namespace = parser.parse(argv)
     config = resolve_config(namespace, parser)

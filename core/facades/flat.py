@@ -1,15 +1,9 @@
 """The seed factory's flat keywords onto the config tree, read from the tree itself.
 
-``create_optimized_training_optimizer(amp_dtype="bf16", keep_last_n=3)`` sets
-``precision.dtype`` and ``checkpoint.keep_last_n``; a section object
-(``multi_gpu_config=MultiGPUConfig(...)``) sets a whole section; ``config=`` is the base
-tree. A setting's flat name (and its aliases) is declared on its field, where it lives in
-the tree: ``field(default="auto", metadata=flat("amp_dtype"))``; the typed keywords of
-``flat_settings.py`` are generated from the same declarations.
-
-Each setting is given once: a flat keyword, a section object and ``config=`` that set the
-same leaf raise :class:`~core.errors.ConfigError` naming both. (``config=`` sets the leaves
-where it differs from the defaults; a section object sets every leaf of its section.)
+A flat name is declared on its field (``metadata=flat("amp_dtype")``); ``flat_settings.py``'s
+typed keywords are generated from the same declarations. A flat keyword, a section object
+(``multi_gpu_config=``: every leaf of it) and ``config=`` (the leaves that differ from the
+defaults) that set the same leaf raise :class:`~core.errors.ConfigError` naming both.
 """
 
 from __future__ import annotations
@@ -69,8 +63,7 @@ def _flat_fields(node: Any, prefix: str) -> list[FlatField]:
 
 
 def _check_unique(names: list[tuple[str, str]]) -> None:
-    """Each flat name (keyword or alias) is declared once; ``names``: (name, dotted path).
-    A name two fields declare is a mistake in the tree, reported at import."""
+    """``TypeError`` at import for a flat name two fields of the tree declare."""
     seen: dict[str, str] = {}
     for name, path in names:
         if name in seen:
@@ -97,20 +90,13 @@ SECTION_KEYWORDS: dict[str, str] = {f.keyword: f.path for f in _FIELDS if f.is_s
 SEED_ALIASES: dict[str, str] = {
     alias: f.keyword for f in _FIELDS for alias in flat_aliases(f.field)
 }
-"""Seed 004's names for flat keywords (the ``flat(keyword, *aliases)`` of a field): an alias
-sets the same leaf, and giving both raises. ``batch_size`` is the most samples one forward
-pass sees: larger loader batches are split into micro-batches of it, with the same result
-(the loader's batch stays the step's batch)."""
+"""Seed 004's names for flat keywords: an alias sets the same leaf; giving both raises."""
 
 
 def config_from_flat(
     settings: Mapping[str, Any], config: TrainingConfig | None = None
 ) -> TrainingConfig:
-    """The tree for ``settings`` (flat and section keywords) on top of ``config``.
-
-    >>> config_from_flat({"amp_dtype": "bf16"}).precision.dtype
-    'bf16'
-    """
+    """The tree for ``settings`` (flat and section keywords) on top of ``config``."""
     _check_names(settings)
     settings = _unalias(settings)
     if config is not None and not isinstance(config, TrainingConfig):
@@ -133,7 +119,6 @@ def config_from_flat(
 
 
 def _unalias(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """``settings`` with seed aliases under their flat keyword (an error keeps the alias)."""
     plain = {k: v for k, v in settings.items() if k not in SEED_ALIASES}
     for alias, keyword in SEED_ALIASES.items():
         if alias not in settings:

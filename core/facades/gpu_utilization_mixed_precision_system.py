@@ -1,18 +1,8 @@
 """The facade of seed 000: the integrated GPU and mixed-precision training system.
 
-Every part drives the existing machinery: ``GPUConfig`` maps onto the config tree
-(``core.facades.integrated.config``), ``setup_training`` uses the batch-size search
-(``core.memory``), ``training_loop`` runs the async orchestrator for a synchronous caller::
-
-    from core.gpu_utilization_mixed_precision_system import (
-        GPUConfig, IntegratedGPUTrainingSystem, MixedPrecisionConfig,
-    )
-
-    system = IntegratedGPUTrainingSystem(GPUConfig(memory_fraction=0.9), MixedPrecisionConfig())
-    setup_info = system.setup_training(model, (32, 784))
-    loader = DataLoader(dataset, batch_size=setup_info["optimal_batch_size"])
-    stats = system.training_loop(model, loader, nn.CrossEntropyLoss(), optimizer, num_epochs=10)
-    system.cleanup()
+``GPUConfig`` maps onto the config tree (``core.facades.integrated.config``),
+``setup_training`` uses the batch-size search (``core.memory``), ``training_loop`` runs the
+async orchestrator for a synchronous caller.
 """
 
 from __future__ import annotations
@@ -68,17 +58,16 @@ class _EpochHistory(Callback):
 class IntegratedGPUTrainingSystem:
     """Seed 000's system: device settings, batch-size search, monitoring and training.
 
-    ``gpu_config`` maps onto the config tree as ``core.facades.integrated.config`` describes;
-    ``mixed_precision_config`` is the whole precision section (default: ``config``'s).
-    ``config`` is the base tree and ``settings`` flat keywords onto it, as
-    :func:`~core.create_optimized_training_optimizer` takes them (``log_dir=``,
-    ``max_batch_size=``, ``progress=False``, ...); ``gpu_config``'s fields are written over
-    them. The device is resolved once, here (``device``, ``training_mode``).
+    ``mixed_precision_config`` is the whole precision section (default: ``config``'s);
+    ``settings`` are flat keywords onto ``config``, as
+    :func:`~core.create_optimized_training_optimizer` takes them; ``gpu_config``'s fields are
+    written over both. The device is resolved once, here.
 
     Example::
 
         system = IntegratedGPUTrainingSystem(GPUConfig(), MixedPrecisionConfig(), log_dir="logs")
-        system.setup_training(model, (32, 784))["optimal_batch_size"]
+        setup_info = system.setup_training(model, (32, 784))
+        stats = system.training_loop(model, loader, nn.CrossEntropyLoss(), optimizer, 10)
     """
 
     def __init__(
@@ -116,27 +105,15 @@ class IntegratedGPUTrainingSystem:
         self.last_run: OptimizedTrainingOptimizer | None = None
 
     def training_config(self, model: nn.Module | None) -> TrainingConfig:
-        """The config tree a run of ``model`` gets (gradient checkpointing applies to a
-        model with repeated blocks only; ``None``: none assumed)."""
+        """The config tree a run of ``model`` gets (``None``: no repeated blocks assumed)."""
         blocks = model is not None and bool(find_blocks(model))
         return training_config(
             self.gpu_config, self.mixed_precision_config, self._base, checkpoint_blocks=blocks
         )
 
     def setup_training(self, model: nn.Module, input_shape: Sequence[int]) -> dict[str, Any]:
-        """Apply the device settings, optimize ``model`` for the device (in place) and find
-        the largest batch size whose training step fits (``input_shape`` is
-        ``(batch_size, features...)``; the search starts at its batch size and is bounded by
-        ``max_batch_size`` and ``target_memory_gb``). Returns ``optimal_batch_size``,
-        ``device``, ``precision``, ``training_mode``, ``gpu_info``, ``memory_usage``,
-        ``model_optimization`` and ``batch_size_search`` (see
-        :func:`core.facades.integrated.setup.setup_training`).
-
-        Example::
-
-            setup_info = system.setup_training(model, (32, 784))
-            loader = DataLoader(dataset, batch_size=setup_info["optimal_batch_size"])
-        """
+        """Optimize ``model`` in place and find the largest batch size whose step fits
+        (``core.facades.integrated.setup``), starting at ``input_shape[0]``."""
         config = self.training_config(model)
         report = setup_training(self.gpu_manager, model, input_shape, config)
         self.optimal_batch_size = report["optimal_batch_size"]
@@ -150,14 +127,8 @@ class IntegratedGPUTrainingSystem:
         shuffle: bool = True,
         **kwargs: Any,
     ) -> DataLoader[Any]:
-        """A DataLoader built with ``GPUConfig``'s loader fields for this device (see
-        :func:`~core.data.create_dataloader`); ``batch_size`` defaults to the size
-        :meth:`setup_training` found.
-
-        Example::
-
-            loader = system.create_dataloader(dataset)   # after setup_training
-        """
+        """A DataLoader with ``GPUConfig``'s loader fields; ``batch_size`` defaults to the
+        size :meth:`setup_training` found."""
         size = batch_size if batch_size is not None else self.optimal_batch_size
         if size is None:
             raise config_error(
@@ -219,21 +190,9 @@ class IntegratedGPUTrainingSystem:
         callbacks: Sequence[Callback] = (),
         metrics: Mapping[str, Metric | MetricFn] | None = None,
     ) -> dict[str, Any]:
-        """Train ``model`` for ``num_epochs`` with the async orchestrator, from synchronous
-        code (it runs an event loop of its own: inside async code, use
-        :meth:`create_optimizer` and ``await run.train()``). ``optimizer`` is an instance over
-        ``model.parameters()`` (or a factory; default AdamW), ``criterion`` the loss
-        (default ``CrossEntropyLoss``).
-
-        Returns :class:`~core.TrainingResults`' fields plus per epoch ``train_losses``,
-        ``val_losses``, ``epoch_times_s`` and ``samples_per_s_per_epoch``, and ``device``,
-        ``precision``, ``training_mode`` and ``gpu_summary`` (the run's device samples).
-
-        Example::
-
-            stats = system.training_loop(model, loader, nn.CrossEntropyLoss(), optimizer, 10)
-            stats["train_losses"], stats["samples_per_s"]
-        """
+        """Train ``model`` for ``num_epochs`` from synchronous code (it runs an event loop
+        of its own; ``RuntimeError`` inside one: use :meth:`create_optimizer`). Returns
+        :class:`~core.TrainingResults`' fields plus per-epoch lists and ``gpu_summary``."""
         library = running_event_loop()
         if library is not None:
             raise RuntimeError(
@@ -269,12 +228,7 @@ class IntegratedGPUTrainingSystem:
         }
 
     def cleanup(self) -> None:
-        """Stop the performance monitor, drop the last run and free cached device memory.
-
-        Example::
-
-            system.cleanup()
-        """
+        """Stop the performance monitor, drop the last run and free cached device memory."""
         self.performance_monitor.close()
         self.last_run = None
         self.gpu_manager.clear_memory()

@@ -1,15 +1,7 @@
 """The facade of mixed precision (seeds 000 and 002): the names their users import from here.
 
-The precision policy is :class:`~core.precision.policy.PrecisionPolicy`, which the facade class
-extends; the synchronous per-batch calls are in ``core.facades.eager``, built from the step
-loop's own parts. Each per-batch call reads its values back before it returns (one device sync
-per call, by design: the seed's loop prints them)::
-
-    from core.mixed_precision_training import create_mixed_precision_trainer
-
-    mp_trainer = create_mixed_precision_trainer(model, optimizer, dtype=torch.bfloat16)
-    metrics = mp_trainer.train_step((inputs, targets), nn.CrossEntropyLoss())
-    metrics["loss"], metrics["accuracy"], metrics["step_time"]
+The facade class extends :class:`~core.precision.policy.PrecisionPolicy`; its per-batch calls
+are ``core.facades.eager``'s, each reading its values back before it returns.
 """
 
 from __future__ import annotations
@@ -22,7 +14,10 @@ from torch import nn
 
 from core.config import OptimConfig
 from core.errors import config_error
-from core.facades.eager import EagerEpochs, EagerSteps, ManualSteps, emit_to
+from core.facades.eager.emit import emit_to
+from core.facades.eager.epochs import EagerEpochs
+from core.facades.eager.manual import ManualSteps
+from core.facades.eager.steps import EagerSteps
 from core.hardware.device import device_of
 from core.loop.objective import LossFn
 from core.loop.recorder import Scheduler
@@ -54,12 +49,9 @@ class MixedPrecisionTrainer(policy.PrecisionPolicy):
     """:class:`~core.precision.policy.PrecisionPolicy` with seed 002's per-batch steps and
     seed 000's four calls.
 
-    ``MixedPrecisionTrainer(config)``, ``MixedPrecisionTrainer(config, device)`` and
-    ``MixedPrecisionTrainer(config=config, model=model, optimizer=optimizer, logger=logger)``
-    all work; the device defaults to the model's (else the CPU; a trainer made without
-    either moves to the model's device at its first call). ``logger`` (``logging`` or
-    structlog) receives the step records; ``check_compatibility`` checks the model when
-    it is known.
+    The device defaults to the model's (else the CPU; a trainer made without either moves to
+    the model's device at its first call). ``logger`` (``logging`` or structlog) receives the
+    step records.
 
     Example::
 
@@ -173,9 +165,7 @@ class MixedPrecisionTrainer(policy.PrecisionPolicy):
     def train_step(
         self, batch: Any, loss_fn: LossFn | None = None, device: torch.device | str | None = None
     ) -> dict[str, Any]:
-        """One optimizer step on ``batch`` (``(inputs, targets)`` or a dict); returns
-        ``loss``, ``accuracy``, ``step_time``, ``loss_scale``, ``overflow``, ``skipped``,
-        ``lr``, ``grad_norm``, ``precision``, ``samples`` (see ``core.facades.eager.steps``)."""
+        """One optimizer step on ``batch`` (see :meth:`EagerSteps.train_step`)."""
         return self._engine(device).train_step(batch, loss_fn)
 
     def validate_step(
@@ -287,11 +277,11 @@ class MixedPrecisionOptimizer:
         return self._epochs
 
     def train_epoch(self, loader: Iterable[Any]) -> dict[str, Any]:
-        """Train one epoch; ``loss``, ``accuracy``, ``steps``, ``time``, ``samples_per_s``..."""
+        """See :meth:`EagerEpochs.train_epoch`."""
         return self.epochs.train_epoch(loader)
 
     def validate_epoch(self, loader: Iterable[Any]) -> dict[str, Any]:
-        """Validate on ``loader``: ``loss``, ``accuracy``, ``samples``, ``time``."""
+        """See :meth:`EagerEpochs.validate_epoch`."""
         return self.epochs.validate_epoch(loader)
 
     def get_training_stats(self) -> dict[str, Any]:

@@ -1,20 +1,5 @@
 """The facade of distribution (seed 004): ``MultiGPUTrainer``, ``MultiGPUConfig`` and helpers.
-
-The work is done by ``core.distributed`` (and the monitor by ``core.monitoring``); this
-module keeps seed 004's names::
-
-    cfg = MultiGPUConfig(training_mode="auto")
-    run = create_optimized_training_optimizer(model=model, train_loader=loader,
-                                              multi_gpu_config=cfg)
-    # torchrun --standalone --nproc_per_node=2 train.py   -> DDP over 2 processes
-
-or the trainer on its own::
-
-    trainer = create_multi_gpu_trainer(config=cfg)
-    loader = trainer.setup_dataloader(dataset, batch_size=64)
-    trainer.initialize_training(model)
-    results = await trainer.train(max_epochs=3)
-"""
+The work is done by ``core.distributed`` (and the monitor by ``core.monitoring``)."""
 
 from __future__ import annotations
 
@@ -56,10 +41,8 @@ __all__ = (
 
 
 class MultiGPUTrainer(MonitoredDistribution):
-    """Seed 004's trainer: a run's distribution with its devices' monitor
-    (:class:`~core.monitoring.distribution.MonitoredDistribution`: ``gpu_monitor``,
-    ``record_gpu_metrics()``) and :meth:`train`, which runs the orchestrator on the model and
-    loader this trainer prepared.
+    """Seed 004's trainer: a :class:`~core.monitoring.distribution.MonitoredDistribution`
+    whose :meth:`train` runs the orchestrator on the model and loader it prepared.
 
     Example::
 
@@ -77,8 +60,7 @@ class MultiGPUTrainer(MonitoredDistribution):
     def initialize_training(
         self, model: nn.Module, compute_dtype: torch.dtype = torch.float32
     ) -> nn.Module:
-        """Place and wrap ``model`` for this mode (DDP, FSDP2, DataParallel or none);
-        :meth:`train` trains it."""
+        """Place and wrap ``model`` for this mode; :meth:`train` trains it."""
         wrapped = super().initialize_training(model, compute_dtype)
         self._model = self.strategy.unwrap(wrapped)
         return wrapped
@@ -86,8 +68,7 @@ class MultiGPUTrainer(MonitoredDistribution):
     def setup_dataloader(
         self, dataset: Dataset[Any], batch_size: int, *, shuffle: bool = True, **kwargs: Any
     ) -> DataLoader[Any]:
-        """A tuned DataLoader for ``dataset`` (under DDP/FSDP2 with this rank's
-        DistributedSampler); :meth:`train` trains on it."""
+        """A DataLoader for ``dataset`` on this rank; :meth:`train` trains on it."""
         loader = super().setup_dataloader(dataset, batch_size, shuffle=shuffle, **kwargs)
         self._loader = loader
         return loader
@@ -105,18 +86,10 @@ class MultiGPUTrainer(MonitoredDistribution):
         **settings: Any,
     ) -> TrainingResults:
         """Train the model of :meth:`initialize_training` on the loader of
-        :meth:`setup_dataloader` (or ``train_loader``) with the async orchestrator, under
-        this trainer's :class:`MultiGPUConfig` (call it on every rank).
-
-        The run wraps the model itself, once (what :meth:`initialize_training` returned is
-        a view for the caller). ``criterion`` is the loss (default ``CrossEntropyLoss``),
-        ``optimizer`` an instance over the model's parameters or a factory (default AdamW);
-        ``settings`` are the factory's flat keywords (``learning_rate=``, ``log_dir=``, ...)
-        and ``config`` the base tree. Epochs and samples are added to
-        :meth:`get_performance_summary`. Under ``training_mode="fsdp"`` FSDP2 shards the
-        model in place when it is wrapped, so a run cannot wrap it again: raises
-        :class:`~core.errors.ConfigError`.
-        """
+        :meth:`setup_dataloader` (or ``train_loader``), on every rank; ``settings`` are the
+        factory's flat keywords. The run wraps the unwrapped model itself. Raises
+        :class:`~core.errors.ConfigError` under ``training_mode="fsdp"`` (FSDP2 sharded the
+        model in place already)."""
         model, loader = self._model, train_loader if train_loader is not None else self._loader
         if model is None:
             raise RuntimeError(

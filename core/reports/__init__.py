@@ -2,12 +2,7 @@
 panels) and ``performance_summary.txt`` (throughput, step times, input stalls, AMP, memory,
 validation, errors; experts for MoE runs), plus ``expert_activations.png`` and
 ``expert_device_distribution.png`` for mixture-of-experts runs. Works for any finished or
-crashed run.
-
-Example::
-
-    written = write_reports(Path("logs/demo/20261122-031500.123-a1b2c3"))
-"""
+crashed run."""
 
 from __future__ import annotations
 
@@ -21,13 +16,10 @@ import structlog
 from core.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
-    from core.reports.expert_plots import (
-        write_expert_activations,
-        write_expert_device_distribution,
-    )
+    from core.reports.expert_plots import write_expert_activations, write_expert_device_distribution
     from core.reports.plots import write_training_plot
     from core.reports.read import Records, read_events
-    from core.reports.summary import format_performance_summary, write_performance_summary
+    from core.reports.summary import format_performance_summary
 
 __all__ = (
     "ACTIVATIONS_FILE",
@@ -39,7 +31,6 @@ __all__ = (
     "read_events",
     "write_expert_activations",
     "write_expert_device_distribution",
-    "write_performance_summary",
     "write_reports",
     "write_training_plot",
 )
@@ -62,22 +53,18 @@ __getattr__, __dir__ = lazy_exports(
         "read_events": "core.reports.read",
         "write_expert_activations": "core.reports.expert_plots",
         "write_expert_device_distribution": "core.reports.expert_plots",
-        "write_performance_summary": "core.reports.summary",
         "write_training_plot": "core.reports.plots",
     },
 )
 
 
 def write_reports(run_dir: Path, *, events_file: str = "events.jsonl") -> list[Path]:
-    """Write ``performance_summary.txt`` and ``training_metrics.png`` into ``run_dir`` from
-    its ``events_file``, and for a mixture-of-experts run ``expert_activations.png`` (MoE
-    records) and ``expert_device_distribution.png`` (an expert strategy ran); return the
-    files written (the summary always, the PNGs when matplotlib is installed).
+    """Write :data:`REPORT_FILES` that apply into ``run_dir`` from its ``events_file``; the
+    files written (the summary always, the PNGs when matplotlib is installed and they apply).
 
-    Odd record content never raises: a section or plot that fails is logged
-    (``report_failed``) and replaced by a note (summary) or left out (plot), so a report
-    problem cannot fail a run. Raises ``FileNotFoundError`` when ``events_file`` is absent,
-    and ``OSError`` when it cannot be read or ``run_dir`` cannot be written.
+    Odd record content never raises: a failing section or plot is logged (``report_failed``)
+    and replaced by a note or left out. Raises ``FileNotFoundError`` when ``events_file`` is
+    absent, ``OSError`` when it cannot be read or ``run_dir`` cannot be written.
 
     >>> [p.name for p in write_reports(Path("logs/demo/20261122-031500.123-a1b2c3"))]
     ['performance_summary.txt', 'training_metrics.png']
@@ -115,20 +102,14 @@ def write_reports(run_dir: Path, *, events_file: str = "events.jsonl") -> list[P
 
 def _figure(
     draw: Callable[[Records, Path], Path | None], records: Records, path: Path, written: list[Path]
-) -> bool | None:
-    """Draw one figure into ``path``, appended to ``written``: True when drawn, False when
-    nothing was drawn, None when it failed (logged; no half-written PNG is left behind).
-    It is drawn under a temporary name and renamed: a reader (the report writer runs beside
-    the training process, or after it) never sees a partly written file."""
+) -> None:
+    """Draw one figure into ``path`` and append it to ``written``; a failure is logged."""
+    # Drawn under a temporary name and renamed: a reader beside the writer never sees half a PNG.
     partial = path.with_name(f".{path.stem}.partial{path.suffix}")
     try:
-        drawn = draw(records, partial) is not None
-        if drawn:
+        if draw(records, partial) is not None:
             os.replace(partial, path)
+            written.append(path)
     except Exception as exc:  # a report must never fail the run that asked for it
         _log.warning("report_failed", report=path.name, error=f"{type(exc).__name__}: {exc}")
         partial.unlink(missing_ok=True)
-        return None
-    if drawn:
-        written.append(path)
-    return drawn

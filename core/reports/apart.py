@@ -1,14 +1,6 @@
 """Writing a run's reports in a child Python process, in the background: they never pause the
 training process, never delay ``train()``'s return and never delay the process's exit. The child
-has its own heap, GIL and session, runs at :data:`NICENESS` and loads ``core.reports`` alone.
-
-Example::
-
-    job = start_reports(run_dir)   # returns at once
-    ...
-    job.wait(timeout_s=30)         # [.../performance_summary.txt, .../training_metrics.png]
-    wait_for_reports()             # every report job this process started
-"""
+has its own heap, GIL and session, runs at :data:`NICENESS` and loads ``core.reports`` alone."""
 
 from __future__ import annotations
 
@@ -38,12 +30,9 @@ _log = structlog.get_logger("core")
 ERROR_FILE = "reports_error.txt"
 """Written into the run directory by a report writer that failed: its traceback."""
 NICENESS = 19
-"""The report writer's CPU priority (at least this nice), the lowest: below the service and
-below a training process (nice 10), so that the next training does not share its cores
-with the last one's figure (a few CPU seconds of matplotlib each). On a machine kept busy,
-the figure waits; ``ReportJob.wait`` waits for it. Where Linux puts each session in a
-scheduling group of its own (autogroup), the writer's group gets the same niceness: a nice
-value alone only counts within its group."""
+"""The report writer's CPU priority, the lowest: below a training process (nice 10), so the
+next training does not share its cores with the last one's figures. Its autogroup (Linux)
+gets the same niceness: a nice value alone only counts within its group."""
 
 # Loads the core.reports package from its directory without running core/__init__.py; a
 # failure leaves its traceback next to the log (the parent may be gone by then).
@@ -173,10 +162,9 @@ def start_reports(run_dir: Path) -> ReportJob:
 
 def wait_for_reports(run_dir: Path | None = None, timeout_s: float | None = 60.0) -> list[Path]:
     """Wait until the reports this process started (of ``run_dir`` only, if given) are
-    written; the files written. ``train()`` returns while they are still being drawn (about
-    a second of matplotlib in a child process): call this where the files must exist now,
-    e.g. before uploading them. Raises :class:`ReportsFailed` for a writer that failed and
-    ``TimeoutError`` after ``timeout_s``.
+    written, e.g. before uploading them (``train()`` returns while they are drawn); the files
+    written. Raises :class:`ReportsFailed` for a writer that failed, ``TimeoutError`` after
+    ``timeout_s``.
 
     >>> wait_for_reports(Path("logs/no-such-run"))
     []

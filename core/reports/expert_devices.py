@@ -1,15 +1,14 @@
 """The figure of ``expert_device_distribution.png``: how many experts of each MoE layer each
 device (one process: the placement plan, with its summed cost per SM) or each rank (torchrun)
-held. Drawn on matplotlib's Agg canvas, never pyplot.
-"""
+held. Drawn on matplotlib's Agg canvas, never pyplot."""
 
 from __future__ import annotations
 
 import textwrap
 from typing import TYPE_CHECKING
 
-from core.reports.experts import ExpertPlacement, expert_placement, index_ranges, run_id
-from core.reports.read import Records
+from core.reports.experts import ExpertPlacement, expert_placement, index_ranges
+from core.reports.read import Records, run_id
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -25,12 +24,7 @@ _MAX_SEGMENT_TEXT = 9  # characters of a segment's label ("12-15"; longer ones a
 
 
 def device_figure(records: Records) -> Figure | None:
-    """The expert placement figure, or None when no expert strategy ran: experts per device
-    (one process: the plan, with its summed cost) or per rank (torchrun), by layer.
-
-    >>> [t.get_text() for t in device_figure(records).axes[0].get_xticklabels()]
-    ['cpu\\ncpu\\n1 SMs']
-    """
+    """The expert placement figure, or None when no expert strategy ran."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

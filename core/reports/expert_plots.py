@@ -1,12 +1,6 @@
 """The two expert figures of a mixture-of-experts run: ``expert_activations.png`` (each expert's
 share of its layer's assignments over the steps, the balance loss and the dropped fraction) and
-``expert_device_distribution.png`` (experts per device or rank). They are drawn like
-``training_metrics.png``.
-
-Example::
-
-    write_expert_activations(records, run_dir / "expert_activations.png")  # None: no MoE records
-"""
+``expert_device_distribution.png`` (experts per device or rank)."""
 
 from __future__ import annotations
 
@@ -17,10 +11,10 @@ from typing import TYPE_CHECKING
 
 from core.reports.expert_devices import device_figure
 from core.reports.expert_summary import LAST_STEPS
-from core.reports.experts import ExpertSteps, expert_steps, run_id
+from core.reports.experts import ExpertSteps, expert_steps
 from core.reports.panels import no_data
 from core.reports.plots import warn_unavailable
-from core.reports.read import Records
+from core.reports.read import Records, run_id
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -42,15 +36,7 @@ _DPI = 100
 
 
 def activations_figure(records: Records) -> Figure | None:
-    """The expert activations figure, or None when no record has MoE routing statistics.
-
-    One row per layer: a heatmap of each expert's share of the layer's kept assignments
-    per step (binned past :data:`MAX_COLUMNS`) and the share over the last steps; then the
-    balance loss and the dropped fraction.
-
-    >>> activations_figure(records).axes[0].get_title(loc="left")
-    'blocks.0.moe: share of kept assignments'
-    """
+    """The expert activations figure, or None when no record has MoE routing statistics."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -201,21 +187,12 @@ def _balance(ax: Axes, routing: ExpertSteps) -> None:
 
 
 def write_expert_activations(records: Records, path: Path) -> Path | None:
-    """Save :func:`activations_figure` as PNG to ``path``; None (nothing written) when the
-    run had no MoE records.
-
-    >>> write_expert_activations(records, run_dir / "expert_activations.png").name
-    'expert_activations.png'
-    """
+    """Save :func:`activations_figure` as PNG to ``path``; None without MoE records."""
     return _save(activations_figure, records, path)
 
 
 def write_expert_device_distribution(records: Records, path: Path) -> Path | None:
-    """Save :func:`device_figure` as PNG to ``path``; None when no expert strategy ran.
-
-    >>> write_expert_device_distribution(records, run_dir / "expert_device_distribution.png")
-    PosixPath('.../expert_device_distribution.png')
-    """
+    """Save :func:`device_figure` as PNG to ``path``; None when no expert strategy ran."""
     return _save(device_figure, records, path)
 
 

@@ -1,7 +1,6 @@
 """The performance summary's Experts section: routing balance over the last steps, dropped
 assignments, the balance loss and where the experts were placed. Present only for runs
-with MoE records or an expert strategy (:func:`had_experts`).
-"""
+with MoE records or an expert strategy (:func:`had_experts`)."""
 
 from __future__ import annotations
 
@@ -30,21 +29,13 @@ _MAX_INDEX_TEXT = 64
 
 
 def had_experts(records: Records) -> bool:
-    """Whether the run had MoE routing records or placed experts.
-
-    >>> had_experts([])
-    False
-    """
+    """Whether the run had MoE routing records or placed experts."""
     tokens = (r.get("moe_tokens_per_expert") for r in of(records, "train_step"))
     return any(isinstance(t, Mapping) for t in tokens) or expert_placement(records) is not None
 
 
 def experts_section(records: Records) -> list[str]:
-    """The Experts section's lines (shares are of each layer's kept assignments).
-
-    >>> experts_section(records)[0]
-    '  MoE layers              2 (4 experts each), 6 steps with routing statistics'
-    """
+    """The Experts section's lines (shares are of each layer's kept assignments)."""
     routing = expert_steps(records)
     lines = (
         _routing(routing)

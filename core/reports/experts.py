@@ -1,7 +1,6 @@
 """The mixture-of-experts content of a run's records (routing per step from ``train_step``'s
 ``moe_*`` fields, placement from ``run_start``), read into plain objects for the Experts
-section and the expert figures; odd content is skipped.
-"""
+section and the expert figures; odd content is skipped."""
 
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ __all__ = (
     "expert_placement",
     "expert_steps",
     "index_ranges",
-    "run_id",
 )
 
 _MAX_RANKS = 4096  # a world size past this is odd content, not a run
@@ -32,9 +30,6 @@ class ExpertSteps:
     ``counts[layer][i]`` holds the layer's kept assignments per expert at ``steps[i]``
     (empty where that record lacks the layer); ``dropped[i]`` the assignments dropped for
     capacity over all layers; ``aux_loss[i]`` the layers' mean balance loss (1.0: even).
-
-    >>> expert_steps(records).layers
-    ['blocks.0.moe', 'blocks.1.moe']
     """
 
     steps: list[float]
@@ -67,11 +62,7 @@ class ExpertSteps:
 
 
 def expert_steps(records: Records) -> ExpertSteps | None:
-    """The ``moe_*`` fields of the ``train_step`` records; None when no record has any.
-
-    >>> expert_steps(records).counts["blocks.0.moe"][0]
-    [32.0, 19.0, 32.0, 28.0]
-    """
+    """The ``moe_*`` fields of the ``train_step`` records; None when no record has any."""
     steps: list[float] = []
     rows: list[dict[str, list[float]]] = []
     aux: list[float | None] = []
@@ -105,11 +96,7 @@ def _counts(values: object) -> list[float] | None:
 
 @dataclass(frozen=True)
 class ExpertHolder:
-    """A device (one process) or a rank (torchrun) and the experts it holds.
-
-    >>> holder.label, holder.experts
-    ('cuda:0', {'blocks.0.moe': ['0', '2'], 'blocks.1.moe': ['1']})
-    """
+    """A device (one process) or a rank (torchrun) and the experts it holds."""
 
     label: str
     """``cuda:0`` or ``rank 0``."""
@@ -135,11 +122,7 @@ class ExpertHolder:
 
 @dataclass(frozen=True)
 class ExpertPlacement:
-    """Where the experts lived: a one-process plan or the ranks of a torchrun job.
-
-    >>> expert_placement(records).note
-    'planned: experts run on cpu'
-    """
+    """Where the experts lived: a one-process plan or the ranks of a torchrun job."""
 
     kind: Literal["planned", "ranks"]
     holders: list[ExpertHolder]
@@ -149,11 +132,7 @@ class ExpertPlacement:
 
 
 def expert_placement(records: Records) -> ExpertPlacement | None:
-    """The expert strategy's placement from ``run_start``; None when none ran.
-
-    >>> [h.label for h in expert_placement(records).holders]
-    ['cpu']
-    """
+    """The expert strategy's placement from ``run_start``; None when none ran."""
     strategy = mapping(first(records, "run_start") or {}, "resolved", "strategy")
     if mapping(strategy, "expert_placement"):
         return _planned(strategy)
@@ -226,11 +205,7 @@ def _ranks(strategy: Mapping[str, object]) -> ExpertPlacement | None:
 
 
 def index_ranges(indices: Sequence[str]) -> str:
-    """Expert indices as short text: runs of consecutive integers become ``a-b``.
-
-    >>> index_ranges(["0", "1", "2", "5", "x"])
-    '0-2, 5, x'
-    """
+    """Expert indices as short text: runs of consecutive integers become ``a-b``."""
     parts: list[str] = []
     run: list[int] = []
     for index in [*indices, None]:
@@ -246,13 +221,3 @@ def index_ranges(indices: Sequence[str]) -> str:
         elif index is not None:
             parts.append(index)
     return ", ".join(parts)
-
-
-def run_id(records: Records) -> str:
-    """The run's id from ``run_start`` (or any record).
-
-    >>> run_id(records)
-    '20261122-031500.123-a1b2c3'
-    """
-    start = first(records, "run_start") or {}
-    return text(start.get("run_id") or next((r.get("run_id") for r in records), None))

@@ -1,6 +1,5 @@
 """The six panels of ``training_metrics.png``, each drawn from the records onto one matplotlib
-``Axes``; a panel without data keeps its frame and says "no data" and why.
-"""
+``Axes``; a panel without data keeps its frame and says "no data" and why."""
 
 from __future__ import annotations
 
@@ -77,10 +76,7 @@ def _finish(ax: Axes, title: str, xlabel: str, ylabel: str) -> None:
 
 
 def loss_panel(ax: Axes, records: Records) -> None:
-    """(a) Training loss per step, its epoch mean, and the validation loss.
-
-    >>> loss_panel(Figure().subplots(), records)
-    """
+    """(a) Training loss per step, its epoch mean, and the validation loss."""
     steps, losses = _thin(*series(records, "train_step", "loss"))
     ends = series(records, "epoch_end", "train_loss")
     vals = series(records, "validation", "val_loss")
@@ -104,10 +100,7 @@ def loss_panel(ax: Axes, records: Records) -> None:
 
 
 def metrics_panel(ax: Axes, records: Records) -> None:
-    """(b) Validation accuracy and the user's metrics, per validation.
-
-    >>> metrics_panel(Figure().subplots(), records)
-    """
+    """(b) Validation accuracy and the user's metrics, per validation."""
     runs = of(records, "validation")
     accuracy = series(runs, "validation", "val_accuracy")
     if accuracy[0]:
@@ -130,10 +123,7 @@ def metrics_panel(ax: Axes, records: Records) -> None:
 
 
 def lr_panel(ax: Axes, records: Records) -> None:
-    """(c) The learning rate of the first parameter group, per step.
-
-    >>> lr_panel(Figure().subplots(), records)
-    """
+    """(c) The learning rate of the first parameter group, per step."""
     from matplotlib.ticker import FuncFormatter
 
     steps, lrs = _thin(*series(records, "train_step", "lr"))
@@ -148,10 +138,7 @@ def lr_panel(ax: Axes, records: Records) -> None:
 
 
 def loss_scale_panel(ax: Axes, records: Records) -> None:
-    """(d) The fp16 loss scale per step (log scale), overflow steps as red crosses.
-
-    >>> loss_scale_panel(Figure().subplots(), records)
-    """
+    """(d) The fp16 loss scale per step (log scale), overflow steps as red crosses."""
     steps = of(records, "train_step")
     xs, scales = series(steps, "train_step", "loss_scale")
     if xs:
@@ -190,10 +177,7 @@ def _overflowed(steps: Records) -> list[bool]:
 
 
 def step_time_panel(ax: Axes, records: Records) -> None:
-    """(e) Step time and data-wait time per step: raw points and a rolling median.
-
-    >>> step_time_panel(Figure().subplots(), records)
-    """
+    """(e) Step time and data-wait time per step: raw points and a rolling median."""
     drawn = False
     for field, label, colour in (
         ("step_time_s", "step time", "tab:blue"),
@@ -225,11 +209,8 @@ def step_time_panel(ax: Axes, records: Records) -> None:
 
 
 def device_panel(ax: Axes, records: Records) -> None:
-    """(f) Utilisation % (left axis) and memory GiB (right axis) against time since the
-    first monitor sample; plus the torch allocator from train_step when measured.
-
-    >>> device_panel(Figure().subplots(), records)
-    """
+    """(f) Utilisation % (left axis) and memory GiB (right, the torch allocator too) against
+    seconds since the first monitor sample."""
     memory_ax = ax.twinx()
     memory = _monitor_lines(ax, memory_ax, of(records, "gpu_sample"))
     times, allocated = _allocated(records)

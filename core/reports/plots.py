@@ -1,12 +1,7 @@
 """``training_metrics.png``: six panels of a run's records, drawn with matplotlib's Agg canvas
 directly (never pyplot nor the global backend: an application may have its own). Without
 matplotlib (the ``plots`` extra) no PNG is written and one ``plots_unavailable`` warning is
-logged per process.
-
-Example::
-
-    write_training_plot(read_events(run_dir / "events.jsonl"), run_dir / "training_metrics.png")
-"""
+logged per process."""
 
 from __future__ import annotations
 
@@ -15,12 +10,11 @@ from pathlib import Path
 
 import structlog
 
-from core.reports.read import Records, first, last, mapping, text
+from core.reports.read import Records, first, last, mapping, run_id, text
 
 __all__ = ("FIGURE_DPI", "FIGURE_INCHES", "warn_unavailable", "write_training_plot")
 
-FIGURE_INCHES = (14.0, 10.0)
-"""The figure's size (width, height) in inches; at :data:`FIGURE_DPI`, 1400 x 1000 pixels."""
+FIGURE_INCHES = (14.0, 10.0)  # at FIGURE_DPI, 1400 x 1000 pixels
 FIGURE_DPI = 100
 
 _log = structlog.get_logger("core")
@@ -30,14 +24,7 @@ _warn_lock = threading.Lock()
 
 def write_training_plot(records: Records, path: Path) -> Path | None:
     """Draw the run's training plot into ``path`` (PNG) and return ``path``; None, with one
-    ``plots_unavailable`` warning per process, when matplotlib is not installed.
-
-    Panels: loss, validation metrics, learning rate, loss scale with overflows, step and
-    data time, device utilisation and memory. A panel without data says so.
-
-    >>> write_training_plot(records, run_dir / "training_metrics.png").name
-    'training_metrics.png'
-    """
+    ``plots_unavailable`` warning per process, when matplotlib is not installed."""
     try:
         # The package itself first: a blocked or broken matplotlib must fail here, even
         # when some of its submodules were imported earlier.
@@ -77,20 +64,15 @@ def _title(records: Records) -> str:
     start = first(records, "run_start") or {}
     end = last(records, "run_end")
     experiment = text(mapping(start, "config", "run").get("experiment_name"))
-    run_id = text(start.get("run_id") or next((r.get("run_id") for r in records), None))
     status = text(end.get("status")) if end is not None else "unfinished"
     return (
-        f"{experiment}  |  run {run_id}  |  device {text(start.get('device'))}  |  "
+        f"{experiment}  |  run {run_id(records)}  |  device {text(start.get('device'))}  |  "
         f"precision {text(start.get('precision'))}  |  {status}"
     )
 
 
 def warn_unavailable(exc: ImportError) -> None:
-    """Log ``plots_unavailable`` (with the fix) for the first figure of this process that
-    could not be drawn because matplotlib is missing; later calls log nothing.
-
-    >>> warn_unavailable(ImportError("No module named 'matplotlib'"))
-    """
+    """Log ``plots_unavailable`` (with the fix), once per process."""
     with _warn_lock:
         if _warned_unavailable.is_set():
             return

@@ -1,11 +1,5 @@
 """Read a run's ``events.jsonl`` back into records, and pick series out of them. Every helper
-tolerates odd content: a field absent, null, not a number or not finite is skipped.
-
-Example::
-
-    records = read_events(run_dir / "events.jsonl")
-    steps, losses = series(records, "train_step", "loss")
-"""
+tolerates odd content: a field absent, null, not a number or not finite is skipped."""
 
 from __future__ import annotations
 
@@ -27,6 +21,7 @@ __all__ = (
     "numbers",
     "of",
     "read_events",
+    "run_id",
     "series",
     "text",
     "timestamp",
@@ -37,14 +32,8 @@ Records = Sequence[Record]
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a run log, one per line, in file order.
-
-    Lines that are not a JSON object are skipped: the truncated last line of a crashed run,
-    blank lines, stray text. Raises ``FileNotFoundError`` when ``path`` does not exist.
-
-    >>> read_events(Path("logs/demo/20261122-031500.123-a1b2c3/events.jsonl"))[0]["event"]
-    'run_start'
-    """
+    """The JSON objects of a run log, in file order; other lines (a crashed run's truncated
+    last line) are skipped. Raises ``FileNotFoundError`` when ``path`` does not exist."""
     records: list[dict[str, Any]] = []
     for line in Path(path).read_bytes().splitlines():
         if not line.strip():
@@ -59,38 +48,22 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 
 
 def of(records: Iterable[Record], *events: str) -> list[Record]:
-    """The records whose ``event`` is one of ``events``, in order.
-
-    >>> len(of(records, "train_step"))
-    96
-    """
+    """The records whose ``event`` is one of ``events``, in order."""
     return [r for r in records if r.get("event") in events]
 
 
 def first(records: Iterable[Record], event: str) -> Record | None:
-    """The first record named ``event``, or None.
-
-    >>> first(records, "run_start")["device"]
-    'cpu'
-    """
+    """The first record named ``event``, or None."""
     return next((r for r in records if r.get("event") == event), None)
 
 
 def last(records: Records, event: str) -> Record | None:
-    """The last record named ``event``, or None.
-
-    >>> last(records, "run_end")["status"]
-    'completed'
-    """
+    """The last record named ``event``, or None."""
     return next((r for r in reversed(records) if r.get("event") == event), None)
 
 
 def number(value: object) -> float | None:
-    """``value`` as a finite float; None for null, bools, text and NaN/inf.
-
-    >>> number(3), number(None), number(float("nan")), number(True)
-    (3.0, None, None, None)
-    """
+    """``value`` as a finite float; None for null, bools, text and NaN/inf."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     result = float(value)
@@ -98,11 +71,7 @@ def number(value: object) -> float | None:
 
 
 def numbers(records: Iterable[Record], event: str, field: str) -> list[float]:
-    """The finite values of ``field`` over the records named ``event``.
-
-    >>> max(numbers(records, "train_step", "step_time_s"))
-    0.048
-    """
+    """The finite values of ``field`` over the records named ``event``."""
     values = (number(r.get(field)) for r in records if r.get("event") == event)
     return [v for v in values if v is not None]
 
@@ -111,10 +80,7 @@ def series(
     records: Iterable[Record], event: str, field: str, x: str = "step"
 ) -> tuple[list[float], list[float]]:
     """``(xs, ys)``: ``field`` against ``x`` over the records named ``event``, keeping only
-    the records where both are finite numbers.
-
-    >>> steps, lrs = series(records, "train_step", "lr")
-    """
+    the records where both are finite numbers."""
     xs: list[float] = []
     ys: list[float] = []
     for r in records:
@@ -128,11 +94,7 @@ def series(
 
 
 def mapping(value: object, *keys: str) -> Mapping[str, Any]:
-    """The nested mapping ``value[keys[0]][keys[1]]...``; empty where a level is absent.
-
-    >>> mapping(run_start, "resolved", "strategy").get("world_size")
-    1
-    """
+    """The nested mapping ``value[keys[0]][keys[1]]...``; empty where a level is absent."""
     current: object = value
     for key in keys:
         current = current.get(key) if isinstance(current, Mapping) else None
@@ -140,22 +102,20 @@ def mapping(value: object, *keys: str) -> Mapping[str, Any]:
 
 
 def text(value: object, default: str = "?") -> str:
-    """``value`` as display text: ``default`` for null or empty.
-
-    >>> text(None), text("cpu"), text("", "none")
-    ('?', 'cpu', 'none')
-    """
+    """``value`` as display text: ``default`` for null or empty."""
     if value is None or value == "":
         return default
     return str(value)
 
 
-def timestamp(record: Record) -> float | None:
-    """The record's ``ts`` as POSIX seconds; None when absent or malformed.
+def run_id(records: Records) -> str:
+    """The run's id from ``run_start`` (or any record)."""
+    start = first(records, "run_start") or {}
+    return text(start.get("run_id") or next((r.get("run_id") for r in records), None))
 
-    >>> timestamp({"ts": "2026-11-22T12:00:00.500000Z"}) % 60
-    0.5
-    """
+
+def timestamp(record: Record) -> float | None:
+    """The record's ``ts`` as POSIX seconds; None when absent or malformed."""
     ts = record.get("ts")
     if not isinstance(ts, str):
         return None

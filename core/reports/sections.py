@@ -1,6 +1,5 @@
 """The performance summary's later sections: AMP, Compile, Memory peaks, Validation, Errors
-and warnings, Profile. Each takes the run's records and returns the section's lines.
-"""
+and warnings, Profile. Each takes the run's records and returns the section's lines."""
 
 from __future__ import annotations
 
@@ -26,21 +25,13 @@ _MAX_ROWS = 20
 
 
 def kv(key: str, value: str) -> str:
-    """One aligned ``key  value`` line of a section.
-
-    >>> kv("device", "cpu")
-    '  device                  cpu'
-    """
+    """One aligned ``key  value`` line of a section."""
     return f"  {key:<{_KEY_WIDTH}}{value}".rstrip()
 
 
 def clip(lines: list[str], limit: int = _MAX_ROWS) -> list[str]:
     """``lines``, or their first and last halves of ``limit`` around a "... N more" line
-    (a run of 500 epochs keeps a readable report).
-
-    >>> len(clip([str(i) for i in range(100)]))
-    21
-    """
+    (a run of 500 epochs keeps a readable report)."""
     if len(lines) <= limit:
         return lines
     half = limit // 2
@@ -56,11 +47,7 @@ def _scale(value: float) -> str:
 
 
 def amp_section(records: Records) -> list[str]:
-    """Precision, the fp16 loss scale, overflows, skipped steps and precision fallbacks.
-
-    >>> amp_section(records)[0]
-    '  precision               fp16'
-    """
+    """Precision, the fp16 loss scale, overflows, skipped steps and precision fallbacks."""
     start = first(records, "run_start") or {}
     steps = of(records, "train_step")
     scales = numbers(records, "train_step", "loss_scale")
@@ -96,11 +83,7 @@ def amp_section(records: Records) -> list[str]:
 
 
 def compile_section(records: Records) -> list[str]:
-    """Each compiled target (mode, seconds, graph breaks) and compile failures.
-
-    >>> compile_section([])
-    ['  torch.compile           not compiled']
-    """
+    """Each compiled target (mode, seconds, graph breaks) and compile failures."""
     lines = [
         kv(
             text(c.get("target")),
@@ -119,11 +102,7 @@ def compile_section(records: Records) -> list[str]:
 
 
 def memory_section(records: Records) -> list[str]:
-    """Peak memory from train_step and gpu_sample records, as GiB.
-
-    >>> memory_section(cpu_run_records)[0]
-    '  torch allocator peak    not measured on CPU'
-    """
+    """Peak memory from train_step and gpu_sample records, as GiB."""
     start = first(records, "run_start") or {}
     on_cpu = text(start.get("device"), "").startswith("cpu")
     absent = "not measured on CPU" if on_cpu else "not measured"
@@ -151,11 +130,7 @@ def memory_section(records: Records) -> list[str]:
 
 
 def validation_section(records: Records) -> list[str]:
-    """The best validation loss and its epoch, the last metrics, the monitored best.
-
-    >>> validation_section([])
-    ['  validation              none (no validation records)']
-    """
+    """The best validation loss and its epoch, the last metrics, the monitored best."""
     runs = of(records, "validation")
     if not runs:
         return [kv("validation", "none (no validation records)")]
@@ -191,11 +166,7 @@ def validation_section(records: Records) -> list[str]:
 
 
 def errors_section(records: Records) -> list[str]:
-    """Counts of warning and error records, by event (and kind for ``error`` records).
-
-    >>> errors_section([])
-    ['  none                    no warning or error records']
-    """
+    """Counts of warning and error records, by event (and kind for ``error`` records)."""
     counts: Counter[str] = Counter()
     for r in records:
         if r.get("level") in ("warning", "error") and r.get("event") != "run_end":
@@ -213,11 +184,7 @@ def _failure(end: Record) -> str:
 
 
 def profile_section(records: Records) -> list[str]:
-    """The profiler's trace path and its operator table, when the run was profiled.
-
-    >>> profile_section([])
-    ['  profile                 not profiled']
-    """
+    """The profiler's trace path and its operator table, when the run was profiled."""
     profile = last(records, "profile")
     if profile is None:
         return [kv("profile", "not profiled")]

@@ -1,18 +1,11 @@
 """The performance summary: a plain-text report of a run, built from its records alone. Run,
 Throughput, Step time, Input pipeline and Bottleneck verdicts are here, the other sections in
-``sections`` and ``expert_summary``; a section without data says so.
-
-Example::
-
-    text = format_performance_summary(read_events(run_dir / "events.jsonl"))
-    write_performance_summary(records, run_dir / "performance_summary.txt")
-"""
+``sections`` and ``expert_summary``; a section without data says so."""
 
 from __future__ import annotations
 
 import textwrap
 from collections.abc import Callable
-from pathlib import Path
 
 from core.reports import fmt
 from core.reports.expert_summary import experts_section, had_experts
@@ -25,6 +18,7 @@ from core.reports.read import (
     number,
     numbers,
     of,
+    run_id,
     text,
     timestamp,
 )
@@ -39,21 +33,17 @@ from core.reports.sections import (
     validation_section,
 )
 
-__all__ = ("format_performance_summary", "write_performance_summary")
+__all__ = ("format_performance_summary",)
 
 Section = Callable[[Records], list[str]]
 
 
 def format_performance_summary(records: Records) -> str:
-    """The summary of a run's records as text (ends with a newline).
-
-    >>> format_performance_summary(read_events(run_dir / "events.jsonl")).splitlines()[0]
-    'Performance summary: demo / 20261122-031500.123-a1b2c3'
-    """
+    """The summary of a run's records as text (ends with a newline)."""
     start = first(records, "run_start") or {}
     experiment = text(mapping(start, "config", "run").get("experiment_name"))
-    run_id = text(start.get("run_id") or next((r.get("run_id") for r in records), None))
-    out = [f"Performance summary: {experiment} / {run_id}", "(built from the run's events.jsonl)"]
+    title = f"Performance summary: {experiment} / {run_id(records)}"
+    out = [title, "(built from the run's events.jsonl)"]
     sections: tuple[tuple[str, Section], ...] = (
         ("Run", _run),
         ("Throughput", _throughput),
@@ -83,17 +73,6 @@ def _guarded(section: Section, records: Records) -> list[str]:
         return [
             kv("not available", f"the records broke this section ({type(exc).__name__}: {exc})")
         ]
-
-
-def write_performance_summary(records: Records, path: Path) -> Path:
-    """Write :func:`format_performance_summary` to ``path`` (UTF-8) and return ``path``.
-
-    >>> write_performance_summary(records, run_dir / "performance_summary.txt").name
-    'performance_summary.txt'
-    """
-    path = Path(path)
-    path.write_text(format_performance_summary(records), encoding="utf-8")
-    return path
 
 
 def _run(records: Records) -> list[str]:

@@ -29,11 +29,7 @@ def _is_warning(event: str, fields: dict[str, Any]) -> bool:
 
 
 def emit_to(logger: Any | None) -> Emit:
-    """An ``emit(event, **fields)`` writing to ``logger`` (see the module docstring).
-
-    >>> emit = emit_to(logging.getLogger("demo"))
-    >>> emit("train_step", step=1, loss=0.5)
-    """
+    """An ``emit(event, **fields)`` writing to ``logger`` (see the module docstring)."""
 
     def emit(event: str, **fields: Any) -> None:
         warning = _is_warning(event, fields)

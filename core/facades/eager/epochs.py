@@ -18,16 +18,8 @@ __all__ = ("EagerEpochs",)
 
 
 class EagerEpochs:
-    """Train and validate whole epochs through one :class:`EagerSteps`.
-
-    ``clear_cache`` empties the CUDA cache after each epoch and validation; with
-    ``log_amp_stats`` each epoch's result holds ``amp`` (the precision's statistics).
-
-    Example::
-
-        epochs = EagerEpochs(steps, clear_cache=False, log_amp_stats=True)
-        epochs.train_epoch(train_loader)["loss"], epochs.validate_epoch(val_loader)["loss"]
-    """
+    """Train and validate whole epochs through one :class:`EagerSteps`; ``clear_cache``
+    empties the CUDA cache after each, ``log_amp_stats`` adds ``amp`` to each epoch's result."""
 
     def __init__(self, steps: EagerSteps, *, clear_cache: bool, log_amp_stats: bool) -> None:
         self.steps = steps

@@ -1,14 +1,8 @@
 """Seed 000's four calls: ``forward_pass``, ``compute_loss``, ``backward_pass``,
 ``optimizer_step``, made of the step loop's own pieces.
 
-The first call of a step opens it (``PrecisionPolicy.begin_step``: the AMP switch is
-applied and the step counted); the forward and the loss run under that precision's
-autocast, the backward is the precision's (scaled for fp16). ``optimizer_step`` is the step
-loop's own post-backward sequence (``core.loop.step.build_update``: unscale with the
-overflow flag, global gradient norm clipped to the ``max_grad_norm`` of its section, the
-optimizer step or its skip, the scale update, gradients cleared); its
-:class:`~core.loop.recorder.StepRecorder` then settles the step at once (one device sync
-per step, by design: the facade returns the step's values).
+The first call of a step opens it (``PrecisionPolicy.begin_step``); ``optimizer_step`` is the
+step loop's post-backward sequence (``core.loop.step.build_update``), settled at once.
 """
 
 from __future__ import annotations
@@ -34,17 +28,7 @@ __all__ = ("ManualSteps",)
 
 
 class ManualSteps:
-    """Seed 000's ``forward_pass``/``compute_loss``/``backward_pass``/``optimizer_step``.
-
-    Example::
-
-        calls = ManualSteps(PrecisionPolicy(MixedPrecisionConfig(dtype="bf16"), cpu),
-                            emit=emit_to(None), optim=OptimConfig(max_grad_norm=1.0))
-        predictions = calls.forward_pass(model, inputs)
-        loss = calls.compute_loss(nn.CrossEntropyLoss(), predictions, targets)
-        calls.backward_pass(loss, optimizer)
-        calls.optimizer_step(optimizer)["skipped"]
-    """
+    """Seed 000's ``forward_pass``/``compute_loss``/``backward_pass``/``optimizer_step``."""
 
     def __init__(
         self,
@@ -74,7 +58,6 @@ class ManualSteps:
         self._update: GradientUpdate | None = None
 
     def _precision(self) -> Precision:
-        """The open step's precision (the first call of a step opens it)."""
         if self._open is None:
             self._open = self.policy.begin_step()
             self._started = perf_counter()
@@ -95,8 +78,7 @@ class ManualSteps:
         return self.errors.check_loss(loss, epoch=0, batch_index=self.steps_done)
 
     def backward_pass(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
-        """The precision's backward of ``loss`` (scaled for fp16). ``optimizer`` is the one
-        :meth:`optimizer_step` will step (the seed's signature; nothing is done to it here)."""
+        """The precision's backward of ``loss`` (``optimizer``: the seed's signature, unused)."""
         self._precision().backward(loss)
         self._losses.append(loss.detach().float())
 
@@ -134,7 +116,6 @@ class ManualSteps:
         }
 
     def _update_of(self, optimizer: torch.optim.Optimizer) -> GradientUpdate:
-        """The post-backward sequence for ``optimizer`` (built again if it is another)."""
         if self._update is None or self._update.optimizer is not optimizer:
             self._update = build_update(
                 optimizer,

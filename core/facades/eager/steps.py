@@ -1,10 +1,7 @@
 """Seed 002's ``train_step``/``validate_step``: one optimizer step per call, on the run's parts.
 
-:class:`EagerSteps` owns the step kernel a run of one batch per step builds
-(``core.loop.step``: the precision policy, an ``Accumulation()``, the base
-``Strategy``, an ``Objective``, the ``ErrorHandler``, a ``StepRecorder``) and hands it a
-one-batch window per call. The run settles step N during step N+1; this facade settles each
-step before it returns, so its metrics are this step's: one device sync per call, by design.
+:class:`EagerSteps` hands the run's step kernel (``core.loop.step``) a one-batch window per
+call and settles the step before it returns: one device sync per call, by design.
 """
 
 from __future__ import annotations
@@ -74,16 +71,7 @@ class CountingObjective(Objective):
 class EagerSteps:
     """One optimizer step per :meth:`train_step` call, read back before it returns.
 
-    With ``track_memory`` the first call first measures AMP's peak-memory saving on its
-    batch (``core.memory.amp_savings``) and hands it to ``policy.note_memory_savings``.
-
-    Example::
-
-        steps = EagerSteps(model=model, optimizer=optimizer,
-                           policy=PrecisionPolicy(MixedPrecisionConfig(dtype="bf16"), cpu),
-                           optim=OptimConfig(max_grad_norm=1.0), emit=emit_to(None))
-        metrics = steps.train_step((inputs, targets), nn.CrossEntropyLoss())
-        metrics["loss"], metrics["accuracy"], metrics["overflow"]
+    With ``track_memory`` the first call measures AMP's memory saving on its batch.
     """
 
     def __init__(
@@ -121,14 +109,11 @@ class EagerSteps:
         self.recorder = self.step.recorder
         self.steps_done = 0
         self.track_memory = track_memory
-        """Measure AMP's memory saving on the next batch (once; ``core.memory.amp_savings``)."""
-        self.correct = 0.0
-        """Correct predictions since :meth:`begin_epoch` (with ``counted``: the accuracy)."""
+        self.correct = 0.0  # correct predictions since begin_epoch (with counted: the accuracy)
         self.counted = 0.0
 
     @property
     def stats(self) -> EpochStats:
-        """The running epoch's statistics (steps, samples, loss sum, skipped steps)."""
         return self.recorder.stats
 
     def begin_epoch(self, epoch: int) -> None:
@@ -144,12 +129,10 @@ class EagerSteps:
             self.objective.use(loss_fn)
 
     def train_step(self, batch: Any, loss_fn: LossFn | None = None) -> dict[str, Any]:
-        """One optimizer step on ``batch``; ``loss_fn`` replaces the loss from now on.
-
-        Returns ``loss``, ``accuracy`` (None unless targets are class indices),
-        ``step_time`` (seconds, readback included), ``loss_scale`` (None without a scaler),
-        ``overflow``, ``skipped``, ``lr`` (the step's), ``grad_norm``, ``precision``,
-        ``samples``."""
+        """One optimizer step on ``batch``; ``loss_fn`` replaces the loss from now on. Returns
+        ``loss``, ``accuracy`` (None unless targets are class indices), ``step_time`` (s,
+        readback included), ``loss_scale`` (None without a scaler), ``overflow``,
+        ``skipped``, ``lr``, ``grad_norm``, ``precision``, ``samples``."""
         self.model.train()
         self._use(loss_fn)
         epoch = self.stats.epoch

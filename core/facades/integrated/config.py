@@ -1,7 +1,5 @@
 """Seed 000's ``GPUConfig`` and how its fields map onto the config tree.
-
-Each field has one place in :class:`~core.config.TrainingConfig` (or in the loaders core
-builds); :func:`training_config` writes them there:
+:func:`training_config` writes them there:
 
 ==================================  =====================================================
 ``GPUConfig`` field                 where it goes
@@ -18,12 +16,6 @@ builds); :func:`training_config` writes them there:
 ``prefetch_factor``,                used by the loaders core builds
 ``persistent_workers``              (``IntegratedGPUTrainingSystem.create_dataloader``)
 ==================================  =====================================================
-
-Example::
-
-    gpu_config = GPUConfig(device_ids=[0], memory_fraction=0.9, enable_gradient_checkpointing=True)
-    tree = training_config(gpu_config, None, TrainingConfig(), checkpoint_blocks=True)
-    tree.hardware.memory_fraction   # 0.9
 """
 
 from __future__ import annotations
@@ -44,17 +36,11 @@ __all__ = ("GPUConfig", "training_config")
 
 @dataclass(frozen=True, kw_only=True)
 class GPUConfig:
-    """Seed 000's device settings (frozen: derive a changed copy with
-    ``dataclasses.replace(gpu_config, enable_gradient_checkpointing=True)``).
+    """Seed 000's device settings; the module docstring maps each field onto the tree.
 
-    ``device_ids``: the CUDA devices to use (None: every visible one; the first is the
-    training device without DataParallel). ``memory_fraction``: cap this process's share of
-    device memory (None: no cap). ``enable_mixed_precision``: autocast (bf16/fp16 as the
-    precision config says). ``enable_gradient_checkpointing``: recompute the activations of
-    the model's repeated blocks in backward. ``enable_data_parallel``: DataParallel over the
-    GPUs when several are visible without torchrun. ``enable_distributed``: DDP under
-    torchrun. The loader fields are :class:`~core.data.LoaderConfig`'s (``num_workers=-1``:
-    chosen from the CPU cores). The module docstring maps each field onto the config tree.
+    ``device_ids``: the CUDA devices (None: every visible one; the first trains without
+    DataParallel). ``enable_data_parallel``: DataParallel over several GPUs without torchrun.
+    ``num_workers=-1``: chosen from the CPU cores.
 
     Example::
 
@@ -80,11 +66,11 @@ class GPUConfig:
         MultiGPUConfig(device_ids=self.device_ids)
 
     def manager_config(self) -> GPUManagerConfig:
-        """The device settings section (``hardware``): the memory cap, TF32 on."""
+        """The ``hardware`` section: the memory cap, TF32 on."""
         return GPUManagerConfig(memory_fraction=self.memory_fraction)
 
     def loader_config(self, base: LoaderConfig | None = None) -> LoaderConfig:
-        """The loader section (``data.loader``) with this config's four loader fields."""
+        """``data.loader`` with this config's four loader fields."""
         return dataclasses.replace(
             base or LoaderConfig(),
             num_workers=self.num_workers,
@@ -102,14 +88,7 @@ def training_config(
     checkpoint_blocks: bool,
 ) -> TrainingConfig:
     """``base`` with ``gpu_config``'s fields and ``mixed_precision_config`` (the whole
-    precision section, when given) written where the module docstring says.
-    ``checkpoint_blocks``: whether the model has repeated blocks to checkpoint.
-
-    Example::
-
-        training_config(GPUConfig(memory_fraction=0.5), None, TrainingConfig(),
-                        checkpoint_blocks=False).hardware.memory_fraction   # 0.5
-    """
+    precision section) written; ``checkpoint_blocks``: the model has repeated blocks."""
     precision = mixed_precision_config or base.precision
     amp = precision.enable_amp and gpu_config.enable_mixed_precision
     tree = dataclasses.replace(

@@ -1,13 +1,6 @@
 """Seed 000's ``GPUManager``: the device settings of :class:`core.hardware.settings.DeviceManager`
 from a :class:`GPUConfig`, a host report where there is no GPU, and the model placed and
-made lighter for its device (``optimize_model_for_gpu``).
-
-Example::
-
-    gpu_manager = GPUManager(GPUConfig(device_ids=[0], memory_fraction=0.9))
-    gpu_manager.get_gpu_info()["device_name"]          # the GPU's name, or the CPU's
-    model = gpu_manager.optimize_model_for_gpu(model)  # on the device, settings applied
-"""
+made lighter for its device (``optimize_model_for_gpu``)."""
 
 from __future__ import annotations
 
@@ -31,11 +24,7 @@ _CPUINFO = "/proc/cpuinfo"
 
 
 def default_device(gpu_config: GPUConfig) -> torch.device:
-    """The first of ``device_ids`` with CUDA, the current CUDA device without, else the CPU.
-
-    >>> default_device(GPUConfig(device_ids=[0])).type in ("cuda", "cpu")
-    True
-    """
+    """The first of ``device_ids`` with CUDA, the current CUDA device without, else the CPU."""
     if not torch.cuda.is_available():
         return torch.device("cpu")
     ids = gpu_config.device_ids
@@ -62,9 +51,8 @@ def _host_memory() -> tuple[int, int]:
 
 
 class GPUManager(DeviceManager):
-    """Device settings and reports for one device, from a seed :class:`GPUConfig` (or a
-    :class:`~core.hardware.settings.GPUManagerConfig`); ``device`` defaults to
-    :func:`default_device`. Without CUDA the reports describe the host (see each method).
+    """Device settings and reports for one device; without CUDA the reports describe the
+    host.
 
     Example::
 
@@ -92,9 +80,7 @@ class GPUManager(DeviceManager):
 
     @override
     def get_gpu_info(self) -> dict[str, Any]:
-        """The seed keys. With CUDA: the GPU's ``device_name`` and ``total_memory`` (bytes).
-        Without: the CPU's model name, this machine's RAM as ``total_memory``, and
-        ``"host": True``."""
+        """The seed keys; without CUDA the CPU's name, the RAM and ``"host": True``."""
         info = super().get_gpu_info() | {"host": not self.cuda}
         if not self.cuda:
             total, _rss = _host_memory()
@@ -103,26 +89,17 @@ class GPUManager(DeviceManager):
 
     @override
     def get_memory_usage(self) -> dict[str, float]:
-        """GiB from torch's allocator counters on CUDA (no device sync). Without CUDA torch
-        keeps no counters: ``allocated_gb`` and ``max_allocated_gb`` are this process's
-        resident memory and ``reserved_gb`` is 0."""
+        """GiB from torch's allocator counters (no device sync); without CUDA, this
+        process's resident memory, ``reserved_gb`` 0."""
         if self.cuda:
             return super().get_memory_usage()
         _total, rss = _host_memory()
         return {"allocated_gb": rss / _GIB, "reserved_gb": 0.0, "max_allocated_gb": rss / _GIB}
 
     def optimize_model_for_gpu(self, model: nn.Module) -> nn.Module:
-        """Apply the device settings (memory fraction, TF32, cuDNN: :meth:`apply`), move
-        ``model`` to the device, checkpoint its repeated blocks when
-        ``enable_gradient_checkpointing`` (a model without any is left as it is) and store a
-        convolutional model channels_last on CUDA. Changes ``model`` in place and returns
-        it; what was done is kept in ``last_optimization``.
-
-        Example::
-
-            manager = GPUManager(GPUConfig(enable_gradient_checkpointing=True))
-            model = manager.optimize_model_for_gpu(model)
-        """
+        """:meth:`apply` the device settings, then move ``model`` there, checkpoint its
+        repeated blocks (``enable_gradient_checkpointing``) and make a CNN channels_last on
+        CUDA, in place; what was done is kept in ``last_optimization``."""
         settings = self.apply()
         model.to(self.device)
         checkpointed: list[str] = []

@@ -1,13 +1,5 @@
 """Seed 000's ``GPUPerformanceMonitor`` (and seed 004's ``trainer.gpu_monitor``): the flat
-metrics of :class:`core.monitoring.flat_metrics.FlatMetricsMonitor` under the seed's name.
-
-Example::
-
-    monitor = GPUPerformanceMonitor()
-    monitor.start_monitoring(interval=2.0)
-    metrics = monitor.get_latest_metrics()   # None before the first sample
-    monitor.stop_monitoring()
-"""
+metrics of :class:`core.monitoring.flat_metrics.FlatMetricsMonitor` under the seed's name."""
 
 from __future__ import annotations
 
@@ -17,14 +9,8 @@ __all__ = ("GPUPerformanceMonitor",)
 
 
 class GPUPerformanceMonitor(FlatMetricsMonitor):
-    """Seed 000's monitor: a :class:`~core.monitoring.gpu_monitor.GPUMonitor` (its own, or
-    ``monitor``, e.g. a run's) read under the seeds' flat metric names
-    (:func:`~core.monitoring.flat_metrics.flat_metrics`); ``get_gpu_summary()`` adds seed
-    004's totals (:func:`~core.monitoring.flat_metrics.totals_summary`). Samples are taken
-    every ``interval`` seconds in a daemon thread after :meth:`start_monitoring`, or one at a
-    time by :meth:`record_gpu_metrics`; the monitor keeps the last ``config.history_size``.
-
-    ``device_indices``: torch CUDA indices (None: every visible device).
+    """Seed 000's monitor: a :class:`~core.monitoring.gpu_monitor.GPUMonitor` read under the
+    seeds' flat metric names, sampled in a daemon thread after :meth:`start_monitoring`.
 
     Example::
 

@@ -1,11 +1,5 @@
 """Seed 000's ``setup_training``: the model made ready for its device and the largest batch
-size whose training step fits there, in the precision the run will use.
-
-Example::
-
-    report = setup_training(GPUManager(gpu_config), model, (32, 784), config)
-    report["optimal_batch_size"], report["precision"], report["model_optimization"]
-"""
+size whose training step fits there, in the precision the run will use."""
 
 from __future__ import annotations
 
@@ -23,26 +17,11 @@ __all__ = ("setup_training",)
 
 
 def setup_training(
-    manager: GPUManager,
-    model: nn.Module,
-    input_shape: Sequence[int],
-    config: TrainingConfig,
+    manager: GPUManager, model: nn.Module, input_shape: Sequence[int], config: TrainingConfig
 ) -> dict[str, Any]:
-    """Optimize ``model`` for ``manager``'s device (:meth:`GPUManager.optimize_model_for_gpu`,
-    in place) and search its batch size (:func:`~core.memory.find_batch_size`, starting at
-    ``input_shape[0]``, under ``config.memory``: ``target_memory_gb``, ``max_batch_size``,
-    ``margin``): each trial a training step on random inputs of ``input_shape`` (loss: the
-    mean of the outputs; optimizer: AdamW) in the precision ``config.precision`` resolves to.
-
-    Returns ``optimal_batch_size``, ``device``, ``precision`` (``"fp32"``, ``"bf16"`` or
-    ``"fp16"``), ``gpu_info``, ``memory_usage`` (GiB, after the search),
-    ``model_optimization`` (what was applied to the model) and ``batch_size_search`` (its
-    trials). Weights and RNG are as before the search.
-
-    Example::
-
-        setup_training(manager, model, (32, 784), TrainingConfig())["optimal_batch_size"]
-    """
+    """Optimize ``model`` for ``manager``'s device (in place) and search its batch size
+    (:func:`~core.memory.find_batch_size` from ``input_shape[0]``, under ``config.memory``)
+    in the precision the run will use. Weights and RNG are as before the search."""
     model = manager.optimize_model_for_gpu(model)
     precision = resolve_precision(config.precision, manager.device)
     memory = config.memory

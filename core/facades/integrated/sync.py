@@ -1,11 +1,5 @@
 """Telling whether the calling thread is inside a running event loop, for the synchronous
-facades that run one of their own (``anyio.run`` cannot nest in a running loop).
-
-Example::
-
-    if running_event_loop() is not None:
-        raise RuntimeError("use `await run.train()` here")
-"""
+facades that run one of their own (``anyio.run`` cannot nest in a running loop)."""
 
 from __future__ import annotations
 
@@ -16,12 +10,7 @@ __all__ = ("running_event_loop",)
 
 
 def running_event_loop() -> str | None:
-    """``"asyncio"`` or ``"trio"`` when that library runs an event loop in this thread,
-    else None.
-
-    >>> running_event_loop() is None
-    True
-    """
+    """``"asyncio"`` or ``"trio"`` when that library runs an event loop in this thread."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
