@@ -44,21 +44,18 @@ __all__ = (
 FINAL_WEIGHTS = "final_weights"
 _SCRATCH = "core-final-"
 HEARTBEAT_S = 1.0
-NICENESS = 10
-"""The training process's CPU priority below the service's: where they compete for cores,
-the service's event loop is scheduled first (alone, training runs at full speed)."""
+NICENESS = 10  # below the service's: its event loop is scheduled first where cores are short
 
 
 class Relay(Callback):
-    """Forwards every record, and the run's directory once it exists (:meth:`follow`), to
-    the parent."""
+    """Forwards every record, and the run's directory once it exists, to the parent."""
 
     def __init__(self, sender: Sender) -> None:
         self._sender = sender
 
     def follow(self, job: Any) -> None:
-        """Tell the parent ``job``'s run directory as the run opens it, before its records:
-        a process that dies at its first steps has then said whose checkpoints are whose."""
+        """Tell the parent ``job``'s run directory as the run opens it, before its records (a
+        process dying at its first steps has said whose checkpoints are whose)."""
         job.when_opened(lambda run_dir: self._sender.put(("opened", str(run_dir))))
 
     async def on_record(self, run: RunInfo, record: Record) -> None:
@@ -66,8 +63,8 @@ class Relay(Callback):
 
 
 def training_config(config: TrainingConfig) -> TrainingConfig:
-    """The parent's config as the training process runs it: in its own step thread, stopped
-    gracefully by signals, no progress bar (the parent's callbacks draw one)."""
+    """The parent's config as the training process runs it: in its own step thread, stopped by
+    signals, without a progress bar (the parent's draws one)."""
     run = replace(config.run, isolation="thread", handle_signals=True)
     return replace(config, run=run, logging=replace(config.logging, progress=False))
 
@@ -91,9 +88,8 @@ def crossed(packed: Packed, mode: str) -> dict[str, Any]:
 
 
 def hand_back(packed: Packed, job: Any, results: TrainingResults) -> str | None:
-    """The trained weights on their way back to the service: into the shared memory they
-    crossed in (None), or, where they do not fit the given model, as a verified checkpoint
-    (its path). Under FSDP2 every rank calls it (the full state is a collective)."""
+    """The trained weights back into the shared memory they crossed in (None), or, where they
+    do not fit the given model, a verified checkpoint's path. Under FSDP2 every rank calls it."""
     state = job.distribution.strategy.model_state_dict(job.model)
     if job.distribution.strategy.rank != 0 or HandBack(packed).write(state):
         return None
@@ -104,8 +100,7 @@ def hand_back(packed: Packed, job: Any, results: TrainingResults) -> str | None:
 
 
 def discard_handed_back(final: str) -> None:
-    """In the service, once loaded: remove the temporary folder a smoke run's weights
-    crossed through (:func:`hand_back`); weights in a kept run directory stay."""
+    """In the service, once loaded: remove the temporary folder of a smoke run's weights."""
     scratch = Path(final).parent.parent
     if scratch.name.startswith(_SCRATCH) and scratch.parent == Path(tempfile.gettempdir()):
         shutil.rmtree(scratch, ignore_errors=True)
@@ -117,8 +112,8 @@ def _listen(
     task: asyncio.Task[Any],
     request_stop: Callable[[str], object],
 ) -> None:
-    """Cancel ``task`` on ``"cancel"`` or when the parent is gone (end-of-file); pass a
-    ``("stop", reason)`` to ``request_stop`` on the event loop."""
+    """Cancel ``task`` on ``"cancel"`` or the parent's end-of-file; pass a
+    ``("stop", reason)`` to ``request_stop``."""
 
     def wait() -> None:
         try:
@@ -186,10 +181,9 @@ def main(
     out: Connection,
     threads: int,
 ) -> None:
-    """The training process's entry point. ``job_class`` is the job's own class
-    (:class:`~core.trainer.job.orchestrator.TrainingJob` or a subclass: the job trains here as
-    what it is), passed by reference so this module does not import the job that imports it;
-    ``threads`` is its share of the service's ``torch.get_num_threads()``."""
+    """The training process's entry point. ``job_class`` (the job's own class) is passed so
+    this module does not import the job that imports it; ``threads`` is its share of the
+    service's."""
     os.setpgrp()
     os.nice(NICENESS)
     torch.set_num_threads(threads)
