@@ -1,11 +1,4 @@
-"""How a run stops: the stop checkpoint, an abandoned step thread, a hurried or forced stop.
-
-Whatever ends a run (cancellation of any kind, a signal, a peer's stop, a failing step),
-the orchestrator asks :meth:`Stopping.checkpoint` for a checkpoint at the step boundary
-where the step thread stopped, and gets back the last good checkpoint either way. A failing
-save is recorded, never raised (it must not hide why the run stopped), and a thread that
-never reached its boundary (``core.trainer.running.step_thread``) is never saved from.
-"""
+"""How a run stops: the stop checkpoint, an abandoned step thread, a hurried or forced stop."""
 
 from __future__ import annotations
 
@@ -52,12 +45,10 @@ class Stopping:
     async def checkpoint(
         self, worker: StepThread, reason: str, *, always: bool = False
     ) -> str | None:
-        """A checkpoint where the run stopped; returns the last good checkpoint (this one,
-        or an older one when none could be written).
-
-        Stops honour ``save_on_cancel``; a failure in a step (``always``) checkpoints the
-        last completed step regardless."""
-        if worker.abandoned:
+        """A checkpoint at the step boundary where the run stopped (``save_on_cancel``, or
+        ``always`` after a failed step); returns the last good checkpoint either way. A save
+        that fails is recorded, never raised: it must not hide why the run stopped."""
+        if worker.abandoned:  # it never reached its boundary: nothing to save from
             self._report_abandoned(worker)
             return self.checkpointer.last_path
         if worker.parked:
@@ -107,8 +98,7 @@ class Stopping:
         )
 
     def hurry(self, worker: StepThread, signum: int) -> None:
-        """A second stop signal: a thread waiting for data is parked at once, a running step
-        gets at most ``HURRY_S`` more; the checkpoint is still written at the boundary."""
+        """A second stop signal: the stop waits for the loader no longer, for a step ``HURRY_S``."""
         worker.hurry()
         self._emit(
             "signal_received",
