@@ -1,8 +1,5 @@
 """``evaluate()`` and ``predict()`` of a built job: its model, device, precision and ranks.
-
-Both run off the event loop (in a worker thread) on the parts a run trains, between runs.
-Under DDP/FSDP2 every rank must call them (the loader is sharded as the validation loader
-is, and the evaluation's sums are all-reduced): each rank predicts its own shard.
+Under DDP/FSDP2 every rank calls them, each on its own shard of the loader.
 """
 
 from __future__ import annotations
@@ -22,12 +19,8 @@ __all__ = ("evaluate_with", "predict_with")
 
 
 def evaluate_with(parts: Parts, loader: Iterable[Any] | None) -> dict[str, float | None]:
-    """Loss, accuracy, ``metrics=`` values and the sample count over ``loader`` (default:
-    the run's ``val_loader``), averaged over every rank's samples.
-
-    ``samples`` is the number of samples evaluated, summed over every rank (a float, as the
-    other values): the dataset's length for a full pass over a sized dataset, since samples
-    that only pad a rank's shard are run but not counted."""
+    """Loss, accuracy, ``metrics=`` values and ``samples`` (a float, over every rank, padding
+    uncounted) over ``loader`` (default: the run's ``val_loader``)."""
     if loader is None:
         loader = parts.val_loader
         if loader is None:
