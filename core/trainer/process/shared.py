@@ -8,6 +8,7 @@ optimizer's parameters). :func:`portable` gives numpy arrays instead, for Ray's 
 from __future__ import annotations
 
 import ctypes
+import functools
 import io
 import mmap
 import os
@@ -15,7 +16,7 @@ import pickle
 import sys
 import types
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -148,7 +149,16 @@ class Packed:
     def unpack(self, *, private: bool = False) -> Any:
         """The objects, their tensors views of the block (of a copy of it with ``private``)."""
         block = self.block.private_copy() if private else self.block
-        return _Unpickler(io.BytesIO(self.structure), block, self.ranges).load()
+
+        @functools.cache  # one storage per range: views of one storage stay views of one
+        def storage(index: int) -> torch.UntypedStorage:
+            where = self.ranges[index]
+            bytes_ = block.bytes_view(where.offset, where.nbytes)
+            if where.device.type != "cpu":  # crossed through host memory: back on its device
+                bytes_ = bytes_.to(where.device)
+            return bytes_.untyped_storage()
+
+        return _Unpickler(io.BytesIO(self.structure), storage).load()
 
 
 def main_is_importable() -> bool:
@@ -245,25 +255,16 @@ def _slot(where: _Range, tensor: torch.Tensor) -> Slot:
 
 
 class _Unpickler(pickle.Unpickler):
-    """Resolves each storage reference to its range of the block (one storage per range, so
-    views of one storage stay views of one), on the device it came from."""
+    """Resolves each storage reference, its index, to ``storage(index)``."""
 
-    def __init__(self, file: IO[bytes], block: SharedBlock, ranges: tuple[_Range, ...]) -> None:
+    def __init__(self, file: IO[bytes], storage: Callable[[int], torch.UntypedStorage]) -> None:
         super().__init__(file)
-        self._block, self._ranges = block, ranges
-        self._loaded: dict[int, torch.UntypedStorage] = {}
+        self._storage = storage
 
     def persistent_load(self, pid: Any) -> Any:
         _, index, dtype = pid
-        if index not in self._loaded:
-            where = self._ranges[index]
-            bytes_ = self._block.bytes_view(where.offset, where.nbytes)
-            if where.device.type != "cpu":  # crossed through host memory: back on its device
-                bytes_ = bytes_.to(where.device)
-            self._loaded[index] = bytes_.untyped_storage()
-        return torch.storage.TypedStorage(
-            wrap_storage=self._loaded[index], dtype=dtype, _internal=True
-        )
+        untyped = self._storage(index)
+        return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
 
 
 @dataclass(frozen=True)
@@ -284,15 +285,14 @@ class Portable:
         views of the buffers, for what is only read, such as weights loaded into a model)."""
         storages = []
         for buffer, device in zip(self.buffers, self.devices, strict=True):
-            bytes_ = (
-                _view(buffer)
-                if read_only
-                else torch.frombuffer(bytearray(buffer), dtype=torch.uint8)
-            )
+            if read_only:
+                bytes_ = _view(buffer)
+            else:
+                bytes_ = torch.frombuffer(bytearray(buffer), dtype=torch.uint8)
             if device.type != "cpu":
                 bytes_ = bytes_.to(device)
             storages.append(bytes_.untyped_storage())
-        return _StoragesUnpickler(io.BytesIO(self.structure), storages).load()
+        return _Unpickler(io.BytesIO(self.structure), storages.__getitem__).load()
 
 
 def _view(buffer: Any) -> torch.Tensor:
@@ -316,17 +316,3 @@ def portable(objects: object) -> Portable:
         arrays.append(bytes_.cpu().numpy())
     devices = tuple(untyped.device for untyped in pickler.storages)
     return Portable(buffer.getvalue(), tuple(arrays), devices)
-
-
-class _StoragesUnpickler(pickle.Unpickler):
-    """Resolves each storage reference to the storage of its index."""
-
-    def __init__(self, file: IO[bytes], storages: list[torch.UntypedStorage]) -> None:
-        super().__init__(file)
-        self._storages = storages
-
-    def persistent_load(self, pid: Any) -> Any:
-        _, index, dtype = pid
-        return torch.storage.TypedStorage(
-            wrap_storage=self._storages[index], dtype=dtype, _internal=True
-        )
