@@ -35,10 +35,11 @@ __all__ = (
     "FINAL_WEIGHTS",
     "HEARTBEAT_S",
     "NICENESS",
-    "crossed",
     "discard_handed_back",
     "hand_back",
     "main",
+    "rebuilt",
+    "train_and_hand_back",
 )
 
 FINAL_WEIGHTS = "final_weights"
@@ -62,11 +63,41 @@ class Relay(Callback):
         self._sender.put(("records", [record]))
 
 
-def training_config(config: TrainingConfig) -> TrainingConfig:
-    """The parent's config as the training process runs it: in its own step thread, stopped by
-    signals, without a progress bar (the parent's draws one)."""
+def rebuilt(
+    job_class: Any,
+    config: TrainingConfig,
+    packed: Packed,
+    sender: Sender | None,
+    mode: str,
+    *,
+    private: bool = False,
+) -> Any:
+    """The job rebuilt from what crossed (``private``: on its own copy of the tensors),
+    relaying its records through ``sender`` (if any); ``mode`` is where it trains."""
+    # In its own step thread, stopped by signals, without a progress bar (the parent's draws one).
     run = replace(config.run, isolation="thread", handle_signals=True)
-    return replace(config, run=run, logging=replace(config.logging, progress=False))
+    config = replace(config, run=run, logging=replace(config.logging, progress=False))
+    relays = [] if sender is None else [Relay(sender)]
+    job = job_class(config, callbacks=relays, **Crossing.unpack(packed, private=private))
+    for relay in relays:
+        relay.follow(job)
+    job.isolation = {
+        "mode": mode,
+        "crossing": "shared_memory",
+        "tensor_bytes": packed.tensor_bytes,
+        "hand_back": "shared_memory" if packed.model else "checkpoint",
+    }
+    return job
+
+
+async def train_and_hand_back(job: Any, packed: Packed) -> tuple[TrainingResults, str | None]:
+    """``job.train()``, then the trained weights handed back; the job closed either way."""
+    try:
+        results = await job.train()  # the process's first await: an earlier stop is held
+        final = await asyncio.to_thread(hand_back, packed, job, results)
+    finally:
+        await job.aclose()
+    return results, final
 
 
 def save_final_weights(state: dict[str, Any], run_dir: Path, step: int, epoch: int) -> Path:
@@ -75,16 +106,6 @@ def save_final_weights(state: dict[str, Any], run_dir: Path, step: int, epoch: i
     staging = store.stage(step)
     store.write_state(staging, {"model": state})
     return store.commit(staging, step, {"epoch": epoch, "reason": "final"})
-
-
-def crossed(packed: Packed, mode: str) -> dict[str, Any]:
-    """How a job's objects crossed into its training process (``run_start``)."""
-    return {
-        "mode": mode,
-        "crossing": "shared_memory",
-        "tensor_bytes": packed.tensor_bytes,
-        "hand_back": "shared_memory" if packed.model else "checkpoint",
-    }
 
 
 def hand_back(packed: Packed, job: Any, results: TrainingResults) -> str | None:
@@ -146,17 +167,8 @@ async def _train(
     _listen(control, asyncio.get_running_loop(), task, request_stop)
     beat = asyncio.create_task(_heartbeat(sender))
     try:
-        objects = Crossing.unpack(packed)
-        relay = Relay(sender)
-        job = job_class(training_config(config), callbacks=[relay], **objects)
-        relay.follow(job)
-        job.isolation = crossed(packed, "process")
-        try:
-            results = await job.train()  # this process's first await (see request_stop)
-            final = await asyncio.to_thread(hand_back, packed, job, results)
-        finally:
-            await job.aclose()
-        sender.put(("ended", "completed", (results, final)))
+        job = rebuilt(job_class, config, packed, sender, "process")
+        sender.put(("ended", "completed", await train_and_hand_back(job, packed)))
     except asyncio.CancelledError:
         last = job.last_checkpoint if job is not None and job.run_dir is not None else None
         sender.put(("ended", "cancelled", last))

@@ -19,7 +19,6 @@ from typing import Any
 from core.config import TrainingConfig
 from core.distributed.environment import DistributedEnvironment
 from core.trainer.process import child
-from core.trainer.process.crossing import Crossing
 from core.trainer.process.pipe import Sender
 from core.trainer.process.shared import Packed
 
@@ -71,21 +70,12 @@ async def _train_rank(
     _watch_parent(loop, task, config.run.stop_grace_s + STOP_MARGIN_S)
     sender = Sender(records) if rank == 0 else None
     try:
-        objects = Crossing.unpack(packed, private=True)  # each rank trains its own copy
-        relay = None if sender is None else child.Relay(sender)
-        callbacks = [] if relay is None else [relay]
-        job = job_class(child.training_config(config), callbacks=callbacks, **objects)
-        if relay is not None:
-            relay.follow(job)
-        job.isolation = child.crossed(packed, f"rank {rank} of {config.distributed.devices}")
+        mode = f"rank {rank} of {config.distributed.devices}"
+        job = child.rebuilt(job_class, config, packed, sender, mode, private=True)  # its own copy
         if rank == 0:  # requests reach the job on this event loop, once train() has begun
             _take_stop_requests(stops, loop, job.request_stop)
-        try:
-            results = await job.train()  # the first await: the job holds an early request
-            final = await asyncio.to_thread(child.hand_back, packed, job, results)
-        finally:
-            await job.aclose()
-        return (results, final) if rank == 0 else None
+        ended = await child.train_and_hand_back(job, packed)
+        return ended if rank == 0 else None
     finally:
         if sender is not None:
             sender.close()
