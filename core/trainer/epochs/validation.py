@@ -22,9 +22,28 @@ if TYPE_CHECKING:
     from core.trainer.assembly.build import Parts
     from core.trainer.epochs.judging import Judge
 
-__all__ = ("Validation",)
+__all__ = ("Validation", "evaluate_parts")
 
 Save = Callable[..., "str | None"]
+
+
+def evaluate_parts(
+    parts: Parts, loader: Iterable[Any], *, epoch: int, stop: threading.Event, step: int | None
+) -> EvalStats:
+    """:func:`~core.loop.evaluation.evaluate` with the run's model and parts."""
+    return evaluate(
+        parts.model,
+        loader,
+        epoch=epoch,
+        stop=stop,
+        precision=parts.policy.precision,
+        strategy=parts.strategy,
+        objective=parts.objective.evaluation(),
+        errors=parts.errors,
+        prepare_batch=parts.prepared.prepare_batch,
+        metrics=parts.metrics,
+        step=step,
+    )
 
 
 class Validation:
@@ -71,19 +90,7 @@ class Validation:
         assert loader is not None
         step = parts.loop.global_step
         log.emit("validation_start", epoch=epoch, step=step, batches=batches_in(loader))
-        evaluation = evaluate(
-            parts.model,
-            loader,
-            epoch=epoch,
-            stop=stop,
-            precision=parts.policy.precision,
-            strategy=parts.strategy,
-            objective=parts.objective.evaluation(),
-            errors=parts.errors,
-            prepare_batch=parts.prepared.prepare_batch,
-            metrics=parts.metrics,
-            step=step,
-        )
+        evaluation = evaluate_parts(parts, loader, epoch=epoch, stop=stop, step=step)
         if evaluation.interrupted:
             return evaluation
         if not math.isfinite(evaluation.loss):

@@ -8,9 +8,9 @@ import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from core.loop.evaluation import evaluate
 from core.loop.prediction import predict
 from core.trainer.assembly.arguments import check_loader
+from core.trainer.epochs.validation import evaluate_parts
 
 if TYPE_CHECKING:
     from core.trainer.assembly.build import Parts
@@ -31,18 +31,8 @@ def evaluate_with(parts: Parts, loader: Iterable[Any] | None) -> dict[str, float
     else:
         check_loader(loader, "loader", max_epochs=1)
         loader = parts.distribution.prepare_loader(loader, train=False)
-    stats = evaluate(
-        parts.model,
-        loader,
-        epoch=parts.state.epochs_completed,
-        stop=threading.Event(),
-        precision=parts.policy.precision,
-        strategy=parts.strategy,
-        objective=parts.objective.evaluation(),
-        errors=parts.errors,
-        prepare_batch=parts.prepared.prepare_batch,
-        metrics=parts.metrics,
-    )
+    epoch = parts.state.epochs_completed
+    stats = evaluate_parts(parts, loader, epoch=epoch, stop=threading.Event(), step=None)
     parts.model.train()
     return {
         "loss": stats.loss,
