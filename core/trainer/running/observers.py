@@ -6,6 +6,7 @@ and its own shielded task (a cancelled run still delivers ``run_end``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -71,24 +72,21 @@ class Observers:
             scope = anyio.CancelScope(shield=True)
             self._scopes.append(scope)
             self._pending += 1
-            stream = hub.subscribe(self._capacity, on_first_drop=self._lagging(callback))
+            lagging = functools.partial(self._lagging, type(callback).__name__)
+            stream = hub.subscribe(self._capacity, on_first_drop=lagging)
             self._streams.append(stream)
             tg.start_soon(self._feed, callback, stream, scope)
         if not self._callbacks:
             self._done.set()
 
-    def _lagging(self, callback: Callback) -> Callable[[], None]:
-        """The report of a callback's first lost record (queued: no I/O, any thread)."""
-
-        def report() -> None:
-            self._warn(
-                "callback_lagging",
-                callback=type(callback).__name__,
-                dropped=1,
-                effect="this callback misses the oldest records; training goes on",
-            )
-
-        return report
+    def _lagging(self, name: str) -> None:
+        """Report a callback's first lost record (queued: no I/O, any thread)."""
+        self._warn(
+            "callback_lagging",
+            callback=name,
+            dropped=1,
+            effect="this callback misses the oldest records; training goes on",
+        )
 
     async def catch_up(self) -> None:
         """Before ``run_end``: wait (shielded, at most ``grace_s / 2``) until every callback has

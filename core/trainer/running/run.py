@@ -81,16 +81,12 @@ class Run:
         self.agreed: BaseException | None = None  # what train() raises, agreed by every rank
         self.held: BaseException | None = None  # a rank's cancellation, until a stop vote
         self.ran_to_the_end = False  # the ranks ended before a vote: no stop checkpoint
-        log = cycle.current
         self.stopping = Stopping(
             checkpointer=parts.checkpointer,
             save=cycle.save,
             global_step=lambda: loop.global_step,
             grace_s=settings.stop_grace_s,
-            emit=log.emit,
-            warning=log.warning,
-            error=log.error,
-            close_log=lambda: cycle.log.close() if cycle.log is not None else None,
+            log=cycle.current,
         )
 
     async def execute(
