@@ -177,20 +177,15 @@ def _build(
         policy.note_memory_savings(
             *_amp_memory(runtime, strategy, model, objective, policy, prepared)
         )
-    train_loader = _prefetched(  # the limit inside the prefetcher: it never reads past it
-        limit_batches(
-            distribution.prepare_loader(runtime.train_loader, train=True),
-            config.run.limit_train_batches,
-            "limit_train_batches",
-        ),
-        config,
-        strategy.device,
-    )
-    val_loader = (
-        None
-        if runtime.val_loader is None
-        else distribution.prepare_loader(runtime.val_loader, train=False)
-    )
+    sharded = distribution.prepare_loader(runtime.train_loader, train=True)
+    train_loader = limit_batches(sharded, config.run.limit_train_batches, "limit_train_batches")
+    # Copied ahead on a side CUDA stream where device_prefetch says, the limit inside (it never
+    # reads past it); a stream stays as given (the ranks' lockstep must see it as a stream).
+    if batches_in(train_loader) is not None:
+        train_loader = prefetch_to_device(train_loader, strategy.device, config.data.loader)
+    val_loader = runtime.val_loader
+    if val_loader is not None:
+        val_loader = distribution.prepare_loader(val_loader, train=False)
     monitor = (
         GPUMonitor(config.monitor, device_indices=strategy.device_indices() or None, emit=emit)
         if config.monitoring_enabled
@@ -305,11 +300,3 @@ def _amp_memory(
         device=strategy.device,
         prepare_batch=prepared.prepare_batch,
     )
-
-
-def _prefetched(loader: Iterable[Any], config: TrainingConfig, device: torch.device) -> Any:
-    """The train loader copied ahead on a side CUDA stream where ``device_prefetch`` says;
-    streams stay as given (the ranks' lockstep must see them as streams)."""
-    if batches_in(loader) is None:
-        return loader
-    return prefetch_to_device(loader, device, config.data.loader)
