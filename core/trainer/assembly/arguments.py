@@ -1,4 +1,5 @@
 """Checks of the runtime objects a training job is given.
+
 Settings are checked by their config dataclasses; each failure here is a
 :class:`~core.errors.ConfigError` naming the argument, the bad value, what is allowed and a fix.
 """

@@ -1,4 +1,5 @@
 """Validation during a run: when it is due, running it, its record, and the best checkpoint.
+
 The best checkpoints (``save_best``/``save_top_k``) are kept apart from ``keep_last_n``.
 """
 

@@ -1,4 +1,5 @@
 """``evaluate()`` and ``predict()`` of a built job: its model, device, precision and ranks.
+
 Under DDP/FSDP2 every rank calls them, each on its own shard of the loader.
 """
 

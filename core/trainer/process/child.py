@@ -159,7 +159,7 @@ async def _train(
     job: Any = None
 
     def request_stop(reason: str) -> None:
-        # Called on this event loop, so never before train() below has begun (nothing awaits
+        # Called on this event loop, so never before job.train() has begun (nothing awaits
         # before it): the job holds the request until its run takes it at its first step.
         if job is not None:
             job.request_stop(reason)

@@ -39,6 +39,7 @@ from core.trainer.process.shared import Packed
 from core.trainer.process.watch import ExitStatus, WatchedProcess, subreaper
 from core.trainer.running.observers import Observers
 from core.trainer.running.placement import escalate, kill_if_silent, until_released
+from core.trainer.running.signals import STOP_SIGNALS
 from core.trainer.running.starts import run_starts
 from core.trainer.state.results import TrainingResults
 
@@ -77,6 +78,15 @@ def _start(process: multiprocessing.process.BaseProcess, inbox: Inbox) -> None:
     inbox.start()
 
 
+def _told(control: Connection, message: object) -> bool:
+    """Send ``message`` down the control pipe; False where the child is gone."""
+    try:
+        control.send(message)
+    except OSError:
+        return False
+    return True
+
+
 class _Child:
     """A started training process as its supervisor reaches it: watched by its pidfd,
     heard through its inbox, told through its control pipe (``Stoppable``)."""
@@ -85,11 +95,7 @@ class _Child:
         self.process, self.inbox, self.control = process, inbox, control
 
     def ask_to_cancel(self) -> bool:
-        try:
-            self.control.send("cancel")
-        except OSError:
-            return False  # already gone
-        return True
+        return _told(self.control, "cancel")
 
     def silent_s(self) -> float:
         return time.monotonic() - self.inbox.last_heard
@@ -196,7 +202,7 @@ class TrainingProcess:
         """The pipe to the child exists: a stop requested meanwhile waits in it for the child."""
         self.control = control
         if self.held_stop is not None:
-            self._send_stop(self.held_stop)
+            _told(control, ("stop", self.held_stop))
 
     def request_stop(self, reason: str) -> bool:
         """The job's ``request_stop``: passed on, or held until the pipe to the child exists.
@@ -208,16 +214,7 @@ class TrainingProcess:
         if self.held_stop is None:  # the first reason is the one the run keeps
             self.held_stop = str(reason)
             if self.control is not None:
-                return self._send_stop(self.held_stop)
-        return True
-
-    def _send_stop(self, reason: str) -> bool:
-        if self.control is None:
-            return False
-        try:
-            self.control.send(("stop", reason))
-        except OSError:
-            return False
+                return _told(self.control, ("stop", self.held_stop))
         return True
 
     async def _relay_to_the_end(self, child: _Child, cancelled: anyio.Event) -> None:
@@ -268,10 +265,9 @@ class TrainingProcess:
     async def _forward_signals(self, child: _Child) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        stop = (signal.SIGTERM, signal.SIGINT)
         try:
             async with anyio.create_task_group() as deadline:
-                with anyio.open_signal_receiver(*stop) as received:
+                with anyio.open_signal_receiver(*STOP_SIGNALS) as received:
                     async for signum in received:
                         self.signals.append(int(signum))
                         child.process.send(signum)
@@ -279,7 +275,7 @@ class TrainingProcess:
                             deadline.start_soon(self._kill_if_silent, child)
         finally:
             if self.signals:  # as in thread mode: the service is on its way out
-                for stop_signal in stop:
+                for stop_signal in STOP_SIGNALS:
                     signal.signal(stop_signal, signal.SIG_IGN)
 
     async def _kill_if_silent(self, child: _Child) -> None:
