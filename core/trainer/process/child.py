@@ -27,7 +27,7 @@ from core.checkpointing.store import CheckpointStore
 from core.config import TrainingConfig
 from core.trainer.process.crossing import Crossing
 from core.trainer.process.handback import HandBack
-from core.trainer.process.pipe import Sender
+from core.trainer.process.pipe import Sender, until_cancelled
 from core.trainer.process.shared import Packed
 from core.trainer.state.results import TrainingResults
 
@@ -137,16 +137,9 @@ def _listen(
     ``("stop", reason)`` to ``request_stop``."""
 
     def wait() -> None:
-        try:
-            while (message := control.recv()) != "cancel":
-                if isinstance(message, tuple) and message[0] == "stop":
-                    loop.call_soon_threadsafe(request_stop, message[1])
+        with contextlib.suppress(RuntimeError):  # the run ended: its event loop is closed
+            until_cancelled(control, lambda reason: loop.call_soon_threadsafe(request_stop, reason))
             loop.call_soon_threadsafe(task.cancel)
-        except (EOFError, OSError):
-            with contextlib.suppress(RuntimeError):  # the run ended: its event loop is closed
-                loop.call_soon_threadsafe(task.cancel)
-        except RuntimeError:  # the run ended and its event loop closed meanwhile
-            pass
 
     threading.Thread(target=wait, name="core-pipe-control", daemon=True).start()
 

@@ -8,11 +8,13 @@ Child to parent, batched by a sender thread so neither event loop blocks: ``("re
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -20,7 +22,7 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
-__all__ = ("Inbox", "Message", "Sender")
+__all__ = ("Inbox", "Message", "Sender", "until_cancelled")
 
 Message = tuple[Any, ...]
 _DONE = ("__done__",)
@@ -36,6 +38,15 @@ def _picklable(message: Message) -> Message:
         error = message[2]
         return (*message[:2], RuntimeError(f"{type(error).__name__}: {error}"))
     return message
+
+
+def until_cancelled(control: Connection, on_stop: Callable[[str], object]) -> None:
+    """Pass each ``("stop", reason)`` from the parent to ``on_stop``, until ``"cancel"`` or
+    the parent's end-of-file."""
+    with contextlib.suppress(EOFError, OSError):
+        while (message := control.recv()) != "cancel":
+            if isinstance(message, tuple) and message[0] == "stop":
+                on_stop(message[1])
 
 
 class Sender:

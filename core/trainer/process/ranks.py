@@ -28,7 +28,7 @@ from core.errors import SignalReceived, TrainingProcessDied
 from core.trainer.process import child
 from core.trainer.process.child_state import ChildState
 from core.trainer.process.crossing import Crossing, exit_if_importing_main
-from core.trainer.process.pipe import Message, Sender
+from core.trainer.process.pipe import Message, Sender, until_cancelled
 from core.trainer.process.postmortem import last_good_checkpoint
 from core.trainer.process.rank import CANCEL, STOP_MARGIN_S, rank_main
 from core.trainer.process.shared import Packed
@@ -182,12 +182,7 @@ def _listen(
 ) -> None:
     """A ``"cancel"`` from the caller, or its end, stops the ranks (through torch's agent); a
     ``("stop", reason)`` goes to rank 0, whose stop the others follow at a step boundary."""
-    try:
-        while (message := control.recv()) != "cancel":
-            if isinstance(message, tuple) and message[0] == "stop":
-                stops.send(message[1])
-    except (EOFError, OSError):
-        pass
+    until_cancelled(control, stops.send)
     if not done.is_set():
         cancelled.set()
         os.kill(os.getpid(), CANCEL)
