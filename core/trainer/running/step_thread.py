@@ -138,9 +138,8 @@ class StepThread:
             self._hurried_at = anyio.current_time()
 
     async def _settle(self, job: _Job[Any]) -> None:
-        """Wait, shielded, until ``job`` returns: at most ``loader_grace_s`` for a thread
-        waiting for data (then parked, where ``park`` allows), ``grace_s`` inside a step
-        (then abandoned)."""
+        """Wait, shielded, until ``job`` returns; else park a thread waiting for data after
+        ``loader_grace_s`` (where ``park`` allows), or abandon it after ``grace_s``."""
         began = anyio.current_time()
         data_since: float | None = None  # when this stop first saw the thread wait for data
         while not job.finished.is_set():
