@@ -1,7 +1,6 @@
 """Checks of the runtime objects a training job is given.
 
-Settings are validated by their config dataclasses; the model, loaders, loss, factories and
-the optimizer and scheduler they build are checked here, each failure a
+Settings are checked by their config dataclasses; each failure here is a
 :class:`~core.errors.ConfigError` naming the argument, the bad value, what is allowed and a fix.
 """
 
@@ -23,28 +22,16 @@ from core.stopping.early_stopping import watched
 
 __all__ = (
     "built_by",
-    "check_callable",
     "check_directories",
     "check_loader",
-    "check_loss_fn",
-    "check_model",
-    "check_monitor",
     "check_optimizer",
-    "check_optimizer_argument",
     "check_parts",
     "check_runtime",
     "check_scheduler",
-    "check_scheduler_argument",
     "is_scheduler_instance",
 )
 
 T = TypeVar("T")
-
-
-def check_model(model: object) -> None:
-    if not isinstance(model, nn.Module):
-        raise config_error("model", model, "a torch.nn.Module")
-
 
 _FACTORY_CONTRACTS = {
     "optimizer": "a callable that takes a list of the model's parameters and returns a "
@@ -64,23 +51,11 @@ _FACTORY_EXAMPLES = {
 }
 
 
-def check_optimizer_argument(value: object) -> None:
-    """``optimizer=``: None, a torch optimizer instance or a factory."""
-    if not isinstance(value, torch.optim.Optimizer):
-        check_callable("optimizer", value, "the model's parameters")
-
-
-def check_scheduler_argument(value: object) -> None:
-    """``scheduler=``: None, a scheduler instance (it has ``step``) or a factory."""
-    if not is_scheduler_instance(value):
-        check_callable("scheduler", value, "the optimizer")
-
-
 def is_scheduler_instance(value: object) -> bool:
     return callable(getattr(value, "step", None)) and hasattr(value, "optimizer")
 
 
-def check_callable(field: str, value: object, takes: str) -> None:
+def _check_callable(field: str, value: object, takes: str) -> None:
     if value is not None and not callable(value):
         raise config_error(
             field,
@@ -90,8 +65,8 @@ def check_callable(field: str, value: object, takes: str) -> None:
         )
 
 
-def check_loss_fn(loss_fn: object) -> None:
-    check_callable("loss_fn", loss_fn, "(outputs, targets) and returns a scalar tensor")
+def _check_loss_fn(loss_fn: object) -> None:
+    _check_callable("loss_fn", loss_fn, "(outputs, targets) and returns a scalar tensor")
     if isinstance(loss_fn, type) and issubclass(loss_fn, nn.Module):
         name = f"nn.{loss_fn.__name__}" if hasattr(nn, loss_fn.__name__) else loss_fn.__name__
         raise config_error(
@@ -102,11 +77,11 @@ def check_loss_fn(loss_fn: object) -> None:
         )
 
 
-def check_step_functions(runtime: Any) -> None:
-    """``training_step``/``validation_step``: callables of ``(model, batch)``; a
-    ``training_step`` computes the loss itself, so a ``loss_fn`` beside it is a mistake."""
+def _check_step_functions(runtime: Any) -> None:
+    """``training_step``/``validation_step``: callables of ``(model, batch)``, the first
+    without a ``loss_fn`` (it computes the loss itself)."""
     for name in ("training_step", "validation_step"):
-        check_callable(name, getattr(runtime, name), "(model, batch) and returns the loss")
+        _check_callable(name, getattr(runtime, name), "(model, batch) and returns the loss")
     if runtime.training_step is not None and runtime.loss_fn is not None:
         raise config_error(
             "loss_fn",
@@ -247,12 +222,11 @@ def check_scheduler(scheduler: object, optimizer: torch.optim.Optimizer) -> None
         raise config_error("scheduler", scheduler, "a callable returning an LR scheduler")
 
 
-def check_monitor(
+def _check_monitor(
     config: Any, has_validation: bool, metrics: Mapping[str, Any], step_logs: bool = False
 ) -> None:
-    """``monitor`` (with ``save_best``/``save_top_k``) and ``early_stopping.monitor`` (with
-    early stopping on) must name a value the run will produce (``step_logs``: a step
-    function's logged values may be any ``val_<name>``)."""
+    """``monitor`` and ``early_stopping.monitor``, where used, must name a value the run will
+    produce (``step_logs``: a step function's logged values may be any ``val_<name>``)."""
     names = ["train_loss"]
     validates = has_validation and (config.run.val_every_n_epochs or config.run.val_every_n_steps)
     if validates:
@@ -275,10 +249,7 @@ def check_monitor(
 
 
 def check_runtime(runtime: Any, config: Any, callbacks: object) -> None:
-    """Every runtime object of a run, before building: cheap checks only, made where the run
-    is created (the directories it writes are :func:`check_directories`'s, at its start).
-
-    (``runtime`` is a :class:`~core.trainer.assembly.build.Runtime`, ``config`` the tree.)"""
+    """Every runtime object of a run (a ``Runtime``), before building: cheap checks only."""
     from core.callbacks import Callback
     from core.config import TrainingConfig
 
@@ -290,11 +261,14 @@ def check_runtime(runtime: Any, config: Any, callbacks: object) -> None:
             "build one: TrainingConfig(run=RunConfig(max_epochs=3)), or give flat keywords "
             "(max_epochs=3) to the factory function exported beside this class.",
         )
-    check_model(runtime.model)
-    check_loss_fn(runtime.loss_fn)
-    check_step_functions(runtime)
-    check_optimizer_argument(runtime.optimizer)
-    check_scheduler_argument(runtime.scheduler)
+    if not isinstance(runtime.model, nn.Module):
+        raise config_error("model", runtime.model, "a torch.nn.Module")
+    _check_loss_fn(runtime.loss_fn)
+    _check_step_functions(runtime)
+    if not isinstance(runtime.optimizer, torch.optim.Optimizer):
+        _check_callable("optimizer", runtime.optimizer, "the model's parameters")
+    if not is_scheduler_instance(runtime.scheduler):
+        _check_callable("scheduler", runtime.scheduler, "the optimizer")
     max_epochs = config.run.max_epochs
     check_loader(runtime.train_loader, "train_loader", max_epochs)
     if runtime.val_loader is not None:
@@ -318,13 +292,12 @@ def check_runtime(runtime: Any, config: Any, callbacks: object) -> None:
     if runtime.metrics is not None:
         check_metrics(runtime.metrics)
     step_logs = runtime.training_step is not None or runtime.validation_step is not None
-    check_monitor(config, runtime.val_loader is not None, runtime.metrics or {}, step_logs)
+    _check_monitor(config, runtime.val_loader is not None, runtime.metrics or {}, step_logs)
 
 
 def check_directories(config: Any) -> None:
-    """The directories a run writes (``config`` is the tree): each created if missing and
-    probed with a file, so that one that cannot be used fails before training. These are
-    filesystem writes: a run does this where it starts (a worker thread), not at creation."""
+    """The directories a run writes, each created if missing and probed with a file (a worker
+    thread's call, where the run starts)."""
     if config.run.keeps_files:  # a smoke run writes nothing there
         check_writable_dir("log_dir", config.run.log_dir)
     if config.checkpoint.checkpoint_dir is not None:

@@ -1,15 +1,8 @@
 """The composition root: a config tree and the runtime objects in, the run's parts out.
 
-One function, one fixed order, each part told what it needs in its constructor::
-
-    strategy (process group) -> device settings -> precision -> model transforms
-      (activation checkpointing -> channels_last -> [batch-size search] -> compile)
-      -> model wrap -> optimizer and scheduler (on the wrapped parameters) -> loaders
-      -> step loop (step hooks: the profiler, the run's after-step work) -> run state
-      -> checkpointer -> monitor
-
-It runs off the event loop (``async with`` enter runs it in a worker thread): joining a
-process group and placing a model block. On failure, what was set up is torn down.
+One function, one fixed order (strategy, device settings, precision, model transforms, model
+wrap, optimizer and scheduler on the wrapped parameters, loaders, step loop, run state,
+checkpointer, monitor), run off the event loop; on failure, what was set up is torn down.
 """
 
 from __future__ import annotations
@@ -45,7 +38,6 @@ from core.monitoring.distribution import MonitoredDistribution
 from core.monitoring.gpu_monitor import GPUMonitor
 from core.precision.compatibility import check_amp_compatibility
 from core.precision.policy import PrecisionPolicy
-from core.rng import capture_rng, restore_rng
 from core.stopping.early_stopping import EarlyStopping, watched
 from core.telemetry.describe import fingerprint
 from core.telemetry.init_hash import weights_hash
@@ -53,6 +45,7 @@ from core.telemetry.profiler import StepProfiler
 from core.trainer.assembly.model_setup import (
     PreparedModel,
     compile_rule_for,
+    first_batch,
     prepare_model,
 )
 from core.trainer.assembly.optimization import (
@@ -88,8 +81,7 @@ class Runtime:
     metrics: Mapping[str, Any] | None = None
     training_step: StepFn | None = None
     validation_step: StepFn | None = None
-    model_factory: Factory | None = None
-    """How the model was made, when it was named (recorded in every checkpoint)."""
+    model_factory: Factory | None = None  # a named model's factory, in every checkpoint
 
 
 @dataclass(frozen=True)
@@ -105,9 +97,7 @@ class Parts:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: Scheduler | None
-    plateau: Scheduler | None
-    """The scheduler again where it steps with the monitored value
-    (``core.trainer.epochs.judging``)."""
+    plateau: Scheduler | None  # the scheduler again where it steps with the monitored value
     objective: Objective
     errors: ErrorHandler
     train_loader: Iterable[Any]
@@ -130,8 +120,7 @@ def build(
     emit: Emit,
     report_error: Emit,
 ) -> Parts:
-    """Build the parts of a run; ``emit``/``report_error`` write records to the current
-    run's log."""
+    """Build the parts of a run; ``emit``/``report_error`` write to the current run's log."""
     distribution = MonitoredDistribution(
         config.distributed,
         use_distributed_sampler=config.data.use_distributed_sampler,
@@ -188,20 +177,15 @@ def _build(
         policy.note_memory_savings(
             *_amp_memory(runtime, strategy, model, objective, policy, prepared)
         )
-    train_loader = _prefetched(  # the limit inside the prefetcher: it never reads past it
-        limit_batches(
-            distribution.prepare_loader(runtime.train_loader, train=True),
-            config.run.limit_train_batches,
-            "limit_train_batches",
-        ),
-        config,
-        strategy.device,
-    )
-    val_loader = (
-        None
-        if runtime.val_loader is None
-        else distribution.prepare_loader(runtime.val_loader, train=False)
-    )
+    sharded = distribution.prepare_loader(runtime.train_loader, train=True)
+    train_loader = limit_batches(sharded, config.run.limit_train_batches, "limit_train_batches")
+    # Copied ahead on a side CUDA stream where device_prefetch says, the limit inside (it never
+    # reads past it); a stream stays as given (the ranks' lockstep must see it as a stream).
+    if batches_in(train_loader) is not None:
+        train_loader = prefetch_to_device(train_loader, strategy.device, config.data.loader)
+    val_loader = runtime.val_loader
+    if val_loader is not None:
+        val_loader = distribution.prepare_loader(val_loader, train=False)
     monitor = (
         GPUMonitor(config.monitor, device_indices=strategy.device_indices() or None, emit=emit)
         if config.monitoring_enabled
@@ -308,24 +292,11 @@ def _amp_memory(
         return None, "not measured: under several ranks a backward runs their collectives"
     if batches_in(runtime.train_loader) is None:
         return None, "not measured: the train loader is a stream (a batch drawn would be lost)"
-    state = capture_rng()  # a shuffling loader draws its order: the run must not notice
-    try:
-        first = next(iter(runtime.train_loader))
-    finally:
-        restore_rng(state)
     return measure_amp_savings(
         strategy.unwrap(model),
-        first,
+        first_batch(runtime.train_loader),
         objective=objective,
         precision=precision.amp_precision,
         device=strategy.device,
         prepare_batch=prepared.prepare_batch,
     )
-
-
-def _prefetched(loader: Iterable[Any], config: TrainingConfig, device: torch.device) -> Any:
-    """The train loader copied ahead on a side CUDA stream where ``device_prefetch`` says;
-    streams stay as given (the ranks' lockstep must see them as streams)."""
-    if batches_in(loader) is None:
-        return loader
-    return prefetch_to_device(loader, device, config.data.loader)

@@ -2,11 +2,8 @@
 
     activation checkpointing -> channels_last -> [batch-size search] -> compile -> (wrap)
 
-The search runs on the transformed model before compilation (a compiled model would
-recompile at every trial's new batch shape; eager memory is the conservative measure), on
-the device, in the run's precision, with the run's loss and a throwaway optimizer of the
-run's class. A loader batch larger than the size found is split into micro-batches of that
-size, so the effective batch (and the result) is unchanged.
+A loader batch larger than the size found is split into micro-batches of that size: the
+effective batch (and the result) is unchanged.
 """
 
 from __future__ import annotations
@@ -34,7 +31,13 @@ from core.transforms.channels_last import channels_last_batch
 from core.transforms.compile import compile_model
 from core.transforms.payback import CompileWhenItPays, payback_rule, planned_steps
 
-__all__ = ("PreparedModel", "compile_rule_for", "optimizer_factory_like", "prepare_model")
+__all__ = (
+    "PreparedModel",
+    "compile_rule_for",
+    "first_batch",
+    "optimizer_factory_like",
+    "prepare_model",
+)
 
 Emit = Callable[..., None]
 
@@ -74,6 +77,8 @@ def prepare_model(
     device = strategy.device
     found: list[tuple[BatchSizeSearch, int]] = []  # the search, the loader's batch size
 
+    # Before compilation: a compiled model would recompile at every trial's batch shape, and
+    # eager memory is the conservative measure.
     def search(transformed: nn.Module) -> None:
         if config.memory.auto_batch_size:
             args = (config, device, precision, objective, train_loader, optimizer_factory)
@@ -113,11 +118,7 @@ def _search(
     train_loader: Iterable[Any],
     optimizer_factory: OptimizerFactory | None,
 ) -> tuple[BatchSizeSearch, int]:
-    state = capture_rng()  # a shuffling loader draws its order: the run must not notice
-    try:
-        first = next(iter(train_loader))
-    finally:
-        restore_rng(state)
+    first = first_batch(train_loader)
     model.to(device)  # the strategy's wrap moves it anyway; the trials need it there
     memory = config.memory
     search = find_batch_size(
@@ -135,9 +136,19 @@ def _search(
     return search, count_samples(first)
 
 
+def first_batch(loader: Iterable[Any]) -> Any:
+    """``loader``'s first batch, drawn with every RNG restored after (a shuffling loader draws
+    its order: the run must not notice)."""
+    state = capture_rng()
+    try:
+        return next(iter(loader))
+    finally:
+        restore_rng(state)
+
+
 def optimizer_factory_like(optimizer: object) -> OptimizerFactory | None:
-    """A factory building a fresh optimizer of ``optimizer``'s class and settings (for the
-    trials), or None (AdamW, the default optimizer) when there is no instance."""
+    """A factory of fresh optimizers of ``optimizer``'s class and settings (for the trials);
+    None (the default AdamW) when there is no instance."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         return None
     kind = type(optimizer)
@@ -160,8 +171,8 @@ def compile_rule_for(
     emit: Emit,
     report_error: Emit,
 ) -> tuple[CompileWhenItPays | None, PreparedModel]:
-    """``compile="auto"`` on CUDA: the step hook that decides after timing eager steps (and
-    why, in ``run_start``); None elsewhere."""
+    """``compile="auto"`` on CUDA: the step hook that decides after timing eager steps; None
+    elsewhere."""
     transforms = prepared.transforms
     if not transforms.compile_deferred:
         return None, prepared

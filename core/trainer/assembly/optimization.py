@@ -1,7 +1,5 @@
 """The optimizer and the LR scheduler of a run, from what it was given: an instance, a
-factory, or nothing (the default AdamW; no scheduler). A scheduler that steps with a metric
-(``ReduceLROnPlateau``) is recognised here: :class:`~core.trainer.epochs.judging.Judge` steps it
-after each check of the monitored value, never per optimizer step."""
+factory, or nothing (the default AdamW; no scheduler)."""
 
 from __future__ import annotations
 
@@ -73,9 +71,8 @@ def scheduler_for(
 
 def plateau_of(scheduler: object, monitor: str, mode: str) -> Any:
     """``scheduler`` when it steps with a metric (``ReduceLROnPlateau``, or any whose
-    ``step`` needs an argument), else None. Such a scheduler is stepped after each check
-    with the monitored value, never per optimizer step; a ``ReduceLROnPlateau`` whose
-    ``mode`` is not the monitored value's is refused here."""
+    ``step`` needs an argument), else None; one whose ``mode`` is not the monitored value's
+    is refused."""
     if scheduler is None or not _takes_metric(scheduler):
         return None
     own = getattr(scheduler, "mode", mode)

@@ -40,10 +40,8 @@ _process_log = structlog.get_logger("core")
 class EpochEnd:
     """How an epoch ended, as the async shell needs to know it."""
 
-    interrupted: bool = False
-    """A stop arrived during validation (all ranks agreed): end the run here."""
-    stop: bool = False
-    """Early stopping says this was the last epoch."""
+    interrupted: bool = False  # a stop arrived during validation (all ranks agreed)
+    stop: bool = False  # early stopping says this was the last epoch
 
 
 class RunCycle:
@@ -55,14 +53,11 @@ class RunCycle:
         self.config = config
         self.parts = parts
         self.hub = hub
-        self.current = current
-        """Where the parts write records: pointed at each run's log when it opens."""
+        self.current = current  # where the parts write records: each run's log once open
         self.judge = Judge(parts)
         self.validation = Validation(config, parts, current, self.save, self.judge)
-        self.stop = threading.Event()
-        """The stop flag of the run in progress (step hooks pass it to validation)."""
-        self.requested: str | None = None
-        """Why a callback asked the run in progress to stop (:meth:`request_stop`)."""
+        self.stop = threading.Event()  # the run in progress's stop flag
+        self.requested: str | None = None  # why a callback asked it to stop
         self._opened_at = 0.0
 
     def new_stop(self) -> threading.Event:
@@ -71,8 +66,7 @@ class RunCycle:
         return self.stop
 
     def request_stop(self, reason: str) -> None:
-        """Stop the run in progress at its next step boundary (any thread): the stop
-        checkpoint is written, ``run_end`` says ``stop_reason="requested: <reason>"``."""
+        """Stop the run in progress at its next step boundary (any thread)."""
         if self.requested is None:
             self.requested = reason
         self.stop.set()
@@ -128,9 +122,8 @@ class RunCycle:
         return log
 
     def close(self, end: RunEnding, *, abandoned: bool) -> None:
-        """Write ``run_end``, close the log and the event hub and let go of the lineage,
-        whatever fails here: a consumer of ``events()`` always sees its stream end, and the
-        next run may continue the lineage."""
+        """Write ``run_end``, then close the log and the event hub and let go of the lineage
+        whatever fails (an ``events()`` stream always ends; the next run may continue)."""
         log, parts = self.log, self.parts
         try:
             if log is None:
@@ -175,10 +168,8 @@ class RunCycle:
                 self.hub.close()
 
     def _write_reports(self, log: RunLog) -> None:
-        """Start writing ``training_metrics.png`` and ``performance_summary.txt`` from the
-        closed log (rank 0) in a child process, and return at once: the run does not wait
-        for them (``core.wait_for_reports`` does). A report that fails is said in the
-        process's log and never fails the run. A smoke run's directory is gone: none."""
+        """Start writing the reports from the closed log (rank 0) in a child process, not
+        waited for (``core.wait_for_reports`` does); a report that fails never fails the run."""
         wanted = self.config.logging.reports and self.parts.strategy.is_global_zero
         if not wanted or log.kept_dir is None:
             return
@@ -214,14 +205,12 @@ class RunCycle:
         return None if path is None else str(path)
 
     def next_due(self, step: int) -> int | None:
-        """The next step after ``step`` at which a validation or a checkpoint is due (the
-        loop's step hook, ``core.loop.schedule``)."""
+        """The next step after ``step`` at which a validation or a checkpoint is due."""
         every = self.config.checkpoint.checkpoint_every_n_steps  # fast_dev_run: saves none
         return next_multiple(step, self.validation.every_n_steps, every)
 
     def __call__(self, step: int) -> None:
-        """After a step :meth:`next_due` named: validation, then the checkpoint, when due (a
-        best checkpoint of this step serves as both)."""
+        """After a step :meth:`next_due` named: validation, then the checkpoint, when due."""
         self.validation.validate_if_due(step, self.stop)
         if self.parts.checkpointer.due_after_step(step):
             self.save("step")
@@ -230,8 +219,6 @@ class RunCycle:
     def end_epoch(
         self, epoch: int, stats: EpochStats, started: float, stop: threading.Event
     ) -> EpochEnd:
-        """Validation, the means over ranks, early stopping, the best checkpoint, records,
-        the epoch checkpoint."""
         parts, log, validation = self.parts, self.log, self.validation
         assert log is not None  # opened by open()
         progress = parts.state.progress
@@ -291,8 +278,3 @@ class RunCycle:
         )
         log.write_json("amp_stats.json", parts.policy.get_amp_stats())
         log.drain()
-
-
-def monotonic() -> float:
-    """The monitor's clock: an epoch's samples follow the time it started."""
-    return time.monotonic()

@@ -1,12 +1,6 @@
 """What follows each check of the monitored value: a plateau scheduler steps with it, and
-the stopping rules are judged.
-
-A check is every validation (``val_every_n_epochs``, ``val_every_n_steps``), or the end of
-every epoch where the monitored value is the training loss. Rank 0 decides whether to stop
-and every rank follows (no rank is left waiting in a collective); the values themselves are
-already the same on every rank (means over all ranks). A stop decided inside an epoch (a
-step validation) sets the run's stop flag: the step thread stops at this step boundary and
-the run writes its stop checkpoint (``early_stop``).
+the stopping rules are judged. A check is every validation, or every epoch's end where the
+monitored value is the training loss.
 """
 
 from __future__ import annotations
@@ -35,8 +29,7 @@ class Judge:
         return not self.monitor.startswith("val_")
 
     def check(self, values: dict[str, Any], *, epochs: int, stop: threading.Event) -> bool:
-        """One check of ``values`` after ``epochs`` epochs; True when the run stops here
-        (its flag ``stop`` is then set)."""
+        """One check of ``values`` after ``epochs`` epochs; True (and ``stop`` set) to stop."""
         value = values.get(self.monitor)
         if value is None:
             return self.due(epochs=epochs, stop=stop)
@@ -57,7 +50,7 @@ class Judge:
 
     def _decide(self, reason: str | None, stop: threading.Event) -> bool:
         parts = self.parts
-        if parts.strategy.world_size > 1:  # rank 0 decides, every rank follows
+        if parts.strategy.world_size > 1:  # rank 0 decides: no rank is left in a collective
             reason = parts.strategy.broadcast_object(reason)
         if reason is None:
             return False

@@ -1,10 +1,4 @@
-"""What ``run_start`` says about the run ahead: the plan, the model, and its lineage.
-
-``plan`` is what a progress bar and a reader need to know before the first step (steps per
-epoch, the effective batch, the validation schedule); ``lineage`` says whether the model's
-initial weights match the previous run of the experiment (``seed=`` alone does not seed a
-model built before the run: :func:`core.seed_everything` does).
-"""
+"""What ``run_start`` says about the run ahead: the plan, the model, and its lineage."""
 
 from __future__ import annotations
 
@@ -47,7 +41,8 @@ def plan(config: TrainingConfig, parts: Parts) -> dict[str, Any]:
 
 
 def lineage(parts: Parts, run_dir: Path, run_id: str) -> dict[str, Any]:
-    """``model_init_hash`` and whether it matches the previous run of the experiment."""
+    """``model_init_hash`` and whether it matches the previous run of the experiment (``seed=``
+    alone does not seed a model built before the run: :func:`core.seed_everything` does)."""
     previous = previous_init_hash(run_dir.parent, run_id)
     mine = parts.init_hash
     return {

@@ -1,18 +1,13 @@
 """Validation during a run: when it is due, running it, its record, and the best checkpoint.
 
-Validation runs on the step thread after every ``val_every_n_epochs``-th epoch and, as a step
-hook, every ``val_every_n_steps`` optimizer steps (never twice at one step), over the first
-``limit_val_batches`` batches of the ``val_loader`` (all without a limit). After each
-one, with ``save_best=True``, the monitored value (``val_loss``, ``val_accuracy``,
-``val_<metric>``; ``train_loss`` at epoch ends) is compared with the best so far and an
-improvement is saved as a checkpoint the store keeps apart from ``keep_last_n``.
+The best checkpoints (``save_best``/``save_top_k``) are kept apart from ``keep_last_n``.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,9 +23,28 @@ if TYPE_CHECKING:
     from core.trainer.assembly.build import Parts
     from core.trainer.epochs.judging import Judge
 
-__all__ = ("Validation",)
+__all__ = ("Validation", "evaluate_parts")
 
 Save = Callable[..., "str | None"]
+
+
+def evaluate_parts(
+    parts: Parts, loader: Iterable[Any], *, epoch: int, stop: threading.Event, step: int | None
+) -> EvalStats:
+    """:func:`~core.loop.evaluation.evaluate` with the run's model and parts."""
+    return evaluate(
+        parts.model,
+        loader,
+        epoch=epoch,
+        stop=stop,
+        precision=parts.policy.precision,
+        strategy=parts.strategy,
+        objective=parts.objective.evaluation(),
+        errors=parts.errors,
+        prepare_batch=parts.prepared.prepare_batch,
+        metrics=parts.metrics,
+        step=step,
+    )
 
 
 class Validation:
@@ -45,17 +59,12 @@ class Validation:
         self.parts = parts
         self.log = log
         self.save = save
-        self.last_step: int | None = None
-        """The optimizer step of the latest validation (None: none yet in this process)."""
-        self.since_epoch_end: EvalStats | None = None
-        """The latest validation since the last epoch end (what early stopping watches)."""
-        given = parts.val_loader
-        self.loader = (  # a bad limit for this loader fails here, when the job is built
-            None
-            if given is None
-            else limit_batches(given, self.run.limit_val_batches, "limit_val_batches")
-        )
-        """What a validation evaluates: the val_loader, limited to ``limit_val_batches``."""
+        self.last_step: int | None = None  # the step of the latest validation in this process
+        self.since_epoch_end: EvalStats | None = None  # what early stopping watches
+        self.loader: Iterable[Any] | None = None  # the val_loader, limited
+        if parts.val_loader is not None:  # a bad limit fails here, when the job is built
+            limit = self.run.limit_val_batches
+            self.loader = limit_batches(parts.val_loader, limit, "limit_val_batches")
 
     # -- when -----------------------------------------------------------------------------
     def due_after_epoch(self, epochs_completed: int) -> bool:
@@ -69,7 +78,6 @@ class Validation:
 
     @property
     def every_n_steps(self) -> int | None:
-        """``val_every_n_steps`` where there is a val_loader; None otherwise."""
         return None if self.parts.val_loader is None else self.run.val_every_n_steps
 
     def due_after_step(self, step: int) -> bool:
@@ -78,24 +86,12 @@ class Validation:
 
     # -- running --------------------------------------------------------------------------
     def validate(self, epoch: int, stop: threading.Event) -> EvalStats:
-        """One validation pass, its ``validation_start``/``validation`` records, the tally."""
+        """One validation pass, its records and the tally."""
         parts, log, loader = self.parts, self.log, self.loader
         assert loader is not None
         step = parts.loop.global_step
         log.emit("validation_start", epoch=epoch, step=step, batches=batches_in(loader))
-        evaluation = evaluate(
-            parts.model,
-            loader,
-            epoch=epoch,
-            stop=stop,
-            precision=parts.policy.precision,
-            strategy=parts.strategy,
-            objective=parts.objective.evaluation(),
-            errors=parts.errors,
-            prepare_batch=parts.prepared.prepare_batch,
-            metrics=parts.metrics,
-            step=step,
-        )
+        evaluation = evaluate_parts(parts, loader, epoch=epoch, stop=stop, step=step)
         if evaluation.interrupted:
             return evaluation
         if not math.isfinite(evaluation.loss):
@@ -124,7 +120,7 @@ class Validation:
         return evaluation
 
     def validate_if_due(self, step: int, stop: threading.Event) -> None:
-        """After an optimizer step (a step hook): validate on ``val_every_n_steps``."""
+        """After an optimizer step: validate on ``val_every_n_steps``."""
         if not self.due_after_step(step):
             return
         parts = self.parts
@@ -148,9 +144,7 @@ class Validation:
         return values
 
     def keep_if_best(self, values: dict[str, Any]) -> None:
-        """With ``save_best``/``save_top_k``: checkpoint a value that enters the top ``k``
-        and keep it. The run's tally names the checkpoint before it is written, so the
-        checkpoint holds itself as the best (a resume from it reports it)."""
+        """Checkpoint and keep a monitored value that enters the top ``k``."""
         config, progress = self.checkpoint, self.parts.state.progress
         value = values.get(config.monitor)
         if not config.tracks_best or value is None or not math.isfinite(value):
@@ -162,7 +156,7 @@ class Validation:
             return
         before = (progress.top_k, progress.best_value, progress.best_checkpoint)
         is_best = ranked[0][1] == path
-        self._tally(ranked)
+        self._tally(ranked)  # before the write: the checkpoint holds itself as the best
         checkpointer.mark_stale()  # the tally changed: this step's checkpoint is written now
         try:
             saved = self.save("best" if is_best else "top_k", best=is_best)
@@ -183,8 +177,7 @@ class Validation:
         progress.best_checkpoint = str(ranked[0][1]) if ranked else None
 
     def forget_missing(self) -> None:
-        """After a resume: drop the kept best checkpoints that no longer exist (pruned or
-        deleted since), so ``best_checkpoint`` never names one that is gone."""
+        """After a resume: drop the kept best checkpoints that no longer exist."""
         progress = self.parts.state.progress
         ranked = progress.top_k
         if not ranked and progress.best_checkpoint and progress.best_value is not None:

@@ -2,15 +2,8 @@
 step on the run's own batches (``benchmark_performance``), and the largest batch size within
 a share of the device's memory (``get_optimal_batch_size``).
 
-Both run synchronously on the calling thread, between ``train()`` calls; the model's weights,
-its gradients, the optimizer's state, the loss scale and every RNG are as before when they
-return, so training is unaffected.
-
-Example::
-
-    run = TrainingJob(config, model=model, train_loader=loader)
-    run.benchmark_performance(num_iterations=20)["average_forward_time"]
-    run.get_optimal_batch_size(target_memory_usage=0.8)
+Both run on the calling thread, between ``train()`` calls, and leave the weights, gradients,
+optimizer state, loss scale and every RNG as they were.
 """
 
 from __future__ import annotations
@@ -32,16 +25,15 @@ from core.loop.step import build_update
 from core.memory.batches import batch_maker_from
 from core.memory.finder import find_batch_size
 from core.memory.trial import preserved
-from core.rng import capture_rng, restore_rng
 from core.trainer.assembly.build import Parts
-from core.trainer.assembly.model_setup import optimizer_factory_like
+from core.trainer.assembly.model_setup import first_batch, optimizer_factory_like
 
 __all__ = ("benchmark_performance", "optimal_batch_size")
 
 
 def _timer(device: torch.device) -> Callable[[], float]:
-    """A clock that first waits for ``device``: without the wait, a CUDA phase would be
-    timed as the moment its kernels were queued. The sync is what a benchmark is for."""
+    """A clock that first waits for ``device`` (the sync is what a benchmark is for: else a
+    CUDA phase is timed as the moment its kernels were queued)."""
     if not device_of(device).is_cuda:
         return perf_counter
 
@@ -53,7 +45,7 @@ def _timer(device: torch.device) -> Callable[[], float]:
 
 
 def _batches(parts: Parts) -> Iterator[Any]:
-    """The run's training batches, over and over (a loader read whole, epoch after epoch)."""
+    """The run's training batches, over and over."""
     loader = parts.train_loader
     first = iter(loader)
     try:
@@ -68,21 +60,10 @@ def _batches(parts: Parts) -> Iterator[Any]:
 def benchmark_performance(
     parts: Parts, config: TrainingConfig, num_iterations: int
 ) -> dict[str, Any]:
-    """Time ``num_iterations`` training steps of the run's model on its training batches, in
-    its precision: forward and loss, backward, and the optimizer step (unscale, gradient
-    norm and clipping included), each averaged in seconds. One step runs first to warm up
-    (allocations, lazy optimizer state, autotuning) and is not counted; batches come from
-    the train loader in order, repeating it when it runs out. Weights, gradients, optimizer
-    state, loss scale and RNG are restored afterwards (the train loader's shuffle order
-    too: a sampler draws it from torch's generator).
-
-    ``samples_per_second`` is the batch's samples over the mean step time; ``batch_size``
-    the first batch's samples. A loader batch runs as one forward (without the run's
-    ``micro_batch_size`` split). Under DDP every rank must call it (backward all-reduces).
-
-    Example::
-
-        benchmark_performance(parts, config, 10)["average_backward_time"]
+    """Seconds of forward and loss, backward, and optimizer step (unscale and clipping
+    included), each averaged over ``num_iterations`` steps after one warm-up step, on the train
+    loader's batches in order. A loader batch runs as one forward (no ``micro_batch_size``
+    split); ``batch_size`` is the first batch's samples. Under DDP every rank must call it.
     """
     if not (is_int(num_iterations) and num_iterations >= 1):
         raise config_error("num_iterations", num_iterations, "an integer >= 1", "e.g. 100.")
@@ -139,18 +120,10 @@ def benchmark_performance(
 
 
 def optimal_batch_size(parts: Parts, config: TrainingConfig, target_memory_usage: float) -> int:
-    """The largest batch size whose training step of the run's model (in its precision,
-    with its loss and a fresh optimizer of its optimizer's class) uses at most
-    ``target_memory_usage`` of the device's memory: on CUDA of the free memory plus what
-    torch already holds (the model, its cache), on CPU of the available RAM (``MemAvailable``).
-    Searched from the first training batch's size up to ``config.memory.max_batch_size``
-    (:func:`~core.memory.find_batch_size`); the answer is per process (under several ranks,
-    every rank calls it and all get the smallest answer). Weights and RNG are restored.
-
-    Example::
-
-        optimal_batch_size(parts, config, 0.8)
-    """
+    """The largest batch size whose training step (the run's precision and loss, a fresh
+    optimizer of its class) uses at most ``target_memory_usage`` of the device's memory (CUDA:
+    free plus what torch holds; CPU: ``MemAvailable``), up to ``config.memory.max_batch_size``.
+    Under several ranks every rank calls it and all get the smallest answer."""
     if not (is_number(target_memory_usage) and 0 < target_memory_usage <= 1):
         raise config_error(
             "target_memory_usage",
@@ -158,11 +131,7 @@ def optimal_batch_size(parts: Parts, config: TrainingConfig, target_memory_usage
             "a fraction in (0, 1]",
             "e.g. 0.8 to use at most 80% of the device's memory.",
         )
-    state = capture_rng()  # a shuffling loader draws its order: the run must not notice
-    try:
-        first = next(iter(parts.train_loader))
-    finally:
-        restore_rng(state)
+    first = first_batch(parts.train_loader)
     model = parts.strategy.unwrap(parts.model)
     search = find_batch_size(
         model,

@@ -1,8 +1,6 @@
 """``evaluate()`` and ``predict()`` of a built job: its model, device, precision and ranks.
 
-Both run off the event loop (in a worker thread) on the parts a run trains, between runs.
-Under DDP/FSDP2 every rank must call them (the loader is sharded as the validation loader
-is, and the evaluation's sums are all-reduced): each rank predicts its own shard.
+Under DDP/FSDP2 every rank calls them, each on its own shard of the loader.
 """
 
 from __future__ import annotations
@@ -11,9 +9,9 @@ import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from core.loop.evaluation import evaluate
 from core.loop.prediction import predict
 from core.trainer.assembly.arguments import check_loader
+from core.trainer.epochs.validation import evaluate_parts
 
 if TYPE_CHECKING:
     from core.trainer.assembly.build import Parts
@@ -22,12 +20,8 @@ __all__ = ("evaluate_with", "predict_with")
 
 
 def evaluate_with(parts: Parts, loader: Iterable[Any] | None) -> dict[str, float | None]:
-    """Loss, accuracy, ``metrics=`` values and the sample count over ``loader`` (default:
-    the run's ``val_loader``), averaged over every rank's samples.
-
-    ``samples`` is the number of samples evaluated, summed over every rank (a float, as the
-    other values): the dataset's length for a full pass over a sized dataset, since samples
-    that only pad a rank's shard are run but not counted."""
+    """Loss, accuracy, ``metrics=`` values and ``samples`` (a float, over every rank, padding
+    uncounted) over ``loader`` (default: the run's ``val_loader``)."""
     if loader is None:
         loader = parts.val_loader
         if loader is None:
@@ -38,18 +32,8 @@ def evaluate_with(parts: Parts, loader: Iterable[Any] | None) -> dict[str, float
     else:
         check_loader(loader, "loader", max_epochs=1)
         loader = parts.distribution.prepare_loader(loader, train=False)
-    stats = evaluate(
-        parts.model,
-        loader,
-        epoch=parts.state.epochs_completed,
-        stop=threading.Event(),
-        precision=parts.policy.precision,
-        strategy=parts.strategy,
-        objective=parts.objective.evaluation(),
-        errors=parts.errors,
-        prepare_batch=parts.prepared.prepare_batch,
-        metrics=parts.metrics,
-    )
+    epoch = parts.state.epochs_completed
+    stats = evaluate_parts(parts, loader, epoch=epoch, stop=threading.Event(), step=None)
     parts.model.train()
     return {
         "loss": stats.loss,

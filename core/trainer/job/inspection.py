@@ -16,8 +16,7 @@ __all__ = ("checkpoints_of", "describe")
 
 
 def describe(config: TrainingConfig, parts: Parts) -> dict[str, Any]:
-    """What the config resolved to: each part's own description (as in ``run_start``), and
-    the plan as it stands now (micro-batches after an automatic search or an OOM split)."""
+    """What the config resolved to (as in ``run_start``), and the plan as it stands now."""
     accumulation = parts.accumulation
     return resolved(
         {

@@ -5,19 +5,9 @@
     async with TrainingJob(config, model=model, train_loader=loader) as run:
         results = await run.train()
 
-Creating a job checks its arguments, cheaply; entering builds the parts (process group
-included) in a worker thread, where the directories it writes are checked first (under
-``isolation="process"``: and what crosses into the training process); leaving releases them
-(``aclose()``). ``train()`` enters a job not entered yet: creating and starting a run leave
-the event loop's thread nothing to hash, pickle, build or write. ``train()`` runs epochs on
-the run's step thread (``core.trainer.running.step_thread``); the event loop only schedules.
-Cancelling ``train()`` in any
-way (an anyio cancel scope, ``task.cancel()``, ``asyncio.wait_for``, ``asyncio.timeout``,
-Ctrl-C under ``asyncio.run``) sets a stop flag: the thread finishes its optimizer step, a
-checkpoint is written (shielded; ``core.trainer.running.stopping``), the run is closed (``run_end``
-with ``status="cancelled"``) and the cancellation propagates. With
-``run.handle_signals=True``, SIGTERM/SIGINT do the same and ``train()`` raises
-:class:`~core.errors.SignalReceived`. Callbacks (``core.callbacks``) observe the records.
+Creating a job checks its arguments, cheaply; entering builds the parts in a worker thread;
+leaving releases them. Cancelling ``train()`` in any way stops the run at a step boundary
+with its checkpoint, then propagates (docs/checkpoints-and-reliability.md).
 """
 
 from __future__ import annotations
@@ -69,29 +59,17 @@ class TrainingJob(JobViews):
     """One training job: its config tree, its runtime objects and, once built, its parts.
 
     ``optimizer`` is a torch optimizer over ``model``'s parameters or a factory taking the
-    parameters (default: AdamW from ``config.optim``, fused where supported); ``scheduler``
-    a scheduler of that optimizer or a factory taking it. ``metrics`` maps names to
-    :class:`~core.metrics.Metric` objects or ``(outputs, targets) -> tensor`` callables,
-    computed at every validation (``val_<name>`` for ``monitor``). ``callbacks`` observe
-    the records; a :class:`~core.console.ProgressBar` is added on rank 0 unless
-    ``config.logging.progress`` is False or one is given. Bad arguments raise
-    :class:`~core.errors.ConfigError` here, before anything is built.
+    parameters (default: AdamW from ``config.optim``); ``scheduler`` a scheduler of that
+    optimizer or a factory taking it. ``metrics`` maps names to :class:`~core.metrics.Metric`
+    objects or ``(outputs, targets) -> tensor`` callables (``val_<name>`` for ``monitor``).
+    ``training_step(model, batch)`` computes the loss in place of ``loss_fn``;
+    ``validation_step`` evaluates (default: ``training_step``). Runtime objects may be named
+    as ``"package.module:function"`` factories; under ``run.isolation="process"`` or ``"ray"``
+    they must pickle, or be such factories.
 
-    Creation does only the cheap checks. The directories the run writes (``log_dir``,
-    ``checkpoint_dir``) and, under ``isolation="process"``, whether every object pickles are
-    checked where the run starts (:meth:`start`, ``async with``, ``train()``: in a worker
-    thread) and refused there with the same :class:`~core.errors.ConfigError`.
-
-    ``training_step(model, batch)`` computes the loss in place of ``loss_fn`` (and may return
-    values to log with it: ``core.loop.step_function``); ``validation_step`` evaluates
-    (default: ``training_step``).
-
-    ``model``, the loaders, ``loss_fn``, the step functions, ``optimizer`` and ``scheduler``
-    may also be named as ``"package.module:function"`` factories (see
-    ``core.trainer.process.crossing``). With
-    ``config.run.isolation="process"`` the job trains in a supervised child process
-    (``core.trainer.process``), with ``"ray"`` in an actor of a Ray cluster
-    (``core.trainer.cluster``): what it is given must pickle, or be such a factory.
+    Bad arguments raise :class:`~core.errors.ConfigError` here; the directories the run writes
+    and what crosses into a training process are checked where the run starts (a worker
+    thread), with the same error.
     """
 
     def __init__(
@@ -128,8 +106,8 @@ class TrainingJob(JobViews):
             model_factory=factory_of(model),
         )
         check_runtime(runtime, config, callbacks)
+        # Where an isolated job trains: a training process (its ranks), or a Ray actor.
         self._placement: type[TrainingProcess] | type[RayRun] = TrainingProcess
-        """Where an isolated job trains: a training process (its ranks), or a Ray actor."""
         if config.run.isolation == "ray":
             require_ray()
             from core.trainer.cluster.placement import RayRun  # loaded for Ray runs only
@@ -137,9 +115,8 @@ class TrainingJob(JobViews):
             self._placement = RayRun
         self._crossing = ranks_crossing(config, given) or crossing_for(config, given)
         super().__init__(config, runtime, isolated=self._crossing is not None)
+        # run_start's resolved.isolation: a training process adds what crossed, and how
         self.isolation: dict[str, Any] = {"mode": config.run.isolation}
-        """Where this job trains and how its objects got there (``run_start``'s
-        ``resolved.isolation``; a training process adds what crossed, and how)."""
         self._callbacks = with_default_callbacks(callbacks, config)
         self._hub = EventHub()
         self._log = CurrentLog()
@@ -170,27 +147,23 @@ class TrainingJob(JobViews):
 
     async def start(self) -> None:
         """Check the directories the run writes and build the parts, in a worker thread
-        (idempotent; ``train()`` calls it). Under ``isolation="process"`` the training
-        process builds them: this checks what crosses (pickling its structure) and starts
-        the fork server it is started from (``core.trainer.process.supervisor``); under
-        ``"ray"`` it connects to the cluster (``core.trainer.cluster.connection``)."""
+        (idempotent; ``train()`` calls it). Isolated, check what crosses and start the fork
+        server, or connect to the Ray cluster."""
         if self._isolated:  # the fork server imports torch and core meanwhile
             await anyio.to_thread.run_sync(self._prepare_crossing, limiter=run_starts())
         elif self._parts is None:
             await anyio.to_thread.run_sync(self.build, limiter=run_starts())
 
     def build(self) -> None:
-        """Do what :meth:`start` does, but now, in this thread, without starting the fork
-        server (the synchronous factory calls this outside an event loop)."""
+        """Do what :meth:`start` does in this thread, without starting the fork server."""
         if self._isolated:
             self._check_crossing()
         else:
             self._build_here()
 
     def build_on_demand(self) -> None:
-        """Leave the build to :meth:`start` or ``train()`` (a worker thread), or to the first
-        read of a part (``run.optimizer``, ``run.describe()``), which builds it then, in the
-        reading thread: what the synchronous factory does inside a running event loop."""
+        """Leave the build to :meth:`start`, ``train()``, or the first read of a part (in the
+        reading thread)."""
         self._build_on_demand = True
 
     def _prepare_crossing(self) -> None:
@@ -236,29 +209,20 @@ class TrainingJob(JobViews):
                 self._parts.monitor.close()
 
     def events(self, capacity: int | None = None) -> EventStream:
-        """An async iterator over this run's records (those ``events.jsonl`` receives).
-
-        Subscribe before or during ``train()``; the stream ends after ``run_end``. A consumer
-        more than ``capacity`` records behind loses the oldest ones (``stream.dropped``);
-        training never waits for it.
-        """
+        """An async iterator over this run's records, ending after ``run_end``. A consumer more
+        than ``capacity`` records behind loses the oldest ones (``stream.dropped``)."""
         return self._hub.subscribe(capacity or self._config.logging.event_buffer_size)
 
     def describe(self) -> dict[str, Any]:
-        """What the config resolved to (each part's description, as in ``run_start``) and the
-        plan: steps per epoch, effective batch, micro-batches as they stand now."""
+        """What the config resolved to (as in ``run_start``) and the plan as it stands now."""
         return describe(self._config, self._built) | {"isolation": dict(self.isolation)}
 
     def request_stop(self, reason: str = "requested by a callback") -> bool:
-        """Stop the run in progress at its next step boundary (a callback's way to steer,
-        from any hook, or any code on the event loop's thread): the stop checkpoint is
-        written, ``train()`` returns, ``run_end`` has ``status="stopped"`` and
-        ``stop_reason="requested: <reason>"``. Under ``isolation="process"`` and
-        ``devices=N`` the request crosses to the training process. A request made while
-        ``train()`` still starts (the parts or the training process not built yet) is held
-        and honoured at the first step boundary. False where it will not be honoured (nothing
-        happens): no ``train()`` in progress, or its training process has ended or is being
-        cancelled."""
+        """Stop the run in progress at its next step boundary, from the event loop's thread:
+        the stop checkpoint is written, ``train()`` returns, ``run_end`` has
+        ``status="stopped"`` and ``stop_reason="requested: <reason>"``. A request while
+        ``train()`` still starts is held for its first step. False where it will not be
+        honoured: no ``train()`` in progress, or its training process ended or is cancelled."""
         if not self._running:
             return False
         if self._placed is not None:
@@ -271,12 +235,11 @@ class TrainingJob(JobViews):
 
     # -- using the trained model ----------------------------------------------------------
     async def evaluate(self, loader: Iterable[Any] | None = None) -> dict[str, float | None]:
-        """Loss, accuracy and ``metrics=`` over ``loader`` (default: the ``val_loader``) on the
-        run's device and precision; under several ranks, call it on every rank.
+        """Loss, accuracy and ``metrics=`` over ``loader`` (default: the ``val_loader``); under
+        several ranks, call it on every rank.
 
-        ``{"loss": 0.31, "accuracy": 0.9, "f1": 0.88, "samples": 128.0}``: ``samples`` is how
-        many samples were evaluated, over every rank (``len(dataset)`` for a whole loader;
-        padding a rank's shard adds none); ``accuracy`` is None where it does not apply."""
+        ``{"loss": 0.31, "accuracy": 0.9, "f1": 0.88, "samples": 128.0}``: ``samples`` counts
+        every rank's (padding a shard adds none); ``accuracy`` is None where it does not apply."""
         parts = await self._idle("evaluate")
         return await anyio.to_thread.run_sync(evaluate_with, parts, loader)
 
@@ -287,16 +250,15 @@ class TrainingJob(JobViews):
         return await anyio.to_thread.run_sync(predict_with, parts, loader)
 
     def benchmark_performance(self, num_iterations: int = 100) -> dict[str, Any]:
-        """Average forward, backward and optimizer-step seconds over ``num_iterations`` steps
-        on the run's batches, and ``samples_per_second``; training is unaffected (see
-        :func:`core.trainer.job.benchmark.benchmark_performance`). Synchronous: in async code,
+        """Average forward, backward and optimizer-step seconds over ``num_iterations`` steps,
+        and ``samples_per_second``; training is unaffected. Synchronous: in async code,
         ``await anyio.to_thread.run_sync(run.benchmark_performance, 20)``."""
         parts = self._ready("benchmark_performance")
         return benchmark_performance(parts, self._config, num_iterations)
 
     def get_optimal_batch_size(self, target_memory_usage: float = 0.8) -> int:
         """The largest batch size within ``target_memory_usage`` of the device's memory (CPU:
-        of the available RAM); see :func:`core.trainer.job.benchmark.optimal_batch_size`."""
+        of the available RAM)."""
         parts = self._ready("get_optimal_batch_size")
         return optimal_batch_size(parts, self._config, target_memory_usage)
 
@@ -337,8 +299,8 @@ class TrainingJob(JobViews):
             self._stop_target = None
 
     async def _start_run(self, cancelled: anyio.Event) -> tuple[Run, dict[str, Any]] | None:
-        """A run of this job, made in a worker thread that a cancellation never leaves
-        behind: cancelled meanwhile, its idle step thread is let go and None returned."""
+        """A run of this job, made in a worker thread; None (its step thread let go) once
+        ``cancelled``."""
         run, description = await anyio.to_thread.run_sync(
             self._new_run, self._observers(), limiter=run_starts()
         )
@@ -348,9 +310,8 @@ class TrainingJob(JobViews):
         return run, description
 
     def _new_run(self, observers: Observers) -> tuple[Run, dict[str, Any]]:
-        """The parts built (where not yet), a run of them and its description: in a worker
-        thread, where building and starting the run's step thread hold the interpreter lock
-        (a thread started on the event loop's thread blocks it until the new one runs)."""
+        """The parts built (where not yet), a run of them and its description (a worker
+        thread's call: a thread started on the event loop's thread blocks it)."""
         self._build_here()
         assert self._cycle is not None
         return Run(self._config, self._built, self._cycle, self._hub, observers), self.describe()
@@ -387,10 +348,8 @@ class TrainingJob(JobViews):
         )
 
     def when_opened(self, listener: Callable[[Path], None]) -> None:
-        """Call ``listener`` with the run's directory as soon as each ``train()`` has opened
-        it, on the event loop's thread, before any of its records reaches a callback (how a
-        training process tells its service at once: an ``on_run_start`` hook may come after
-        the process has died)."""
+        """Call ``listener`` with the run's directory as each ``train()`` opens it, before any
+        record reaches a callback (an ``on_run_start`` hook may come after a process died)."""
         self._open_listeners.append(listener)
 
     def _opened(self, run_dir: Path) -> None:

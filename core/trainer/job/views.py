@@ -1,10 +1,6 @@
 """A job's state and the read-only views of it: where it runs, how far it got, its parts
-once built.
-
-Under ``run.isolation="process"`` the parts live in the training process: the progress
-(``global_step``, ``epochs_completed``, ``last_checkpoint``) is read from its records, the
-``model`` is the one given (loaded with the trained weights when ``train()`` returns), and
-the other parts exist here only once ``evaluate()``/``predict()`` built them.
+once built. Under ``run.isolation="process"`` the progress is read from the training
+process's records, and ``model`` is the one given, holding the trained weights after ``train()``.
 """
 
 from __future__ import annotations
@@ -30,20 +26,15 @@ __all__ = ("JobViews",)
 
 
 class JobViews:
-    """A job's state and its read-only properties: the base of
-    :class:`~core.trainer.job.orchestrator.TrainingJob`, which builds the parts, trains and
-    records where the run went (``_parts``, ``_run_dir``, ``_child``)."""
+    """A job's state and its read-only properties (the base of ``TrainingJob``)."""
 
     def __init__(self, config: TrainingConfig, runtime: Runtime, *, isolated: bool) -> None:
         self._config = config
         self._runtime = runtime
-        self._isolated = isolated
-        """The job trains in a child process (``run.isolation="process"``)."""
-        self._parts: Parts | None = None
-        """The parts, once built in this process."""
+        self._isolated = isolated  # the job trains in another process
+        self._parts: Parts | None = None  # once built in this process
         self._run_dir: Path | None = None
-        self._child = ChildState()
-        """The training process's progress, read from its records (isolated jobs)."""
+        self._child = ChildState()  # an isolated job's progress, read from its records
 
     @property
     def config(self) -> TrainingConfig:
@@ -51,8 +42,7 @@ class JobViews:
 
     @property
     def trains_here(self) -> bool:
-        """Whether this process trains the job (False where a training process, the ranks
-        of ``devices=N`` or a Ray actor train it: the parts are built there)."""
+        """Whether this process trains the job (not a training process, ranks or Ray actor)."""
         return not self._isolated
 
     @property
@@ -115,9 +105,7 @@ class JobViews:
 
     @property
     def model(self) -> nn.Module:
-        """The model as trained (placed, and wrapped by DDP/FSDP2/DataParallel if used). Under
-        ``isolation="process"``: the model given, which holds the trained weights once
-        ``train()`` has returned."""
+        """The model as trained (placed, and wrapped by DDP/FSDP2/DataParallel if used)."""
         if self._parts is None and self._isolated:
             return self._runtime.model
         return self._built.model

@@ -27,7 +27,7 @@ from core.checkpointing.store import CheckpointStore
 from core.config import TrainingConfig
 from core.trainer.process.crossing import Crossing
 from core.trainer.process.handback import HandBack
-from core.trainer.process.pipe import Sender
+from core.trainer.process.pipe import Sender, until_cancelled
 from core.trainer.process.shared import Packed
 from core.trainer.state.results import TrainingResults
 
@@ -35,41 +35,69 @@ __all__ = (
     "FINAL_WEIGHTS",
     "HEARTBEAT_S",
     "NICENESS",
-    "crossed",
     "discard_handed_back",
     "hand_back",
     "main",
+    "rebuilt",
+    "train_and_hand_back",
 )
 
 FINAL_WEIGHTS = "final_weights"
 _SCRATCH = "core-final-"
 HEARTBEAT_S = 1.0
-NICENESS = 10
-"""The training process's CPU priority below the service's: where they compete for cores,
-the service's event loop is scheduled first (alone, training runs at full speed)."""
+NICENESS = 10  # below the service's: its event loop is scheduled first where cores are short
 
 
 class Relay(Callback):
-    """Forwards every record, and the run's directory once it exists (:meth:`follow`), to
-    the parent."""
+    """Forwards every record, and the run's directory once it exists, to the parent."""
 
     def __init__(self, sender: Sender) -> None:
         self._sender = sender
 
     def follow(self, job: Any) -> None:
-        """Tell the parent ``job``'s run directory as the run opens it, before its records:
-        a process that dies at its first steps has then said whose checkpoints are whose."""
+        """Tell the parent ``job``'s run directory as the run opens it, before its records (a
+        process dying at its first steps has said whose checkpoints are whose)."""
         job.when_opened(lambda run_dir: self._sender.put(("opened", str(run_dir))))
 
     async def on_record(self, run: RunInfo, record: Record) -> None:
         self._sender.put(("records", [record]))
 
 
-def training_config(config: TrainingConfig) -> TrainingConfig:
-    """The parent's config as the training process runs it: in its own step thread, stopped
-    gracefully by signals, no progress bar (the parent's callbacks draw one)."""
+def rebuilt(
+    job_class: Any,
+    config: TrainingConfig,
+    packed: Packed,
+    sender: Sender | None,
+    mode: str,
+    *,
+    private: bool = False,
+) -> Any:
+    """The job rebuilt from what crossed (``private``: on its own copy of the tensors),
+    relaying its records through ``sender`` (if any); ``mode`` is where it trains."""
+    # In its own step thread, stopped by signals, without a progress bar (the parent's draws one).
     run = replace(config.run, isolation="thread", handle_signals=True)
-    return replace(config, run=run, logging=replace(config.logging, progress=False))
+    config = replace(config, run=run, logging=replace(config.logging, progress=False))
+    relays = [] if sender is None else [Relay(sender)]
+    job = job_class(config, callbacks=relays, **Crossing.unpack(packed, private=private))
+    for relay in relays:
+        relay.follow(job)
+    job.isolation = {
+        "mode": mode,
+        "crossing": "shared_memory",
+        "tensor_bytes": packed.tensor_bytes,
+        "hand_back": "shared_memory" if packed.model else "checkpoint",
+    }
+    return job
+
+
+async def train_and_hand_back(job: Any, packed: Packed) -> tuple[TrainingResults, str | None]:
+    """``job.train()``, then the trained weights handed back; the job closed either way."""
+    try:
+        results = await job.train()  # the process's first await: an earlier stop is held
+        final = await asyncio.to_thread(hand_back, packed, job, results)
+    finally:
+        await job.aclose()
+    return results, final
 
 
 def save_final_weights(state: dict[str, Any], run_dir: Path, step: int, epoch: int) -> Path:
@@ -80,20 +108,9 @@ def save_final_weights(state: dict[str, Any], run_dir: Path, step: int, epoch: i
     return store.commit(staging, step, {"epoch": epoch, "reason": "final"})
 
 
-def crossed(packed: Packed, mode: str) -> dict[str, Any]:
-    """How a job's objects crossed into its training process (``run_start``)."""
-    return {
-        "mode": mode,
-        "crossing": "shared_memory",
-        "tensor_bytes": packed.tensor_bytes,
-        "hand_back": "shared_memory" if packed.model else "checkpoint",
-    }
-
-
 def hand_back(packed: Packed, job: Any, results: TrainingResults) -> str | None:
-    """The trained weights on their way back to the service: into the shared memory they
-    crossed in (None), or, where they do not fit the given model, as a verified checkpoint
-    (its path). Under FSDP2 every rank calls it (the full state is a collective)."""
+    """The trained weights back into the shared memory they crossed in (None), or, where they
+    do not fit the given model, a verified checkpoint's path. Under FSDP2 every rank calls it."""
     state = job.distribution.strategy.model_state_dict(job.model)
     if job.distribution.strategy.rank != 0 or HandBack(packed).write(state):
         return None
@@ -104,8 +121,7 @@ def hand_back(packed: Packed, job: Any, results: TrainingResults) -> str | None:
 
 
 def discard_handed_back(final: str) -> None:
-    """In the service, once loaded: remove the temporary folder a smoke run's weights
-    crossed through (:func:`hand_back`); weights in a kept run directory stay."""
+    """In the service, once loaded: remove the temporary folder of a smoke run's weights."""
     scratch = Path(final).parent.parent
     if scratch.name.startswith(_SCRATCH) and scratch.parent == Path(tempfile.gettempdir()):
         shutil.rmtree(scratch, ignore_errors=True)
@@ -117,20 +133,13 @@ def _listen(
     task: asyncio.Task[Any],
     request_stop: Callable[[str], object],
 ) -> None:
-    """Cancel ``task`` on ``"cancel"`` or when the parent is gone (end-of-file); pass a
-    ``("stop", reason)`` to ``request_stop`` on the event loop."""
+    """Cancel ``task`` on ``"cancel"`` or the parent's end-of-file; pass a
+    ``("stop", reason)`` to ``request_stop``."""
 
     def wait() -> None:
-        try:
-            while (message := control.recv()) != "cancel":
-                if isinstance(message, tuple) and message[0] == "stop":
-                    loop.call_soon_threadsafe(request_stop, message[1])
+        with contextlib.suppress(RuntimeError):  # the run ended: its event loop is closed
+            until_cancelled(control, lambda reason: loop.call_soon_threadsafe(request_stop, reason))
             loop.call_soon_threadsafe(task.cancel)
-        except (EOFError, OSError):
-            with contextlib.suppress(RuntimeError):  # the run ended: its event loop is closed
-                loop.call_soon_threadsafe(task.cancel)
-        except RuntimeError:  # the run ended and its event loop closed meanwhile
-            pass
 
     threading.Thread(target=wait, name="core-pipe-control", daemon=True).start()
 
@@ -143,7 +152,7 @@ async def _train(
     job: Any = None
 
     def request_stop(reason: str) -> None:
-        # Called on this event loop, so never before train() below has begun (nothing awaits
+        # Called on this event loop, so never before job.train() has begun (nothing awaits
         # before it): the job holds the request until its run takes it at its first step.
         if job is not None:
             job.request_stop(reason)
@@ -151,17 +160,8 @@ async def _train(
     _listen(control, asyncio.get_running_loop(), task, request_stop)
     beat = asyncio.create_task(_heartbeat(sender))
     try:
-        objects = Crossing.unpack(packed)
-        relay = Relay(sender)
-        job = job_class(training_config(config), callbacks=[relay], **objects)
-        relay.follow(job)
-        job.isolation = crossed(packed, "process")
-        try:
-            results = await job.train()  # this process's first await (see request_stop)
-            final = await asyncio.to_thread(hand_back, packed, job, results)
-        finally:
-            await job.aclose()
-        sender.put(("ended", "completed", (results, final)))
+        job = rebuilt(job_class, config, packed, sender, "process")
+        sender.put(("ended", "completed", await train_and_hand_back(job, packed)))
     except asyncio.CancelledError:
         last = job.last_checkpoint if job is not None and job.run_dir is not None else None
         sender.put(("ended", "cancelled", last))
@@ -186,10 +186,9 @@ def main(
     out: Connection,
     threads: int,
 ) -> None:
-    """The training process's entry point. ``job_class`` is the job's own class
-    (:class:`~core.trainer.job.orchestrator.TrainingJob` or a subclass: the job trains here as
-    what it is), passed by reference so this module does not import the job that imports it;
-    ``threads`` is its share of the service's ``torch.get_num_threads()``."""
+    """The training process's entry point. ``job_class`` (the job's own class) is passed so
+    this module does not import the job that imports it; ``threads`` is its share of the
+    service's."""
     os.setpgrp()
     os.nice(NICENESS)
     torch.set_num_threads(threads)

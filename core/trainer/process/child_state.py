@@ -1,7 +1,6 @@
 """What the service knows of its training process's run, read from the records it relays
 (``run.isolation="process"``, ``devices=N``): the run's directory and id, how far it got,
-the checkpoint it resumed from and those it wrote. The job's views (``global_step``,
-``last_checkpoint``...) and the postmortem of a process that died read it."""
+the checkpoint it resumed from and those it wrote."""
 
 from __future__ import annotations
 
@@ -24,7 +23,6 @@ class ChildState:
     pid: int | None = None
     run_id: str | None = None
     resumed_from: str | None = None
-    """The checkpoint the run resumed from (its ``resumed`` record), if it did."""
 
     @property
     def own_run_id(self) -> str | None:

@@ -26,7 +26,6 @@ __all__ = (
     "MAIN_NOT_GUARDED",
     "crossing_for",
     "exit_if_importing_main",
-    "is_factory_name",
     "resolve",
 )
 
@@ -51,8 +50,8 @@ _OBJECTS = {
 
 
 def resolve(field: str, value: Any) -> Any:
-    """``value``, or the object its factory (a name, or a :class:`~core.factory.Factory`
-    for :data:`CALLED`) stands for: called for :data:`CALLED`, the function otherwise."""
+    """``value``, or what its factory (a name, or a :class:`~core.factory.Factory`) stands for:
+    its result for :data:`CALLED`, the function otherwise."""
     if isinstance(value, Factory) and field in CALLED:
         return value()
     if not isinstance(value, str):
@@ -69,21 +68,20 @@ def resolve(field: str, value: Any) -> Any:
 
 
 class Crossing:
-    """The runtime objects of a job as they cross into its training process: factory names
-    as given, everything else pickled in one piece (shared objects stay shared), its tensors
-    through shared memory (``core.trainer.process.shared``)."""
+    """The runtime objects of a job as they cross: factory names as given, everything else
+    pickled in one piece (shared objects stay shared). ``into`` and ``instead`` word the
+    refusals: where the objects go, and the fix that avoids the crossing."""
 
     def __init__(
-        self, given: Mapping[str, Any], into: str = "the training process (isolation='process')"
+        self, given: Mapping[str, Any], into: str, instead: str = "use isolation='thread'"
     ) -> None:
         self.names = {k: v for k, v in given.items() if isinstance(v, str)}
         self.objects = {k: v for k, v in given.items() if not isinstance(v, str)}
         self.into = into
-        """Where the objects cross into, as the errors say it."""
+        self.instead = instead
 
     def check_names(self) -> None:
-        """Raise :class:`ConfigError` naming the first factory name that cannot be imported
-        (cheap: where the run is created)."""
+        """Raise :class:`ConfigError` naming the first factory name that cannot be imported."""
         for field, name in self.names.items():
             if not is_factory_name(name):
                 raise config_error(field, name, FORMAT)
@@ -92,56 +90,54 @@ class Crossing:
                 raise config_error(field, name, FORMAT, f"no module {module!r} is importable.")
 
     def check_objects(self) -> None:
-        """Raise :class:`ConfigError` naming the first object that cannot cross. Only the
-        structure is pickled (no tensor data: 2-15 ms for a 58M-parameter model and its
-        optimizer), but that holds the interpreter lock: a run does this where it starts (a
-        worker thread), not at creation."""
+        """Raise :class:`ConfigError` naming the first object that cannot cross. Call it in a
+        worker thread: pickling the structure (2-15 ms for a 58M-parameter model and its
+        optimizer) holds the interpreter lock."""
         for field, value in self.objects.items():
             if value is None:
                 continue
             try:
                 unimportable = structure_of(value)
             except Exception as exc:
-                raise _cannot_cross(field, value, exc, self.into) from exc
+                raise _cannot_cross(field, value, exc, self) from exc
             if unimportable:
-                raise _in_main(field, value, unimportable[0], self.into)
+                raise _in_main(field, value, unimportable[0], self)
 
     def pack(self, model: Any) -> Packed:
-        """What crosses, with ``model``'s state dict laid out for the way back (call it off
-        the event loop: it copies every tensor once, into shared memory)."""
+        """What crosses, with ``model``'s state dict laid out for the way back (off the event
+        loop: it copies every tensor once, into shared memory)."""
         return pack((self.names, self.objects), model)
 
     @staticmethod
     def unpack(packed: Packed, *, private: bool = False) -> dict[str, Any]:
-        """In the training process: every object (its tensors views of the shared memory,
-        or of a private copy of it), and the factories as given (the job resolves them,
-        and records the model's in its checkpoints)."""
+        """In the training process: every object (``private``: on a copy of the shared
+        memory), and the factories as given (the job resolves them)."""
         names, objects = packed.unpack(private=private)
         return {**objects, **names}
 
 
-def _cannot_cross(field: str, value: object, exc: Exception, into: str) -> ConfigError:
+def _cannot_cross(field: str, value: object, exc: Exception, crossing: Crossing) -> ConfigError:
     shown = repr(value) if len(repr(value)) <= 80 else f"<{type(value).__qualname__} object>"
     error = ConfigError(
-        f"{field}={shown} cannot cross into {into}: it "
+        f"{field}={shown} cannot cross into {crossing.into}: it "
         f"does not pickle ({type(exc).__name__}: {exc}); allowed: an object that pickles, or "
         f"a factory named {FORMAT}. Fix: define it at module level (no lambda, local class, "
-        f"open file or lock), pass {field}='mypackage.module:make_{field}', or use "
-        "isolation='thread'."
+        f"open file or lock), pass {field}='mypackage.module:make_{field}', or "
+        f"{crossing.instead}."
     )
     error.field = field
     return error
 
 
-def _in_main(field: str, value: object, name: str, into: str) -> ConfigError:
+def _in_main(field: str, value: object, name: str, crossing: Crossing) -> ConfigError:
     shown = repr(value) if len(repr(value)) <= 80 else f"<{type(value).__qualname__} object>"
     error = ConfigError(
-        f"{field}={shown} cannot cross into {into}: it "
+        f"{field}={shown} cannot cross into {crossing.into}: it "
         f"needs {name}, defined in __main__, which that process cannot import (this program "
         "runs from python -c, standard input, or an interactive session or notebook); "
         f"allowed: classes and functions of an importable module, or a factory named "
         f"{FORMAT}. Fix: move {name} into a module (e.g. mymodels.py) and import it from "
-        f"there, pass {field}='mymodels:make_{field}', or use isolation='thread'."
+        f"there, pass {field}='mymodels:make_{field}', or {crossing.instead}."
     )
     error.field = field
     return error
@@ -149,15 +145,11 @@ def _in_main(field: str, value: object, name: str, into: str) -> ConfigError:
 
 def crossing_for(config: Any, given: Mapping[str, Any]) -> Crossing | None:
     """The crossing of a job with ``run.isolation="process"`` or ``"ray"`` (None in thread
-    mode), its names checked (its objects are checked at the run's start:
-    :meth:`Crossing.check_objects`). Under ``"ray"`` Ray must be importable.
-
-    Under torchrun every rank is already a process of its own, started by torchrun; a second
-    process per rank would only add a hop, so process isolation is refused there."""
+    mode), its names checked (its objects at the run's start)."""
     isolation = config.run.isolation
     if isolation == "thread":
         return None
-    if DistributedEnvironment.from_environ() is not None:
+    if DistributedEnvironment.from_environ() is not None:  # each rank is a process already
         raise config_error(
             "run.isolation",
             isolation,

@@ -1,7 +1,6 @@
 """The trained weights' way back from a training process, through the shared memory they crossed
-in (``core.trainer.process.shared``). :meth:`HandBack.write` copies only the entries no longer
-where they crossed; :meth:`HandBack.load_into` copies the block into the service's model in
-place. A state dict whose names or shapes differ comes back as a verified checkpoint instead.
+in (``core.trainer.process.shared``). A state dict whose names or shapes differ comes back as a
+verified checkpoint instead.
 """
 
 from __future__ import annotations
@@ -35,8 +34,8 @@ class HandBack:
 
     @torch.no_grad()
     def write(self, state: Mapping[str, Any]) -> bool:
-        """In the training process: put the trained ``state`` where the service reads it;
-        False (nothing written) when it does not fit the given model."""
+        """In the training process: put the trained ``state`` where the service reads it (only
+        the entries not already there); False when it does not fit the given model."""
         if not self.fits(state):
             return False
         for name, value in state.items():

@@ -8,11 +8,13 @@ Child to parent, batched by a sender thread so neither event loop blocks: ``("re
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -20,7 +22,7 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
-__all__ = ("Inbox", "Message", "Sender")
+__all__ = ("Inbox", "Message", "Sender", "until_cancelled")
 
 Message = tuple[Any, ...]
 _DONE = ("__done__",)
@@ -38,9 +40,18 @@ def _picklable(message: Message) -> Message:
     return message
 
 
+def until_cancelled(control: Connection, on_stop: Callable[[str], object]) -> None:
+    """Pass each ``("stop", reason)`` from the parent to ``on_stop``, until ``"cancel"`` or
+    the parent's end-of-file."""
+    with contextlib.suppress(EOFError, OSError):
+        while (message := control.recv()) != "cancel":
+            if isinstance(message, tuple) and message[0] == "stop":
+                on_stop(message[1])
+
+
 class Sender:
     """Sends messages from any thread of the training process, batched, never blocking the
-    caller; :meth:`close` sends what is queued and waits for it (a dead reader drops it)."""
+    caller; :meth:`close` sends what is queued and waits for it."""
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
@@ -84,27 +95,21 @@ class Sender:
 
 
 class Inbox:
-    """Reads every batch the training process sends, on a thread of its own (from
-    :meth:`start`), into :attr:`messages`, and wakes the event loop that created it (``await
-    inbox.wait()``).
-
-    One reader for the whole run, so that a cancelled waiter never leaves a read half done,
-    and nothing read is lost. The thread ends at end-of-file (the child's exit), appending
-    ``("eof",)``, or when the event loop is gone."""
+    """Reads every batch the training process sends into :attr:`messages`, on a thread of its
+    own (a cancelled waiter never leaves a read half done), and wakes the event loop that
+    created it; ``("eof",)`` ends the messages."""
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
         self.messages: deque[Message] = deque()
-        self.last_heard = time.monotonic()
-        """When the last batch arrived (the child sends at least a heartbeat each second)."""
+        self.last_heard = time.monotonic()  # the child sends a heartbeat every second
         self._token = anyio.lowlevel.current_token()
         self._arrived = anyio.Event()
         self._thread = threading.Thread(target=self._read, name="core-pipe-reader", daemon=True)
 
     def start(self) -> None:
-        """Start reading. Call it from a worker thread: a thread started from the event
-        loop's thread blocks that thread until the new one first holds the interpreter lock,
-        a switch interval or more while training threads hold it."""
+        """Start reading (a worker thread's call: a thread started from the event loop's thread
+        blocks it until the new one holds the interpreter lock)."""
         self._thread.start()
 
     async def wait(self) -> None:

@@ -44,11 +44,9 @@ def why_it_ended(status: ExitStatus, *, opened: bool) -> str:
 def last_good_checkpoint(
     config: TrainingConfig, state: ChildState
 ) -> tuple[str | None, str | None]:
-    """The last good checkpoint of the process's own run, and why that run had finished
-    (None where it had not: ``resume="auto"`` continues it). Its own: the newest checkpoint
-    the run wrote that verifies (its records may lag behind it), else the one it resumed
-    from; never another run's or lineage's that shares the directory; None where it has
-    neither. A hand-back through a checkpoint that was cut short leaves no staging behind."""
+    """The last good checkpoint of the process's own run (the newest it wrote that verifies,
+    else the one it resumed from; never another run's), and why that run had finished (None
+    where it had not). A hand-back that was cut short leaves no staging behind."""
     if state.run_dir is not None:
         final = CheckpointStore(state.run_dir / FINAL_WEIGHTS, keep_last_n=1)
         if final.directory.is_dir():

@@ -1,8 +1,5 @@
 """One rank of a ``devices=N`` job, started by torch's elastic launcher: it rebuilds the job
-from what crossed and trains it as a rank of a torchrun job does. Rank 0 relays its records
-and returns ``(results, final weights path)``; :data:`CANCEL`, or a launcher gone, cancels
-``train()`` (exit 129 after the stop checkpoint); any other exception is pickled into the
-launcher's folder for it to raise.
+from what crossed and trains it as a rank of a torchrun job does.
 """
 
 from __future__ import annotations
@@ -22,17 +19,15 @@ from typing import Any
 from core.config import TrainingConfig
 from core.distributed.environment import DistributedEnvironment
 from core.trainer.process import child
-from core.trainer.process.crossing import Crossing
 from core.trainer.process.pipe import Sender
 from core.trainer.process.shared import Packed
 
 __all__ = ("CANCEL", "STOP_MARGIN_S", "rank_main")
 
+# What the launcher sends itself on a cancel: torch's agent passes it to every rank, where it
+# cancels train() (SIGTERM and SIGINT stay the signals a run reports as such).
 CANCEL = signal.SIGHUP
-"""What the launcher sends itself on a cancel: torch's agent passes it to every rank, where
-it cancels ``train()`` (SIGTERM and SIGINT stay the signals a run reports as such)."""
-STOP_MARGIN_S = 15
-"""Seconds past ``stop_grace_s`` a stopping rank gets to write its checkpoint and exit."""
+STOP_MARGIN_S = 15  # past stop_grace_s, for a stopping rank to write its checkpoint and exit
 
 
 def rank_main(
@@ -43,8 +38,8 @@ def rank_main(
     stops: Connection,
     errors: str,
 ) -> tuple[Any, str | None] | None:
-    """One rank: the job rebuilt and trained; rank 0 returns ``(results, final weights)``
-    and takes the caller's stop requests from ``stops``."""
+    """One rank: rank 0 returns ``(results, final weights)`` and takes the caller's stop
+    requests; an exception is pickled into ``errors`` for the launcher to raise."""
     env = DistributedEnvironment.from_environ()
     rank = env.rank if env is not None else 0
     if rank != 0:
@@ -75,21 +70,12 @@ async def _train_rank(
     _watch_parent(loop, task, config.run.stop_grace_s + STOP_MARGIN_S)
     sender = Sender(records) if rank == 0 else None
     try:
-        objects = Crossing.unpack(packed, private=True)  # each rank trains its own copy
-        relay = None if sender is None else child.Relay(sender)
-        callbacks = [] if relay is None else [relay]
-        job = job_class(child.training_config(config), callbacks=callbacks, **objects)
-        if relay is not None:
-            relay.follow(job)
-        job.isolation = child.crossed(packed, f"rank {rank} of {config.distributed.devices}")
+        mode = f"rank {rank} of {config.distributed.devices}"
+        job = child.rebuilt(job_class, config, packed, sender, mode, private=True)  # its own copy
         if rank == 0:  # requests reach the job on this event loop, once train() has begun
             _take_stop_requests(stops, loop, job.request_stop)
-        try:
-            results = await job.train()  # the first await: the job holds an early request
-            final = await asyncio.to_thread(child.hand_back, packed, job, results)
-        finally:
-            await job.aclose()
-        return (results, final) if rank == 0 else None
+        ended = await child.train_and_hand_back(job, packed)
+        return ended if rank == 0 else None
     finally:
         if sender is not None:
             sender.close()
@@ -98,8 +84,8 @@ async def _train_rank(
 def _take_stop_requests(
     stops: Connection, loop: asyncio.AbstractEventLoop, request_stop: Callable[[str], object]
 ) -> None:
-    """Each reason the launcher passes on becomes this rank's ``request_stop`` (rank 0: the
-    other ranks follow its stop at the step boundary they vote for)."""
+    """Each reason the launcher passes on becomes rank 0's ``request_stop`` (the others follow
+    at the step boundary they vote for)."""
 
     def take() -> None:
         try:
@@ -113,8 +99,7 @@ def _take_stop_requests(
 
 
 def _watch_parent(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], grace_s: float) -> None:
-    """The launcher gone (killed): cancel this rank's run, as a cancel would; exit if it has
-    not ended ``grace_s`` later."""
+    """The launcher gone: cancel this rank's run; exit if it has not ended ``grace_s`` later."""
     parent = os.getppid()
 
     def watch() -> None:

@@ -1,15 +1,11 @@
 """``devices=N`` from the Python API: ``train()`` starts the job's N ranks itself.
 
-The job runs in a supervised training process as under ``isolation="process"``; that process
-is the launcher (:func:`main`): it starts N ranks as ``torchrun --standalone`` would and
-relays rank 0's records with its own heartbeat. A cancel reaches every rank through torch's
-agent (SIGHUP); a rank still running ``stop_grace_s`` + 15 s later is killed; a failed rank's
-own exception is raised.
+The supervised training process is the launcher (:func:`main`): it starts N ranks as
+``torchrun --standalone`` would and relays rank 0's records with its own heartbeat.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
@@ -19,22 +15,20 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from multiprocessing import get_context
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from typing_extensions import override
-
 from core.config import TrainingConfig
 from core.distributed.devices import ranks_to_start
 from core.distributed.launch import launch_local_ranks, quiet_agent
-from core.errors import ConfigError, SignalReceived, TrainingProcessDied
+from core.errors import SignalReceived, TrainingProcessDied
 from core.trainer.process import child
 from core.trainer.process.child_state import ChildState
 from core.trainer.process.crossing import Crossing, exit_if_importing_main
-from core.trainer.process.pipe import Message, Sender
+from core.trainer.process.pipe import Message, Sender, until_cancelled
 from core.trainer.process.postmortem import last_good_checkpoint
 from core.trainer.process.rank import CANCEL, STOP_MARGIN_S, rank_main
 from core.trainer.process.shared import Packed
@@ -45,53 +39,19 @@ _STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def ranks_crossing(config: TrainingConfig, given: Mapping[str, Any]) -> Crossing | None:
-    """The crossing of a job whose ``train()`` starts ``devices=N`` ranks, its names checked
-    (its objects at the run's start); None where this process trains the job itself (no
-    ``devices``, 1, or a rank already)."""
+    """The crossing of a job whose ``train()`` starts ``devices=N`` ranks, its names checked;
+    None where this process trains the job itself (no ``devices``, 1, or a rank already)."""
     devices = ranks_to_start(config.distributed, isolation=config.run.isolation)
     if devices is None:
         return None
     exit_if_importing_main()
-    crossing = _RanksCrossing(given, devices)
+    crossing = Crossing(
+        given,
+        f"the training process (devices={devices}: each rank rebuilds it)",
+        f"run it under torchrun --nproc-per-node {devices}",
+    )
     crossing.check_names()
     return crossing
-
-
-class _RanksCrossing(Crossing):
-    """What crosses into the launcher of ``devices`` ranks: the same checks, their refusals
-    worded for ranks."""
-
-    def __init__(self, given: Mapping[str, Any], devices: int) -> None:
-        super().__init__(given)
-        self.devices = devices
-
-    @override
-    def check_names(self) -> None:
-        with self._worded():
-            super().check_names()
-
-    @override
-    def check_objects(self) -> None:
-        with self._worded():
-            super().check_objects()
-
-    @contextlib.contextmanager
-    def _worded(self) -> Iterator[None]:
-        try:
-            yield
-        except ConfigError as exc:
-            devices = self.devices
-            message = (
-                str(exc)
-                .replace("(isolation='process')", f"(devices={devices}: each rank rebuilds it)")
-                .replace(
-                    "or use isolation='thread'",
-                    f"or run it under torchrun --nproc-per-node {devices}",
-                )
-            )
-            error = ConfigError(message)
-            error.field = exc.field
-            raise error from None
 
 
 def entry_point(config: TrainingConfig) -> Callable[..., None]:
@@ -108,8 +68,8 @@ def main(
     out: Connection,
     threads: int,
 ) -> None:
-    """The launcher's entry point (``child.main``'s arguments; ``threads`` is unused: the
-    ranks take torchrun's ``OMP_NUM_THREADS=1`` unless it is set)."""
+    """The launcher's entry point (``threads`` is unused: the ranks take torchrun's
+    ``OMP_NUM_THREADS=1`` unless it is set)."""
     os.setpgrp()
     os.nice(child.NICENESS)
     for stop in _STOPS:  # until torch's agent installs its own handlers: the same effect
@@ -154,7 +114,6 @@ def _launch(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     cancelled, state = watched
-
     devices = int(config.distributed.devices or 1)
     # Torch's agent logs each failure too; here ``train()`` raises what happened.
     quiet_agent(logging.CRITICAL)
@@ -176,21 +135,17 @@ def _launch(
         if kept is not None:
             return ("ended", "failed", kept)
         name = failure.signal_name() if failure.exitcode < 0 else None
-        why = f" (rank {rank} of {devices})"
-        died = TrainingProcessDied(
-            None if name else failure.exitcode,
-            name,
-            last_good_checkpoint(config, state)[0],
-            why=why,
-        )
+        code = None if name else failure.exitcode
+        last = last_good_checkpoint(config, state)[0]
+        died = TrainingProcessDied(code, name, last, why=f" (rank {rank} of {devices})")
         return ("ended", "failed", died)
     except Exception as exc:  # the launch itself failed (a rendezvous error)
         return ("ended", "failed", exc)
 
 
 def _let_go(*connections: Connection) -> None:
-    """In a rank forked from this launcher: close its copies of the launcher's own pipe
-    ends, so that the caller sees end-of-file when the launcher dies, whatever its ranks do."""
+    """In a rank forked from this launcher: close its copies of the launcher's pipe ends (the
+    caller sees end-of-file when the launcher dies, whatever its ranks do)."""
     for connection in connections:
         connection.close()
 
@@ -202,8 +157,8 @@ def _raise_signal(signum: int, frame: object) -> None:
 
 
 def _forward(records: Connection, sender: Sender, done: threading.Event, state: ChildState) -> None:
-    """Rank 0's batches to the caller, until the ranks are gone and the pipe is drained;
-    ``state`` reads them on the way."""
+    """Rank 0's batches to the caller (``state`` reads them), until the ranks are gone and the
+    pipe is drained."""
     while True:
         if records.poll(0.1):
             try:
@@ -227,12 +182,7 @@ def _listen(
 ) -> None:
     """A ``"cancel"`` from the caller, or its end, stops the ranks (through torch's agent); a
     ``("stop", reason)`` goes to rank 0, whose stop the others follow at a step boundary."""
-    try:
-        while (message := control.recv()) != "cancel":
-            if isinstance(message, tuple) and message[0] == "stop":
-                stops.send(message[1])
-    except (EOFError, OSError):
-        pass
+    until_cancelled(control, stops.send)
     if not done.is_set():
         cancelled.set()
         os.kill(os.getpid(), CANCEL)

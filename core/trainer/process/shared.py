@@ -1,15 +1,14 @@
 """Objects holding tensors, crossing into another process through one block of shared memory.
 
-The pickle holds only the structure (modules, settings, which storage each tensor views);
-each storage is copied once into the block (:func:`pack`), and on the other side every tensor
-is a view of it (:meth:`Packed.unpack`): no byte is copied. Shared storages stay shared (tied
-weights, the optimizer's parameters). :func:`portable` gives the same structure with numpy
-arrays instead, for Ray's object store where no memory is shared.
+The pickle holds only the structure; each storage is copied once into the block, and on the
+other side every tensor is a view of it. Shared storages stay shared (tied weights, the
+optimizer's parameters). :func:`portable` gives numpy arrays instead, for Ray's object store.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import io
 import mmap
 import os
@@ -17,7 +16,7 @@ import pickle
 import sys
 import types
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -37,10 +36,8 @@ __all__ = (
     "structure_of",
 )
 
-ALIGN = 64
-"""Byte alignment of each storage in the block (any element size divides it)."""
-_MADV_REMOVE = 9
-"""Linux's ``madvise`` advice that frees a shared mapping's pages and the memory behind them."""
+ALIGN = 64  # byte alignment of each storage in the block (any element size divides it)
+_MADV_REMOVE = 9  # Linux's madvise advice: free a shared mapping's pages and their memory
 
 
 def _aligned(nbytes: int) -> int:
@@ -48,30 +45,24 @@ def _aligned(nbytes: int) -> int:
 
 
 class SharedBlock:
-    """One block of shared memory holding many storages, each a byte range of it.
-
-    It pickles (for a process start, ``torch.multiprocessing``'s reductions) as a file
-    descriptor of the same memory, never as its bytes."""
+    """One block of shared memory holding many storages, each a byte range of it (pickled
+    as a file descriptor of the same memory, never as its bytes)."""
 
     def __init__(self, storage: torch.UntypedStorage) -> None:
         self._storage = storage
 
     @classmethod
     def allocate(cls, nbytes: int) -> SharedBlock:
-        """A new block of ``nbytes`` (uninitialised: every range is written before use).
-
-        Its memory is reserved at once (a machine out of shared memory fails here, not with
-        a SIGBUS on first use), with the interpreter lock released: an anonymous shared
-        file reserved by ``posix_fallocate``, then mapped. Torch's own ``_new_shared``
-        reserves it holding the lock, 40 ms per 130 MB on a 2-core CPU: a stall of the
-        event loop's thread. Where torch shares memory by file name instead (or there is
-        no ``memfd_create``), the block is torch's own."""
+        """A new, uninitialised block of ``nbytes``, its memory reserved at once (a machine out
+        of shared memory fails here, not with a SIGBUS on first use)."""
         size = max(nbytes, 1)
         if not hasattr(os, "memfd_create") or get_sharing_strategy() != "file_descriptor":
             return cls(torch.UntypedStorage._new_shared(size))
         fd = os.memfd_create("core-shared-block", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, size)
+            # Reserved without the interpreter lock: torch's _new_shared holds it, 40 ms per
+            # 130 MB on a 2-core CPU, a stall of the event loop's thread.
             os.posix_fallocate(fd, 0, size)
             mapped = torch.UntypedStorage._new_shared_fd_cpu(fd, size)  # type: ignore[attr-defined]
             return cls(mapped)  # it maps a duplicate of fd
@@ -91,12 +82,9 @@ class SharedBlock:
         return torch.empty(0, dtype=torch.uint8).set_(self.storage(offset, nbytes))
 
     def release(self) -> None:
-        """Give the block's memory back to the system now, without holding the interpreter
-        lock (call it from a worker thread, once nothing reads the block again). Freeing the
-        pages of a 58M-parameter model takes about 50 ms of kernel time, which the storage's
-        deallocation would spend holding the lock, stalling the event loop's thread; after
-        this it has nothing left to free. Best effort: where Linux's ``MADV_REMOVE`` is not
-        available, the deallocation frees the memory as before."""
+        """Give the block's memory back now, without the interpreter lock (a worker thread's
+        call, once nothing reads the block). Freeing a 58M-parameter model's pages takes ~50 ms
+        of kernel time the deallocation would spend holding the lock. Best effort (Linux)."""
         page = mmap.PAGESIZE
         start = -(-self._storage.data_ptr() // page) * page  # past a header the mapping has
         end = -(-(self._storage.data_ptr() + self._storage.nbytes()) // page) * page  # its end
@@ -109,8 +97,7 @@ class SharedBlock:
         self._storage = torch.UntypedStorage(0)
 
     def private_copy(self) -> SharedBlock:
-        """A copy in this process's own memory (a rank of several must not train on the
-        memory its siblings train on)."""
+        """A copy in this process's own memory (for a rank of several)."""
         return SharedBlock(self._storage.clone())
 
 
@@ -118,10 +105,8 @@ class SharedBlock:
 class Slot:
     """Where one tensor of the model's state dict lies in the block."""
 
-    offset: int
-    """The byte offset of its storage's range in the block."""
+    offset: int  # its storage's byte range in the block
     nbytes: int
-    """The byte size of that range."""
     dtype: torch.dtype
     storage_offset: int
     size: tuple[int, ...]
@@ -146,7 +131,7 @@ class _Range:
 @dataclass(frozen=True)
 class Packed:
     """What crosses: the pickled structure, the block its storages lie in, and where each
-    entry of the given model's state dict lies (empty without a model object)."""
+    entry of the given model's state dict lies."""
 
     structure: bytes
     block: SharedBlock
@@ -158,19 +143,27 @@ class Packed:
         return self.block.nbytes
 
     def release(self) -> None:
-        """Free the block's memory now (:meth:`SharedBlock.release`); read nothing after."""
+        """Free the block's memory now; read nothing after."""
         self.block.release()
 
     def unpack(self, *, private: bool = False) -> Any:
         """The objects, their tensors views of the block (of a copy of it with ``private``)."""
         block = self.block.private_copy() if private else self.block
-        return _Unpickler(io.BytesIO(self.structure), block, self.ranges).load()
+
+        @functools.cache  # one storage per range: views of one storage stay views of one
+        def storage(index: int) -> torch.UntypedStorage:
+            where = self.ranges[index]
+            bytes_ = block.bytes_view(where.offset, where.nbytes)
+            if where.device.type != "cpu":  # crossed through host memory: back on its device
+                bytes_ = bytes_.to(where.device)
+            return bytes_.untyped_storage()
+
+        return _Unpickler(io.BytesIO(self.structure), storage).load()
 
 
 def main_is_importable() -> bool:
-    """Whether a process started by ``multiprocessing`` (spawn, fork server) can import this
-    program's ``__main__``: a script or ``python -m`` module can be, while ``python -c``,
-    standard input and an interactive session or notebook leave nothing to import."""
+    """Whether a process started by ``multiprocessing`` can import this program's ``__main__``
+    (not under ``python -c``, standard input, an interactive session or a notebook)."""
     main = sys.modules.get("__main__")
     if getattr(getattr(main, "__spec__", None), "name", None):
         return True
@@ -179,9 +172,8 @@ def main_is_importable() -> bool:
 
 
 class _StructurePickler(pickle.Pickler):
-    """Pickles the structure; each storage becomes a reference (its index in
-    :attr:`storages`). Classes and functions of an unimportable ``__main__`` are collected in
-    :attr:`unimportable`, for the caller to refuse before anything is started."""
+    """Pickles the structure, each storage as its index in :attr:`storages`; collects the
+    classes and functions of an unimportable ``__main__`` in :attr:`unimportable`."""
 
     def __init__(self, file: IO[bytes]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
@@ -216,9 +208,8 @@ class _Discard(io.RawIOBase):
 
 
 def structure_of(objects: object) -> list[str]:
-    """Pickle ``objects``' structure (no tensor data) and return the names of the classes
-    and functions of an unimportable ``__main__`` it refers to (where there are some, even
-    if pickling then failed); raises what pickling raises otherwise."""
+    """Pickle ``objects``' structure (no tensor data); the names it needs from an unimportable
+    ``__main__`` (even if pickling then failed), or what pickling raised."""
     pickler = _StructurePickler(_Discard())  # type: ignore[arg-type]
     try:
         pickler.dump(objects)
@@ -230,9 +221,8 @@ def structure_of(objects: object) -> list[str]:
 
 
 def pack(objects: object, model: torch.nn.Module | None) -> Packed:
-    """``objects`` as they cross: their structure pickled, their storages copied into one new
-    block; with ``model``, its state dict laid out in the block too (for the way back: a
-    storage ``objects`` did not hold gets a range of its own, left unwritten)."""
+    """``objects`` as they cross; with ``model``, its state dict laid out in the block too, for
+    the way back (a storage ``objects`` did not hold gets a range, left unwritten)."""
     # A plain pickle writes every weight into its bytes and copies them out again: a
     # 58M-parameter model was copied four times on its way into a training process and back.
     buffer = io.BytesIO()
@@ -265,35 +255,25 @@ def _slot(where: _Range, tensor: torch.Tensor) -> Slot:
 
 
 class _Unpickler(pickle.Unpickler):
-    """Resolves each storage reference to its range of the block (one storage per range, so
-    views of one storage stay views of one), on the device it came from."""
+    """Resolves each storage reference, its index, to ``storage(index)``."""
 
-    def __init__(self, file: IO[bytes], block: SharedBlock, ranges: tuple[_Range, ...]) -> None:
+    def __init__(self, file: IO[bytes], storage: Callable[[int], torch.UntypedStorage]) -> None:
         super().__init__(file)
-        self._block, self._ranges = block, ranges
-        self._loaded: dict[int, torch.UntypedStorage] = {}
+        self._storage = storage
 
     def persistent_load(self, pid: Any) -> Any:
         _, index, dtype = pid
-        if index not in self._loaded:
-            where = self._ranges[index]
-            bytes_ = self._block.bytes_view(where.offset, where.nbytes)
-            if where.device.type != "cpu":  # crossed through host memory: back on its device
-                bytes_ = bytes_.to(where.device)
-            self._loaded[index] = bytes_.untyped_storage()
-        return torch.storage.TypedStorage(
-            wrap_storage=self._loaded[index], dtype=dtype, _internal=True
-        )
+        untyped = self._storage(index)
+        return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
 
 
 @dataclass(frozen=True)
 class Portable:
     """Objects as they cross to another machine: their structure pickled, each storage's
-    bytes a numpy array beside it (:func:`portable`)."""
+    bytes a numpy array beside it (read-only where Ray's object store maps it)."""
 
     structure: bytes
     buffers: tuple[Any, ...]
-    """One ``numpy.uint8`` array per storage (read-only where Ray's object store maps it)."""
     devices: tuple[torch.device, ...]
 
     @property
@@ -301,32 +281,30 @@ class Portable:
         return sum(int(buffer.nbytes) for buffer in self.buffers)
 
     def unpack(self, *, read_only: bool = False) -> Any:
-        """The objects, their tensors in storages of their own (each buffer copied once: the
-        object store's are read-only), on the devices they came from. ``read_only``: views of
-        the buffers, no copy (for what is only read, such as weights loaded into a model)."""
+        """The objects, on the devices they came from, each buffer copied once (``read_only``:
+        views of the buffers, for what is only read, such as weights loaded into a model)."""
         storages = []
         for buffer, device in zip(self.buffers, self.devices, strict=True):
-            bytes_ = (
-                _view(buffer)
-                if read_only
-                else torch.frombuffer(bytearray(buffer), dtype=torch.uint8)
-            )
+            if read_only:
+                bytes_ = _view(buffer)
+            else:
+                bytes_ = torch.frombuffer(bytearray(buffer), dtype=torch.uint8)
             if device.type != "cpu":
                 bytes_ = bytes_.to(device)
             storages.append(bytes_.untyped_storage())
-        return _StoragesUnpickler(io.BytesIO(self.structure), storages).load()
+        return _Unpickler(io.BytesIO(self.structure), storages.__getitem__).load()
 
 
 def _view(buffer: Any) -> torch.Tensor:
-    """A read-only buffer's bytes as a tensor, without the copy (nothing writes to it)."""
+    """A read-only buffer's bytes as a tensor, without a copy."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given buffer is not writable")
         return torch.frombuffer(buffer, dtype=torch.uint8)
 
 
 def portable(objects: object) -> Portable:
-    """``objects`` as :class:`Portable` (the arrays view the storages' memory: put them in the
-    object store, which copies them, before the objects change)."""
+    """``objects`` as :class:`Portable` (the arrays view the storages: put them in the object
+    store, which copies them, before the objects change)."""
     # Ray carries arrays beside the pickle; pickled tensors would be written into the pickle's
     # bytes while the interpreter lock is held, stalling the service's event loop.
     buffer = io.BytesIO()
@@ -338,17 +316,3 @@ def portable(objects: object) -> Portable:
         arrays.append(bytes_.cpu().numpy())
     devices = tuple(untyped.device for untyped in pickler.storages)
     return Portable(buffer.getvalue(), tuple(arrays), devices)
-
-
-class _StoragesUnpickler(pickle.Unpickler):
-    """Resolves each storage reference to the storage of its index."""
-
-    def __init__(self, file: IO[bytes], storages: list[torch.UntypedStorage]) -> None:
-        super().__init__(file)
-        self._storages = storages
-
-    def persistent_load(self, pid: Any) -> Any:
-        _, index, dtype = pid
-        return torch.storage.TypedStorage(
-            wrap_storage=self._storages[index], dtype=dtype, _internal=True
-        )

@@ -39,6 +39,7 @@ from core.trainer.process.shared import Packed
 from core.trainer.process.watch import ExitStatus, WatchedProcess, subreaper
 from core.trainer.running.observers import Observers
 from core.trainer.running.placement import escalate, kill_if_silent, until_released
+from core.trainer.running.signals import STOP_SIGNALS
 from core.trainer.running.starts import run_starts
 from core.trainer.state.results import TrainingResults
 
@@ -46,7 +47,8 @@ __all__ = ("TrainingProcess", "start_method", "warm_up")
 
 _EXIT_MARGIN_S = 15.0  # to exit, after the child reported how its run ended
 
-
+# What the fork server imports once: the training process, its event loop's backend, and the
+# launcher of ``devices=N`` ranks.
 _PRELOAD = (
     child.__name__,
     "anyio._backends._asyncio",
@@ -54,15 +56,11 @@ _PRELOAD = (
     "torch.distributed.elastic.agent.server.local_elastic_agent",
     "torch.distributed.launcher.api",
 )
-"""What the fork server imports once: the training process, its event loop's backend, and
-the launcher of ``devices=N`` ranks."""
 
 
 def start_method() -> multiprocessing.context.ForkServerContext:
-    """Training processes start from a fork server that imported torch and ``core`` once:
-    a fresh, single-threaded interpreter that never touched CUDA (as safe with CUDA as
-    ``spawn``), which the first training process of a service waits for (the imports:
-    ``benchmarks/startup.py`` measures them) and the next ones do not."""
+    """The fork server training processes start from: a single-threaded interpreter that
+    imported torch and ``core`` once and never touched CUDA (as safe as ``spawn``)."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(_PRELOAD))
     return context
@@ -75,10 +73,18 @@ def warm_up() -> None:
 
 
 def _start(process: multiprocessing.process.BaseProcess, inbox: Inbox) -> None:
-    """Start the training process, then the thread reading its records (in a worker thread:
-    see :meth:`Inbox.start`)."""
+    """Start the training process, then the thread reading its records (a worker thread's call)."""
     process.start()
     inbox.start()
+
+
+def _told(control: Connection, message: object) -> bool:
+    """Send ``message`` down the control pipe; False where the child is gone."""
+    try:
+        control.send(message)
+    except OSError:
+        return False
+    return True
 
 
 class _Child:
@@ -89,11 +95,7 @@ class _Child:
         self.process, self.inbox, self.control = process, inbox, control
 
     def ask_to_cancel(self) -> bool:
-        try:
-            self.control.send("cancel")
-        except OSError:
-            return False  # already gone
-        return True
+        return _told(self.control, "cancel")
 
     def silent_s(self) -> float:
         return time.monotonic() - self.inbox.last_heard
@@ -106,14 +108,9 @@ class _Child:
 
 
 class TrainingProcess:
-    """Runs one job's ``train()`` in a child process and relays it to this event loop.
+    """Runs one job's ``train()`` in a child process and relays it to this event loop."""
 
-    The service's ``torch.get_num_threads()`` is shared by its training processes that run
-    at once (each takes an equal part, at least one): processes that each spin a full
-    OpenMP pool on the same cores slow one another down tenfold."""
-
-    running = 0
-    """This process's training processes being started or running."""
+    running = 0  # this process's training processes being started or running
 
     def __init__(
         self,
@@ -135,12 +132,9 @@ class TrainingProcess:
         self.signals: list[int] = []
         self.killed_why = ""
         self.packed: Packed | None = None
-        self.control: Connection | None = None
-        """The pipe to the child while it runs (``"cancel"``, ``("stop", reason)``)."""
-        self.held_stop: str | None = None
-        """The reason of the stop requested (``request_stop``), sent once the pipe exists."""
-        self.cancelled: anyio.Event | None = None
-        """Set once this ``train()`` is cancelled (``core.trainer.running.placement``)."""
+        self.control: Connection | None = None  # the pipe to the child while it runs
+        self.held_stop: str | None = None  # the stop requested, sent once the pipe exists
+        self.cancelled: anyio.Event | None = None  # set once this train() is cancelled
 
     @staticmethod
     def prepare(config: TrainingConfig) -> None:
@@ -148,16 +142,13 @@ class TrainingProcess:
         warm_up()
 
     async def execute(self) -> TrainingResults:
-        """Start the child, relay it to its end, and return or raise as it ended. Cancelled,
-        however and whenever, the child is never started or is stopped and waited for, and
-        everything opened is released, before the cancellation propagates
-        (``core.trainer.running.placement``)."""
+        """Start the child, relay it to its end, and return or raise as it ended (cancelled:
+        ``core.trainer.running.placement``)."""
         return await until_released(self._lifecycle)
 
     async def _lifecycle(self, cancelled: anyio.Event) -> TrainingResults | None:
-        """One ``train()``, from nothing opened to everything released; None once
-        ``cancelled``. Each resource is handed to ``opened`` as it is opened, and released,
-        in reverse, by the one ``finally`` (in a worker thread: it may wait for the child)."""
+        """One ``train()``, from nothing opened to everything released; None once ``cancelled``.
+        Each resource goes to ``opened`` as it opens; the one ``finally`` releases them."""
         opened = contextlib.ExitStack()
         self.cancelled = cancelled
         TrainingProcess.running += 1  # before any await: jobs started together count together
@@ -176,6 +167,8 @@ class TrainingProcess:
             for end in (control_in, control_out, records_in, records_out):
                 opened.callback(end.close)
             self._open_control(control_out)
+            # Training processes at once share the service's threads: each spinning a full
+            # OpenMP pool on the same cores, they slow one another down tenfold.
             threads = max(1, torch.get_num_threads() // TrainingProcess.running)
             process = context.Process(
                 target=entry_point(self.config),
@@ -201,7 +194,7 @@ class TrainingProcess:
         finally:
             self.control = None  # no stop request reaches a pipe being closed
             try:
-                await anyio.to_thread.run_sync(opened.close)
+                await anyio.to_thread.run_sync(opened.close)  # it may wait for the child
             finally:
                 TrainingProcess.running -= 1
 
@@ -209,13 +202,11 @@ class TrainingProcess:
         """The pipe to the child exists: a stop requested meanwhile waits in it for the child."""
         self.control = control
         if self.held_stop is not None:
-            self._send_stop(self.held_stop)
+            _told(control, ("stop", self.held_stop))
 
     def request_stop(self, reason: str) -> bool:
-        """Ask the child's run to stop at its first step boundary from now (``request_stop``):
-        passed on at once, or held until the pipe to the child exists (the child's job holds
-        it until its run has begun). False when it will not be honoured: the child has
-        ended, or this ``train()`` is being cancelled."""
+        """The job's ``request_stop``: passed on, or held until the pipe to the child exists.
+        False once the child has ended or this ``train()`` is being cancelled."""
         if self.ended is not None or self.eof:
             return False
         if self.cancelled is not None and self.cancelled.is_set():
@@ -223,21 +214,12 @@ class TrainingProcess:
         if self.held_stop is None:  # the first reason is the one the run keeps
             self.held_stop = str(reason)
             if self.control is not None:
-                return self._send_stop(self.held_stop)
-        return True
-
-    def _send_stop(self, reason: str) -> bool:
-        if self.control is None:
-            return False
-        try:
-            self.control.send(("stop", reason))
-        except OSError:
-            return False
+                return _told(self.control, ("stop", self.held_stop))
         return True
 
     async def _relay_to_the_end(self, child: _Child, cancelled: anyio.Event) -> None:
-        """Publish what the child sends until it has ended, beside its stop once
-        ``cancelled``; then wait for it to exit and let the callbacks see the last records."""
+        """Publish what the child sends until it has ended (stopping it once ``cancelled``),
+        then wait for it to exit and let the callbacks see the last records."""
         self.hub.reopen()
         async with anyio.create_task_group() as watchers:
             self.observers.start(watchers, self.hub)
@@ -283,10 +265,9 @@ class TrainingProcess:
     async def _forward_signals(self, child: _Child) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        stop = (signal.SIGTERM, signal.SIGINT)
         try:
             async with anyio.create_task_group() as deadline:
-                with anyio.open_signal_receiver(*stop) as received:
+                with anyio.open_signal_receiver(*STOP_SIGNALS) as received:
                     async for signum in received:
                         self.signals.append(int(signum))
                         child.process.send(signum)
@@ -294,7 +275,7 @@ class TrainingProcess:
                             deadline.start_soon(self._kill_if_silent, child)
         finally:
             if self.signals:  # as in thread mode: the service is on its way out
-                for stop_signal in stop:
+                for stop_signal in STOP_SIGNALS:
                     signal.signal(stop_signal, signal.SIG_IGN)
 
     async def _kill_if_silent(self, child: _Child) -> None:

@@ -19,8 +19,7 @@ from multiprocessing.process import BaseProcess
 __all__ = ("ExitStatus", "WatchedProcess", "subreaper")
 
 _PR_SET_CHILD_SUBREAPER = 36
-_STATUS_WAIT_S = 2.0
-"""How long the fork server gets to report an exit status after the process ended."""
+_STATUS_WAIT_S = 2.0  # for the fork server to report an exit status, once the process ended
 _REAP_POLL_S = 0.5
 
 
@@ -72,11 +71,8 @@ subreaper = _Subreaper()
 
 
 class WatchedProcess:
-    """A started training process, watched by its pid rather than through its fork server.
-
-    ``multiprocessing``'s ``is_alive()``/``exitcode``/``join()`` read the fork server's pipe
-    only: were the fork server killed, the process would look dead (exit code 255) while it
-    trains on, its signals not forwarded, a frozen one never killed."""
+    """A started training process, watched by its pid rather than through its fork server
+    (were the fork server killed, ``multiprocessing`` would see it dead while it trains on)."""
 
     def __init__(self, process: BaseProcess) -> None:
         assert process.pid is not None, "watch a started process"
@@ -129,8 +125,8 @@ class WatchedProcess:
         return self._status
 
     def release(self) -> None:
-        """Let go of the process (idempotent; a worker thread's call): killed and waited
-        for if it still runs, its pidfd closed, and what it left behind reaped."""
+        """Let go of the process (idempotent; a worker thread's call): killed if it still runs,
+        its pidfd closed, and what it left behind reaped."""
         if self._released:
             return
         self._released = True
@@ -157,8 +153,7 @@ class WatchedProcess:
         return self._status
 
     def _reported(self) -> ExitStatus:
-        """The status the fork server reported; unknown where its pipe closed without one
-        (the fork server died, and the process was reaped by another)."""
+        """The status the fork server reported; unknown where it died without one."""
         self.process.join(_STATUS_WAIT_S)
         code = self.process.exitcode
         if code is None or (code == 255 and not _fork_server_alive()):
@@ -167,8 +162,8 @@ class WatchedProcess:
 
 
 def _fork_server_alive() -> bool:
-    """Whether ``multiprocessing``'s fork server still runs. It is this process's child,
-    but never reaped here: ``multiprocessing`` reaps it, and starts a new one when needed."""
+    """Whether ``multiprocessing``'s fork server (this process's child, reaped by
+    ``multiprocessing``) still runs."""
     from multiprocessing import forkserver
 
     pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
@@ -186,8 +181,8 @@ def _fork_server_alive() -> bool:
 
 
 class _Reaper(threading.Thread):
-    """Collects the processes a training process left behind (its process group, which
-    came to this process as their subreaper) until none of them is left."""
+    """Reaps the processes a training process left behind (its process group) until none is
+    left."""
 
     def __init__(self, group: int) -> None:
         super().__init__(name="core-reaper", daemon=True)

@@ -1,20 +1,7 @@
 """Ranks that always agree on how a run ended: every rank raises the same error.
 
-After a run closed, each rank publishes how it ended (``core.distributed.outcome``) and
-reads every other rank's. Then:
-
-- an error on some rank (an out-of-memory, a failing step): a rank that did not fail
-  itself raises that error too (the lowest rank's, if several), with ``rank`` naming where
-  it happened and the message naming the last good checkpoint; a rank that failed keeps
-  its own error;
-- a non-finite streak (every rank meets it at the same step, through the all-reduced
-  gradients): every rank raises the same ``NonFiniteLossError``, naming in ``ranks`` the
-  ranks whose own loss was not finite, and the last good checkpoint;
-- a stop signal that reached some ranks only: every rank raises ``SignalReceived`` naming
-  the rank it reached (ranks already stop together, at the boundary they voted for);
-- otherwise each rank keeps its own outcome.
-
-A rank that never publishes (stuck inside a step) is waited for ``wait_s``, then left out.
+After a run closed, each rank publishes how it ended (``core.distributed.outcome``) and reads
+every other rank's; a rank that never publishes (stuck in a step) is left out after ``wait_s``.
 """
 
 from __future__ import annotations
@@ -41,10 +28,12 @@ def agree_on_outcome(
     outcomes = strategy.exchange_outcomes(mine, wait_s)
     failed = [o for o in outcomes if o.error_type not in (None, "SignalReceived")]
     failed_here = isinstance(failure, Exception) and not isinstance(failure, SignalReceived)
+    # A rank that did not fail raises the lowest failed rank's error; a non-finite streak
+    # (met by every rank at one step, through the all-reduce) raises the same one everywhere.
     if failed and (isinstance(failure, NonFiniteLossError) or not failed_here):
         return _same_error(failed[0], outcomes, failure, last_checkpoint)
     signalled = [o for o in outcomes if o.error_type == "SignalReceived"]
-    if signalled and len(signalled) < strategy.world_size:
+    if signalled and len(signalled) < strategy.world_size:  # a signal some ranks received
         first = signalled[0]
         assert first.signum is not None
         abandoned = isinstance(failure, SignalReceived) and failure.abandoned

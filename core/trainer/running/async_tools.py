@@ -17,17 +17,11 @@ _UNTIL_THE_FIRST_STEP_S = 0.02
 
 
 async def drain_periodically(log: RunLog, interval_s: float) -> None:
-    """Write queued records in a worker thread, so neither the step thread nor the event
-    loop's thread does the file I/O.
-
-    Each drain competes for a core with the step; a quarter of a second keeps that cost
-    below 1% on a 2-core CPU while the log and ``events()`` stay near-live. Until the first
-    ``train_step`` record is written, every 20 ms instead: whoever waits for training to
-    begin (a service's readiness, a launch measured to its first step) sees it at once,
-    not a quarter of a second later. After each drain the ``events()`` consumers with records
-    waiting are woken (records the step thread drained itself, at an epoch's end or a
-    checkpoint, included), so none needs to poll often.
-    """
+    """Write queued records in a worker thread (neither the step thread nor the event loop's
+    does the file I/O), then wake the ``events()`` consumers with records waiting."""
+    # A drain competes for a core with the step: every ``interval_s`` (0.25 s keeps it below
+    # 1% on a 2-core CPU). Until the first train_step, every 20 ms: whoever waits for training
+    # to begin (a service's readiness, a launch timed to its first step) sees it at once.
     while not log.wrote_a_step:
         await anyio.sleep(min(interval_s, _UNTIL_THE_FIRST_STEP_S))
         await _drain(log)
@@ -57,8 +51,8 @@ class WaitsForData(Protocol):
 
 
 async def watch_data_stalls(loop: WaitsForData, log: RunLog, warn_after_s: float) -> None:
-    """Warn with a ``data_stall`` record while the loader has not delivered for
-    ``warn_after_s`` seconds, again after 2x, 4x, ... that long (the same wait)."""
+    """A ``data_stall`` warning once the loader has not delivered for ``warn_after_s``, again
+    after 2x, 4x, ... that long (the same wait)."""
     check_every = min(1.0, warn_after_s / 4)
     warned_wait: float | None = None
     next_warning_s = warn_after_s
@@ -85,9 +79,7 @@ async def watch_data_stalls(loop: WaitsForData, log: RunLog, warn_after_s: float
 
 
 async def to_the_end(tg: anyio.abc.TaskGroup, closing: Callable[[], Awaitable[None]]) -> None:
-    """Run ``closing`` to its end in a shielded task of its own, and wait for it. A native
-    asyncio cancellation may reach the waiting task again, even through a shield (a second
-    ``task.cancel()``, a timeout): the wait resumes, and the first one propagates after."""
+    """Run ``closing`` to its end in a shielded task of its own, and wait for it."""
     done, failed = anyio.Event(), list[Exception]()
 
     async def close() -> None:
@@ -104,7 +96,7 @@ async def to_the_end(tg: anyio.abc.TaskGroup, closing: Callable[[], Awaitable[No
         try:
             with anyio.CancelScope(shield=True):
                 await done.wait()
-        except anyio.get_cancelled_exc_class():
-            continue
+        except anyio.get_cancelled_exc_class():  # a native cancellation, through the shield
+            continue  # the first one propagates once closing has ended
     if failed:
         raise failed[0]

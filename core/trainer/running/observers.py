@@ -1,13 +1,12 @@
 """Feeds each callback its own stream of the run's records, on the event loop, isolated.
 
-Each callback has its own bounded subscription to the run's event hub (so a slow one
-only loses its own oldest records) and its own task, shielded so that a cancelled run still
-delivers ``run_end``; after the run, :meth:`Observers.finish` waits at most ``grace_s``
-before cancelling whatever is still running.
+Each callback has its own bounded subscription (a slow one only loses its own oldest records)
+and its own shielded task (a cancelled run still delivers ``run_end``).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -35,8 +34,7 @@ _HOOKS: dict[str, str] = {
 def with_default_callbacks(
     callbacks: Sequence[Callback], config: TrainingConfig
 ) -> tuple[Callback, ...]:
-    """``callbacks`` and, first, a :class:`ProgressBar` when ``logging.progress`` is on and
-    none is given (it prints on rank 0 only)."""
+    """``callbacks``, after a :class:`ProgressBar` when ``logging.progress`` and none is given."""
     given = tuple(callbacks)
     if not config.logging.progress or any(isinstance(c, ProgressBar) for c in given):
         return given
@@ -74,29 +72,25 @@ class Observers:
             scope = anyio.CancelScope(shield=True)
             self._scopes.append(scope)
             self._pending += 1
-            stream = hub.subscribe(self._capacity, on_first_drop=self._lagging(callback))
+            lagging = functools.partial(self._lagging, type(callback).__name__)
+            stream = hub.subscribe(self._capacity, on_first_drop=lagging)
             self._streams.append(stream)
             tg.start_soon(self._feed, callback, stream, scope)
         if not self._callbacks:
             self._done.set()
 
-    def _lagging(self, callback: Callback) -> Callable[[], None]:
-        """The report of a callback's first lost record (queued: no I/O, any thread)."""
-
-        def report() -> None:
-            self._warn(
-                "callback_lagging",
-                callback=type(callback).__name__,
-                dropped=1,
-                effect="this callback misses the oldest records; training goes on",
-            )
-
-        return report
+    def _lagging(self, name: str) -> None:
+        """Report a callback's first lost record (queued: no I/O, any thread)."""
+        self._warn(
+            "callback_lagging",
+            callback=name,
+            dropped=1,
+            effect="this callback misses the oldest records; training goes on",
+        )
 
     async def catch_up(self) -> None:
-        """Before ``run_end`` is written: wait until every callback has handled the records
-        published so far, so that a hook failing on the last epoch's records is reported in
-        the run's own log. Shielded; at most half of ``grace_s``."""
+        """Before ``run_end``: wait (shielded, at most ``grace_s / 2``) until every callback has
+        handled the records so far, so a hook that fails on them is reported in the run's log."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(self.grace_s / 2):
             while not self._done.is_set() and (self._busy or any(s.backlog for s in self._streams)):
                 for stream in self._streams:
@@ -105,8 +99,8 @@ class Observers:
                 await anyio.sleep(0.002)
 
     async def finish(self) -> None:
-        """After the hub closed (the run's files complete): let callbacks finish their
-        streams and ``on_run_closed``, for at most ``grace_s``, then stop them."""
+        """After the hub closed: let callbacks finish, ``on_run_closed`` included, for at most
+        ``grace_s``, then stop them."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(self.grace_s):
             await self._done.wait()
         for scope in self._scopes:

@@ -1,17 +1,10 @@
 """What every placement of a run outside the service's own threads shares (a training
-process today; a Ray actor next): how a cancelled ``train()`` reaches it, and how its stop
-escalates.
+process, a Ray actor): how a cancelled ``train()`` reaches it, and how its stop escalates.
 
-A placement's ``train()`` is one *lifecycle*: a coroutine that opens its resources (the
-process, its pidfd, pipes, shared memory, a lock, an actor) in one place, trains, and
-releases them in one ``finally``. :func:`until_released` runs it in a task that no
-cancellation reaches: whatever cancels ``train()`` (an anyio scope, ``task.cancel()``,
-``asyncio.wait_for``, ``asyncio.timeout``, Ctrl-C under ``asyncio.run``, once or again) only
-sets the lifecycle's ``cancelled`` event, and propagates once the lifecycle has returned.
-So a cancellation can never land between two of its awaits: before the start, the training
-is never started; after it, the training is told to stop (:func:`escalate`: asked to
-cancel, killed once silent for ``stop_grace_s``) and waited for; either way everything
-opened is released before the caller sees the cancellation.
+A placement's ``train()`` is one *lifecycle*, a coroutine that opens its resources and
+releases them in one ``finally``. :func:`until_released` runs it where no cancellation cuts
+it short: a cancellation of any kind only sets its ``cancelled`` event, and propagates once
+everything it opened is released.
 """
 
 from __future__ import annotations
@@ -27,10 +20,8 @@ R = TypeVar("R")
 
 
 async def until_released(lifecycle: Callable[[anyio.Event], Awaitable[R | None]]) -> R:
-    """Run ``lifecycle(cancelled)`` to its end and return its result; a cancellation of the
-    caller sets ``cancelled`` and is re-raised once the lifecycle has returned (its result
-    or error is then dropped: the caller asked to cancel). The lifecycle returns None only
-    when ``cancelled`` was set."""
+    """Run ``lifecycle(cancelled)`` to its end and return its result (None only once
+    ``cancelled``); a cancellation is re-raised after it, dropping its result or error."""
     cancelled, ended = anyio.Event(), anyio.Event()
     outcome: list[R | None] = []
     failed: list[BaseException] = []
@@ -70,8 +61,7 @@ class Stoppable(Protocol):
     """A training running outside the service, as a stop escalates on it."""
 
     def ask_to_cancel(self) -> bool:
-        """Tell the training to cancel: stop at a step boundary, write its stop checkpoint,
-        end. False when it cannot be told (it is gone)."""
+        """Tell it to stop at a step boundary with its checkpoint; False when it is gone."""
         ...
 
     def silent_s(self) -> float:
@@ -80,23 +70,19 @@ class Stoppable(Protocol):
 
     def is_alive(self) -> bool: ...
 
-    def kill(self) -> None:
-        """End it now (its work since its last checkpoint is lost)."""
-        ...
+    def kill(self) -> None: ...
 
 
 async def escalate(training: Stoppable, grace_s: float) -> str:
-    """Ask ``training`` to cancel, then kill it once it has sent nothing for ``grace_s``
-    (frozen: a stuck step alone is the training's own stop's to give up on); returns why it
-    was killed, or '' when it ended by itself."""
+    """Ask ``training`` to cancel, then kill it once silent for ``grace_s`` (frozen: a stuck
+    step alone is its own stop's to give up on); returns why it was killed, or ''."""
     if not training.ask_to_cancel():
         return ""
     return await kill_if_silent(training, grace_s)
 
 
 async def kill_if_silent(training: Stoppable, grace_s: float) -> str:
-    """Kill ``training`` once it has sent nothing for ``grace_s`` (see :func:`escalate`);
-    returns why it was killed, or '' when it ended by itself."""
+    """Kill ``training`` once silent for ``grace_s``; returns why it was killed, or ''."""
     while training.is_alive():
         silent = training.silent_s()
         if silent > grace_s:

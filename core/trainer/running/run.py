@@ -1,13 +1,13 @@
 """One call of ``train()``: the step thread, the tasks beside it, and how the run ends.
 
-The event loop only schedules here. Opening the run, epochs, epoch edges, saves and closing
-run on the step thread (``core.trainer.epochs.cycle``); beside it run the log drain, the data
-watchdog, the signal watcher and the monitor; the callbacks outlive them, to see ``run_end``.
+The event loop only schedules: the run's synchronous work runs on the step thread; beside it
+run the log drain, the data watchdog, the signal watcher, the monitor and the callbacks.
 """
 
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,7 +27,7 @@ from core.errors import (
 from core.loop.epoch import ResumePoint
 from core.telemetry.events import EventHub
 from core.trainer.assembly.build import Parts
-from core.trainer.epochs.cycle import RunCycle, monotonic
+from core.trainer.epochs.cycle import RunCycle
 from core.trainer.running.agreement import agree_on_outcome
 from core.trainer.running.async_tools import drain_periodically, to_the_end, watch_data_stalls
 from core.trainer.running.observers import Observers
@@ -81,16 +81,12 @@ class Run:
         self.agreed: BaseException | None = None  # what train() raises, agreed by every rank
         self.held: BaseException | None = None  # a rank's cancellation, until a stop vote
         self.ran_to_the_end = False  # the ranks ended before a vote: no stop checkpoint
-        log = cycle.current
         self.stopping = Stopping(
             checkpointer=parts.checkpointer,
             save=cycle.save,
             global_step=lambda: loop.global_step,
             grace_s=settings.stop_grace_s,
-            emit=log.emit,
-            warning=log.warning,
-            error=log.error,
-            close_log=lambda: cycle.log.close() if cycle.log is not None else None,
+            log=cycle.current,
         )
 
     async def execute(
@@ -115,16 +111,13 @@ class Run:
                 if worker.abandoned:
                     end.status = "abandoned"
                 await to_the_end(watchers, functools.partial(self._close, failure))
-        if (
-            self.agreed is not None
-        ):  # every rank raises the same error (core.trainer.running.agreement)
+        if self.agreed is not None:  # every rank raises the same error
             raise self.agreed
         assert results is not None
         return results
 
     async def _close(self, failure: Exception | None) -> None:
-        """``run_end``, the files, the hub; then the callbacks' last records and hooks; then
-        how every rank ended."""
+        """``run_end``, the files, the hub; the callbacks' last hooks; how every rank ended."""
         worker, cycle, observers = self.worker, self.cycle, self.observers
         if cycle.log is not None:  # callbacks see every record before run_end
             await anyio.to_thread.run_sync(cycle.log.drain)
@@ -216,7 +209,7 @@ class Run:
                 break
             if progress.stopped_early:  # resumed from a run early stopping had ended
                 break
-            started = monotonic()
+            started = time.monotonic()  # the monitor's clock: the epoch's samples follow it
             stats = await worker.call(parts.loop.run_epoch, parts.train_loader, epoch, stop, resume)
             resume = None
             progress.add_epoch(stats.samples, stats.time_s)
@@ -243,26 +236,22 @@ class Run:
 
     async def _call_on_every_rank(self, fn: Callable[..., R], *args: Any) -> R:
         """A job every rank runs to its end, with collectives and no stop vote inside
-        (opening, resuming, an epoch's end). Cancelled during it, one process raises the
-        cancellation at once; one rank of several must not leave alone, as the others
-        would wait for it in their next collective: its stop flag is set, the cancellation
-        is held, and the run goes on to the next stop vote, which stops every rank at the
-        same step boundary, where :meth:`_interrupted` raises it (a cancel scope, which
-        cancels every await, raises it as the next epoch stops there)."""
+        (opening, resuming, an epoch's end)."""
         result, interruption = await self.worker.call_through(fn, *args)
         if interruption is None:
             return result
         cancelled = isinstance(interruption, anyio.get_cancelled_exc_class())
         if self.parts.strategy.world_size == 1 or not cancelled:
             raise interruption
+        # One rank of several must not leave alone (the others would wait for it in their
+        # next collective): the cancellation is held until the next stop vote stops every
+        # rank at one step boundary, where _interrupted raises it.
         self.held = self.held or interruption
         return result
 
     async def _interrupted(self) -> None:
-        """After the ranks agreed to stop at a step boundary: re-raise this task's
-        cancellation if it was cancelled (or one held until this vote); a stop this run
-        decided (a stopping rule, a callback's request) writes its checkpoint here;
-        otherwise another rank asked to stop, and this one ends its run as interrupted."""
+        """After the ranks agreed to stop at a step boundary: re-raise a (held) cancellation,
+        or checkpoint a stop this run decided, or end as interrupted by another rank."""
         await anyio.lowlevel.checkpoint()
         if self.held is not None:
             raise self.held

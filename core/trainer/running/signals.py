@@ -1,22 +1,9 @@
 """SIGTERM and SIGINT as a graceful stop (finish the step, checkpoint, exit 143 / 130).
 
-Used when ``core`` owns the process (the examples, or ``handle_signals=True``). The handlers
-stay installed until ``train()`` returns, so a repeated signal never kills the run before
-its stop checkpoint:
-
-1. the first signal cancels the run's scope: the step thread stops at its next step
-   boundary and the stop checkpoint is written;
-2. a second one means "hurry": a step thread waiting for its loader is parked at once, a
-   running step gets at most a few more seconds (``core.trainer.running.step_thread``); the stop
-   still checkpoints at the boundary when it gets one;
-3. a third one means "force": ``on_force`` ends the process at once (it says why, and
-   where the last good checkpoint is).
-
-After a run stopped by a signal, ``train()`` leaves SIGTERM and SIGINT ignored: the
-checkpoint is written and the process is on its way out (``SignalReceived.exit_code``), so
-a late repeat must not kill it with a traceback or a raw -15 halfway through its cleanup
-(Python resets its own handlers to the default action while it shuts down; an ignored
-signal stays ignored). A program that goes on after ``SignalReceived`` re-installs its own.
+Used when ``core`` owns the process (the examples, or ``handle_signals=True``): the first
+signal stops the run at a step boundary, a second hurries the stop, a third exits at once
+(docs/checkpoints-and-reliability.md). A program that goes on after ``SignalReceived``
+re-installs its own handlers.
 """
 
 from __future__ import annotations
@@ -58,6 +45,9 @@ async def watch_stop_signals(
                 elif len(received) >= _FORCE:
                     on_force(int(signum))
     finally:
-        if received:  # the process is on its way out: a late repeat must not kill it raw
+        # The process is on its way out: a late repeat must not kill it with a traceback or a
+        # raw -15 halfway through its cleanup (Python restores the default action while it
+        # shuts down; an ignored signal stays ignored).
+        if received:
             for stop_signal in STOP_SIGNALS:
                 signal.signal(stop_signal, signal.SIG_IGN)

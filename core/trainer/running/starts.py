@@ -1,13 +1,8 @@
 """How many runs' start work (checks, building, what crosses) runs in worker threads at once.
 
-Runs started together in one service each hand their start work to a worker thread. That work
-is Python, holding the interpreter lock: ten at once start no sooner than two, but each is one
-more thread started from the event loop's thread (which waits there until the new thread runs)
-and one more thread the loop's next wake-up queues behind for the lock. Two at a time, so
-that one start that blocks without the lock (a process group joining, a slow first batch)
-does not hold up every other::
-
-    parts = await anyio.to_thread.run_sync(build, limiter=run_starts())
+That work holds the interpreter lock: ten at once start no sooner than two, but each more
+thread stalls the event loop's thread. Two, so one start blocked without the lock (a process
+group joining, a slow first batch) does not hold up every other.
 """
 
 from __future__ import annotations
@@ -17,8 +12,7 @@ from anyio.lowlevel import RunVar
 
 __all__ = ("AT_ONCE", "run_starts")
 
-AT_ONCE = 2
-"""Runs whose start work runs at once, per event loop."""
+AT_ONCE = 2  # runs whose start work runs at once, per event loop
 
 _LIMITER: RunVar[anyio.CapacityLimiter] = RunVar("core_run_starts")
 

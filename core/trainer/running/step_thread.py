@@ -1,30 +1,9 @@
 """The run's one worker thread, and the only way the async shell waits for it.
 
-Every piece of synchronous work of a run (resuming, epochs, validation, saving) runs here,
-in order, on one daemon thread: a thread stuck in a hung loader never blocks the
-interpreter's exit, and a stop never races a step that is still running.
-
-:meth:`StepThread.call` is where cancellation meets the thread. Whatever interrupts the
-awaiting task (an anyio cancel scope, ``task.cancel()``, ``asyncio.wait_for``,
-``asyncio.timeout``, Ctrl-C under ``asyncio.run``), ``call`` first sets the run's stop flag
-and waits, shielded, for the job to return at a step boundary; only then does the
-interruption go on. So a stop checkpoint is always written from a step boundary, and its
-step, optimizer state and weights agree. How long it waits depends on where the thread is:
-
-- waiting for its loader (outside any step), at most ``loader_grace_s``: then the thread is
-  *parked* (``core.loop.data_wait``): it will never step again, the run's state is that of
-  the last boundary, and later jobs (the stop checkpoint, closing) run on a helper thread.
-  Where parking is not possible (several ranks: the stop vote and the checkpoint are
-  collectives a parked rank cannot join), a wait for data is given ``grace_s`` like a step:
-  a slow loader (workers starting an epoch on a loaded machine) then delivers, the ranks
-  vote and stop together with their checkpoint, and only a loader hung past ``grace_s``
-  leaves the thread abandoned;
-- inside a step, at most ``grace_s``: then the thread is *abandoned* (a stuck collective, a
-  kernel that never returns): ``call`` lets the interruption through,
-  :attr:`StepThread.abandoned` turns true, and no later job is accepted.
-
-:meth:`StepThread.hurry` (a second stop signal) shortens both: a thread waiting for data is
-parked at once, and a step gets at most ``HURRY_S`` more.
+Every piece of synchronous work of a run (resuming, epochs, validation, saving) runs here, in
+order, on one daemon thread: a hung loader never blocks the interpreter's exit, and a stop
+never races a running step. An interrupted :meth:`StepThread.call` sets the stop flag and
+waits for a step boundary, or parks or abandons the thread (docs/checkpoints-and-reliability.md).
 """
 
 from __future__ import annotations
@@ -46,16 +25,14 @@ from core.hardware.openmp import release_thread_pool
 
 __all__ = ("HURRY_S", "StepThread", "StepThreadAbandoned")
 
-HURRY_S = 5.0
-"""After a second stop signal, the most a stop still waits for a running step."""
+HURRY_S = 5.0  # after a second stop signal, the most a stop still waits for a running step
 _POLL_S = 0.05  # how often a stop looks at where the thread is
 
 R = TypeVar("R")
 
 
 class StepThreadAbandoned(CoreError, RuntimeError):
-    """Raised by :meth:`StepThread.call` after the thread was abandoned: it is still inside
-    a job that did not reach a step boundary within the stop grace period."""
+    """Raised by :meth:`StepThread.call` after the thread was abandoned (stuck in a job)."""
 
 
 class _Job(Generic[R]):
@@ -88,10 +65,8 @@ class _Job(Generic[R]):
 
 
 class StepThread:
-    """A daemon thread running a run's synchronous jobs one at a time.
-
-    ``waiting_for_data`` says whether the thread waits for its loader now; ``park`` stops
-    it there for good (True when it did), or is None where that is not allowed."""
+    """A daemon thread running a run's synchronous jobs one at a time. ``park`` stops a thread
+    waiting for its loader for good (True when it did); None where that is not allowed."""
 
     def __init__(
         self,
@@ -126,10 +101,7 @@ class StepThread:
 
     async def call(self, fn: Callable[..., R], *args: Any) -> R:
         """Run ``fn(*args)`` on the thread and return its result (or raise its error).
-
-        Interrupted while waiting, it sets ``stop``, waits for ``fn`` to return (see the
-        module's docstring for how long), then re-raises the interruption. Once the thread
-        is parked, jobs run on a helper thread (the parked one holds nothing)."""
+        Interrupted, it sets ``stop``, waits for ``fn`` to return, then re-raises."""
         result, interruption = await self.call_through(fn, *args)
         if interruption is not None:
             raise interruption
@@ -138,16 +110,14 @@ class StepThread:
     async def call_through(
         self, fn: Callable[..., R], *args: Any
     ) -> tuple[R, BaseException | None]:
-        """:meth:`call`, except that an interruption while ``fn`` runs is returned beside
-        its result, for the caller to raise later, instead of raised: ``(result, None)``
-        when nothing interrupted. It is raised at once only where there is no result: the
-        thread abandoned or parked, or ``fn`` raised."""
+        """:meth:`call`, but an interruption while ``fn`` runs is returned beside its result
+        (``(result, None)``: none), raised at once only where there is no result."""
         if self.abandoned:
             raise StepThreadAbandoned(
                 "the step thread is still stuck in an earlier job (it did not reach a step "
                 "boundary within stop_grace_s); nothing more can run on it"
             )
-        if self.parked:
+        if self.parked:  # the parked thread holds nothing: a helper thread runs the job
             return await anyio.to_thread.run_sync(functools.partial(fn, *args)), None
         release_thread_pool()  # the event loop thread's, before the step thread uses its own
         job: _Job[R] = _Job(fn, args)
@@ -163,14 +133,13 @@ class StepThread:
         return job.outcome(), None
 
     def hurry(self) -> None:
-        """A second stop signal: park a thread that waits for data at once, and give a
-        running step at most ``HURRY_S`` more."""
+        """A second stop signal: park a thread waiting for data now; a step gets ``HURRY_S``."""
         if self._hurried_at is None:
             self._hurried_at = anyio.current_time()
 
     async def _settle(self, job: _Job[Any]) -> None:
-        """Wait, whatever else is cancelled meanwhile, until ``job`` returns, or park or
-        abandon the thread (see the module's docstring)."""
+        """Wait, shielded, until ``job`` returns; else park a thread waiting for data after
+        ``loader_grace_s`` (where ``park`` allows), or abandon it after ``grace_s``."""
         began = anyio.current_time()
         data_since: float | None = None  # when this stop first saw the thread wait for data
         while not job.finished.is_set():

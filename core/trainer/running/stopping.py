@@ -1,11 +1,4 @@
-"""How a run stops: the stop checkpoint, an abandoned step thread, a hurried or forced stop.
-
-Whatever ends a run (cancellation of any kind, a signal, a peer's stop, a failing step),
-the orchestrator asks :meth:`Stopping.checkpoint` for a checkpoint at the step boundary
-where the step thread stopped, and gets back the last good checkpoint either way. A failing
-save is recorded, never raised (it must not hide why the run stopped), and a thread that
-never reached its boundary (``core.trainer.running.step_thread``) is never saved from.
-"""
+"""How a run stops: the stop checkpoint, an abandoned step thread, a hurried or forced stop."""
 
 from __future__ import annotations
 
@@ -18,11 +11,10 @@ import anyio
 
 from core.checkpointing.checkpointer import Checkpointer
 from core.errors import resume_advice
+from core.telemetry.run_log import CurrentLog
 from core.trainer.running.step_thread import HURRY_S, StepThread
 
 __all__ = ("Stopping",)
-
-Emit = Callable[..., None]
 
 
 class Stopping:
@@ -35,29 +27,21 @@ class Stopping:
         save: Callable[[str], str | None],
         global_step: Callable[[], int],
         grace_s: float,
-        emit: Emit,
-        warning: Emit,
-        error: Emit,
-        close_log: Callable[[], None],
+        log: CurrentLog,
     ) -> None:
         self.checkpointer = checkpointer
         self._save = save
         self._global_step = global_step
         self.grace_s = grace_s
-        self._emit = emit
-        self._warning = warning
-        self._error = error
-        self._close_log = close_log
+        self._log = log
 
     async def checkpoint(
         self, worker: StepThread, reason: str, *, always: bool = False
     ) -> str | None:
-        """A checkpoint where the run stopped; returns the last good checkpoint (this one,
-        or an older one when none could be written).
-
-        Stops honour ``save_on_cancel``; a failure in a step (``always``) checkpoints the
-        last completed step regardless."""
-        if worker.abandoned:
+        """A checkpoint at the step boundary where the run stopped (``save_on_cancel``, or
+        ``always`` after a failed step); returns the last good checkpoint either way. A save
+        that fails is recorded, never raised: it must not hide why the run stopped."""
+        if worker.abandoned:  # it never reached its boundary: nothing to save from
             self._report_abandoned(worker)
             return self.checkpointer.last_path
         if worker.parked:
@@ -67,7 +51,7 @@ class Stopping:
                 try:
                     return await worker.call(self._save, reason)
                 except Exception as exc:
-                    self._error(
+                    self._log.error(
                         "error",
                         kind="checkpoint_failed",
                         reason=f"{type(exc).__name__}: {exc}",
@@ -77,7 +61,7 @@ class Stopping:
 
     def _report_abandoned(self, worker: StepThread) -> None:
         in_data = worker.waited_for_data
-        self._error(
+        self._log.error(
             "step_thread_abandoned",
             stop_grace_s=self.grace_s,
             waited_s=round(worker.waited_s, 3),
@@ -96,7 +80,7 @@ class Stopping:
         )
 
     def _report_parked(self, worker: StepThread) -> None:
-        self._warning(
+        self._log.warning(
             "step_thread_parked",
             loader_grace_s=worker.loader_grace_s,
             waited_s=round(worker.waited_s, 3),
@@ -107,10 +91,9 @@ class Stopping:
         )
 
     def hurry(self, worker: StepThread, signum: int) -> None:
-        """A second stop signal: a thread waiting for data is parked at once, a running step
-        gets at most ``HURRY_S`` more; the checkpoint is still written at the boundary."""
+        """A second stop signal: the stop waits for the loader no longer, for a step ``HURRY_S``."""
         worker.hurry()
-        self._emit(
+        self._log.emit(
             "signal_received",
             signal=signal.Signals(signum).name,
             action="hurry",
@@ -127,7 +110,8 @@ class Stopping:
             f"Last good checkpoint: {last or 'none'}. Resume with {resume_advice()}.\n"
         )
         with contextlib.suppress(Exception):
-            self._error("forced_exit", signal=name, last_checkpoint=last)
-            self._close_log()
+            self._log.error("forced_exit", signal=name, last_checkpoint=last)
+            if self._log.log is not None:
+                self._log.log.close()
         os.write(2, message.encode())  # the log may be what hangs: the terminal gets it too
         os._exit(128 + signum)

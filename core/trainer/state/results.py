@@ -4,7 +4,7 @@ ending while it closes."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -15,19 +15,15 @@ __all__ = ("RunEnding", "RunProgress", "TrainingResults")
 class TrainingResults:
     """The outcome of one training run.
 
-    ``train_loss`` / ``val_loss`` / ``val_accuracy`` are those of the last completed epoch
-    (under DDP/FSDP2 averaged over all ranks); ``val_accuracy`` is None unless targets are
-    class indices; ``best_val_loss`` is None without a ``val_loader``. ``samples_per_s``
-    counts this rank's training samples over training time (validation excluded).
-    ``interrupted`` is True when another rank stopped the job (this rank was not cancelled).
-    ``stop_reason`` says why the run ended before ``max_epochs``/``max_steps`` when a rule
-    or a callback stopped it (``"early_stopping: val_loss did not improve ..."``,
-    ``"requested: <the callback's reason>"``), else None.
-    ``val_metrics`` are the last validation's ``metrics=`` values. With ``save_best``,
-    ``best_value`` is the best ``monitor`` value and ``best_checkpoint`` its checkpoint
-    (load it with :func:`core.load_weights`); ``last_checkpoint`` is the newest one.
-    ``run_dir`` is where the run's files are; None for a ``fast_dev_run``, whose files were
-    removed with it (``RunConfig.keep_fast_dev_run_files`` keeps them).
+    ``train_loss`` / ``val_loss`` / ``val_accuracy`` are the last completed epoch's, averaged
+    over all ranks (``val_accuracy``: None unless targets are class indices); ``best_val_loss``
+    is None without a ``val_loader``; ``val_metrics`` are the last validation's ``metrics=``.
+    ``samples_per_s`` counts this rank's training samples over training time (validation
+    excluded). ``interrupted``: another rank stopped the job. ``stop_reason``: why a rule or a
+    callback ended the run early (``"early_stopping: ..."``, ``"requested: <reason>"``), else
+    None. With ``save_best``, ``best_value`` is the best ``monitor`` value and
+    ``best_checkpoint`` its checkpoint (:func:`core.load_weights`); ``last_checkpoint`` is the
+    newest. ``run_dir`` is None for a ``fast_dev_run``, whose files were removed with it.
     """
 
     epochs_completed: int
@@ -68,10 +64,8 @@ class RunProgress:
     val_metrics: dict[str, float | None] = field(default_factory=dict)
     best_value: float | None = None
     best_checkpoint: str | None = None
-    top_k: list[list[float | str]] = field(default_factory=list)
-    """The kept best checkpoints, ``[value, path]``, the best first (``save_top_k``)."""
+    top_k: list[list[float | str]] = field(default_factory=list)  # [value, path], best first
     stop_reason: str | None = None
-    """Why the run stopped before its end (early stopping's rule, a callback's request)."""
 
     def add_epoch(self, samples: int, time_s: float) -> None:
         self.samples += samples
@@ -99,23 +93,15 @@ class RunProgress:
         monitor: str | None = None,
         last_checkpoint: str | None = None,
     ) -> TrainingResults:
+        names = [f.name for f in fields(TrainingResults) if hasattr(self, f.name)]
+        tally = {name: getattr(self, name) for name in names}  # the results' fields kept here
         return TrainingResults(
+            **tally | {"val_metrics": dict(self.val_metrics)},
             epochs_completed=epochs_completed,
             global_step=global_step,
-            best_val_loss=self.best_val_loss,
-            train_loss=self.train_loss,
-            val_loss=self.val_loss,
-            val_accuracy=self.val_accuracy,
-            stopped_early=self.stopped_early,
-            samples_per_s=self.samples_per_s,
             run_dir=run_dir,
-            interrupted=self.interrupted,
-            val_metrics=dict(self.val_metrics),
             monitor=monitor,
-            best_value=self.best_value,
-            best_checkpoint=self.best_checkpoint,
             last_checkpoint=last_checkpoint,
-            stop_reason=self.stop_reason,
         )
 
 

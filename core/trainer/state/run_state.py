@@ -1,9 +1,4 @@
-"""Everything a checkpoint holds besides model and optimizer tensors, in one object.
-
-The orchestrator owns one :class:`RunState`; the checkpointer saves and restores it through
-``state_dict()`` / ``load_state_dict()``, and checks ``fingerprint()`` (the settings the
-state depends on) before resuming.
-"""
+"""Everything a checkpoint holds besides model and optimizer tensors, in one object."""
 
 from __future__ import annotations
 
@@ -65,8 +60,8 @@ class RunState:
         return self.loop.rng_now()
 
     def data_order(self) -> dict[str, Any]:
-        """Whether a resume continues onto the batches an uninterrupted run would train on
-        (the ``resumed`` record's ``data_order`` fields), from the epoch it resumes in."""
+        """The ``resumed`` record's ``data_order`` fields: whether a resume continues onto the
+        batches an uninterrupted run would train on."""
         why = self.loop.order.unrestorable(epoch=self.epochs_completed)
         return {"data_order": "not_restored" if why else "restored", "data_order_detail": why}
 
