@@ -284,7 +284,7 @@ class TrainingJob(JobViews):
             if self._crossing is not None:
                 await self.start()  # what crosses is checked off this thread, before a process
                 return await self._train_placed(self._crossing)
-            run, description = await until_released(self._start_run)
+            run, description = await until_released(self._start_run, dropped=_let_go)
             cycle = self._cycle
             assert cycle is not None
             self._stop_target = cycle.request_stop  # the run's own stop flag exists from here
@@ -298,16 +298,12 @@ class TrainingJob(JobViews):
             self._held_stop = None
             self._stop_target = None
 
-    async def _start_run(self, cancelled: anyio.Event) -> tuple[Run, dict[str, Any]] | None:
-        """A run of this job, made in a worker thread; None (its step thread let go) once
-        ``cancelled``."""
-        run, description = await anyio.to_thread.run_sync(
+    async def _start_run(self, cancelled: anyio.Event) -> tuple[Run, dict[str, Any]]:
+        """A run of this job, made in a worker thread (a cancellation meanwhile drops it:
+        :func:`_let_go`)."""
+        return await anyio.to_thread.run_sync(
             self._new_run, self._observers(), limiter=run_starts()
         )
-        if cancelled.is_set():
-            run.worker.close()
-            return None
-        return run, description
 
     def _new_run(self, observers: Observers) -> tuple[Run, dict[str, Any]]:
         """The parts built (where not yet), a run of them and its description (a worker
@@ -356,3 +352,9 @@ class TrainingJob(JobViews):
         self._run_dir = run_dir
         for listener in self._open_listeners:
             listener(run_dir)
+
+
+def _let_go(started: tuple[Run, dict[str, Any]]) -> None:
+    """A run a cancellation dropped before it began: its step thread exits."""
+    run, _ = started
+    run.worker.close()

@@ -19,9 +19,16 @@ __all__ = ("Stoppable", "escalate", "kill_if_silent", "until_released")
 R = TypeVar("R")
 
 
-async def until_released(lifecycle: Callable[[anyio.Event], Awaitable[R | None]]) -> R:
+async def until_released(
+    lifecycle: Callable[[anyio.Event], Awaitable[R | None]],
+    *,
+    dropped: Callable[[R], object] = lambda result: None,
+) -> R:
     """Run ``lifecycle(cancelled)`` to its end and return its result (None only once
-    ``cancelled``); a cancellation is re-raised after it, dropping its result or error."""
+    ``cancelled``); a cancellation is re-raised after it, dropping its result or error.
+
+    A result dropped that way goes to ``dropped`` first, to let go of what it holds: a
+    cancellation can land after the lifecycle last looked at ``cancelled``."""
     cancelled, ended = anyio.Event(), anyio.Event()
     outcome: list[R | None] = []
     failed: list[BaseException] = []
@@ -48,6 +55,8 @@ async def until_released(lifecycle: Callable[[anyio.Event], Awaitable[R | None]]
                 interruption = interruption or exc
                 cancelled.set()
     if interruption is not None:
+        if outcome and outcome[0] is not None:
+            dropped(outcome[0])
         raise interruption
     if failed:
         raise failed[0]
