@@ -15,6 +15,7 @@ import torch
 from core.errors import BatchFormatError
 
 __all__ = (
+    "check_batch",
     "count_samples",
     "count_tokens",
     "describe",
@@ -41,6 +42,19 @@ def describe(value: object) -> str:
         more = ", ..." if len(value) > 4 else ""
         return f"{type(value).__name__} of {len(value)} [{inner}{more}]"
     return type(value).__name__
+
+
+def check_batch(batch: Any, *, epoch: int, batch_index: int) -> Any:
+    """Return ``batch`` if it is an ``(inputs, targets)`` pair or a mapping; else raise
+    :class:`~core.errors.BatchFormatError`."""
+    if isinstance(batch, Mapping) or (isinstance(batch, (tuple, list)) and len(batch) == 2):
+        return batch
+    raise BatchFormatError(
+        f"batch {batch_index} of epoch {epoch} is {describe(batch)}; allowed: an "
+        "(inputs, targets) tuple or list, or a dict of keyword arguments for a model "
+        "that returns its own loss. Fix: make the dataset return (inputs, target) pairs "
+        "or pass a collate_fn that builds one of these forms."
+    )
 
 
 def _first_tensor(value: object) -> torch.Tensor | None:

@@ -115,7 +115,7 @@ class Window(NamedTuple):
 
 
 class BatchCheck(Protocol):
-    """Raises on a batch that is not of a form the step takes (``ErrorHandler.check_batch``
+    """Raises on a batch that is not of a form the step takes (``core.data.batches.check_batch``
     with its epoch)."""
 
     def __call__(self, batch: Any, *, batch_index: int) -> object: ...

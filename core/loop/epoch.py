@@ -21,16 +21,48 @@ from functools import partial
 from time import perf_counter
 from typing import Any, NamedTuple
 
+from core.data.batches import check_batch
 from core.data.order import LoaderOrder
 from core.errors import EmptyLoaderError
 from core.hardware.device import device_of
-from core.loop.data_wait import DataWait
 from core.loop.recorder import EpochStats, Scheduler
 from core.loop.schedule import StepHook, StepSchedule
 from core.loop.step import OptimizerStep
 from core.rng import capture_rng, restore_rng
 
-__all__ = ("EpochStats", "ResumePoint", "Scheduler", "StepLoop")
+__all__ = ("DataWait", "EpochStats", "ResumePoint", "Scheduler", "StepLoop")
+
+
+class DataWait:
+    """The step thread's wait for its next batch: the one moment it is provably outside any
+    step. A stop that finds the thread waiting *parks* the wait (:meth:`park`): the thread
+    never steps again, even if the loader returns later, and the run's state is that of the
+    last step boundary, so the stop checkpoint can be written from another thread at once
+    instead of after a hung loader's timeout. Each epoch has a wait object of its own: a
+    thread parked in an earlier ``train()`` never touches a later run's."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # perf_counter() when the thread asked the loader for its next batch, None when not
+        # waiting: one store by the step thread, no lock (park() reads it once).
+        self.since: float | None = None
+        self._parked = False
+
+    def end(self) -> bool:
+        """The loader returned (or raised): True when the thread may go on, False when a stop
+        parked it meanwhile (it must then leave without touching the run's state)."""
+        with self._lock:
+            self.since = None
+            return not self._parked
+
+    def park(self) -> bool:
+        """From another thread: stop the step thread at this boundary if it waits for data.
+        True when it did (the thread will never step again), False when it is in a step."""
+        with self._lock:
+            if self.since is None and not self._parked:
+                return False
+            self._parked = True
+            return True
 
 
 class ResumePoint(NamedTuple):
@@ -98,7 +130,7 @@ class StepLoop:
         votes = strategy.stop_vote_interval  # None: this process stops on its own flag
         batches = self._open_epoch(loader, epoch, resume)
         stats = self.recorder.stats
-        check = partial(self.errors.check_batch, epoch=epoch)
+        check = partial(check_batch, epoch=epoch)
         windows = self.accumulation.windows(batches, check, start_index=self.batches_done)
         optimizer_step, max_steps = self.optimizer_step, self.max_steps
         due = self.schedule.start(self.global_step)  # the next step a hook waits for

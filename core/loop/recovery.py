@@ -37,9 +37,8 @@ from typing import Any, Literal
 import torch
 
 from core.checks import check_bool_fields, is_int
-from core.data.batches import describe
+from core.data.batches import check_batch, describe
 from core.errors import (
-    BatchFormatError,
     CoreError,
     DistributedTimeoutError,
     LossFormatError,
@@ -143,14 +142,7 @@ class ErrorHandler:
     # -- user input -----------------------------------------------------------------------
     def check_batch(self, batch: Any, *, epoch: int, batch_index: int) -> Any:
         """Return ``batch`` if it is an ``(inputs, targets)`` pair or a mapping; else raise."""
-        if isinstance(batch, Mapping) or (isinstance(batch, (tuple, list)) and len(batch) == 2):
-            return batch
-        raise BatchFormatError(
-            f"batch {batch_index} of epoch {epoch} is {describe(batch)}; allowed: an "
-            "(inputs, targets) tuple or list, or a dict of keyword arguments for a model "
-            "that returns its own loss. Fix: make the dataset return (inputs, target) pairs "
-            "or pass a collate_fn that builds one of these forms."
-        )
+        return check_batch(batch, epoch=epoch, batch_index=batch_index)
 
     def check_loss(
         self,

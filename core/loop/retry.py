@@ -42,9 +42,6 @@ class NoRetry:
     sync_in_backward = True
     """Whether the window's last backward synchronises gradients across ranks."""
 
-    def begin(self) -> None:
-        """Called before a window's first forward."""
-
     def recoverable(self, exc: BaseException) -> bool:
         return False
 
@@ -63,24 +60,22 @@ class LocalRetry(NoRetry):
     """Re-split after an OOM in one process; RNG rewound; thrashing stops the run."""
 
     def __init__(self, device: Device, errors: ErrorHandler) -> None:
-        self.device = device
         self.errors = errors
-        self.rng: tuple[torch.Tensor, torch.Tensor | None] | None = None
-        """The generators' state where the window began (``device.rng_state()``), put back
-        before a retry; :meth:`begin` notes it, or the step does."""
+        self.generators = device.generators()
+        self.rng: list[torch.Tensor] | None = None
+        """The :attr:`generators`' states where the window began (the step notes them), put
+        back before a retry."""
         self._streak: list[int] = []  # consecutive steps that needed a re-split
         self._last_oom_step: int | None = None
         self._sizes: list[int] = []
-
-    def begin(self) -> None:
-        self.rng = self.device.rng_state()  # a 5 kB host copy: cheap next to a step
 
     def recoverable(self, exc: BaseException) -> bool:
         return is_out_of_memory(exc)
 
     def rewind(self, step: int, micro_batch_size: int) -> None:
         if self.rng is not None:
-            self.device.set_rng_state(self.rng)
+            for generator, state in zip(self.generators, self.rng, strict=True):
+                generator.set_state(state)
         if self._last_oom_step != step:  # the first re-split of this step
             consecutive = self._last_oom_step == step - 1
             self._streak = [*self._streak, step] if consecutive else [step]

@@ -12,7 +12,7 @@ interruption go on. So a stop checkpoint is always written from a step boundary,
 step, optimizer state and weights agree. How long it waits depends on where the thread is:
 
 - waiting for its loader (outside any step), at most ``loader_grace_s``: then the thread is
-  *parked* (``core.loop.data_wait``): it will never step again, the run's state is that of
+  *parked* (``core.loop.epoch.DataWait``): it will never step again, the run's state is that of
   the last boundary, and later jobs (the stop checkpoint, closing) run on a helper thread.
   Where parking is not possible (several ranks: the stop vote and the checkpoint are
   collectives a parked rank cannot join), a wait for data is given ``grace_s`` like a step:
