@@ -1,14 +1,10 @@
 """The synchronous step loop: epochs of optimizer steps.
 
 Plain PyTorch, run in a worker thread by the orchestrator; nothing in here awaits. The loop
-pulls windows of batches (the wait for data is timed here), runs one optimizer step per
-window (``core.loop.step``), calls the step hooks on the steps they are due
-(``core.loop.schedule``), and stops at a step boundary all ranks agree on. Step N's loss,
-gradient norm, skip flag and loss scale are read back during step N+1, and the LR scheduler
-stepped then (``core.loop.recorder``); :meth:`StepLoop.flush` settles the last step. The
-loop knows where it is (epoch, loader batches consumed) so a checkpoint can resume
-mid-epoch, with the RNG states (the global generators' and the train loader's own,
-``core.data.order``) at the epoch's start and now.
+pulls windows of batches (its wait for data timed and parkable: :class:`DataWait`), runs
+one optimizer step per window (``core.loop.step``), calls the step hooks that are due, and
+stops at a step boundary all ranks agree on. It knows where it is (epoch, batches consumed,
+the RNG states at the epoch's start and now) so a checkpoint can resume mid-epoch.
 """
 
 from __future__ import annotations
@@ -77,13 +73,9 @@ class ResumePoint(NamedTuple):
 class StepLoop:
     """Runs optimizer steps for the orchestrator; owns no thread and no file.
 
-    ``step`` is the run's optimizer step (``core.loop.step.build_step``); the loop reads
-    its parts (model, accumulation, strategy, error handler, recorder) from it.
-    ``step_hooks`` run on the step thread after the optimizer steps each one names (a
-    checkpoint due, a profiler step; a plain callable runs after every step), with the
-    global step; more are added to :attr:`schedule`. The epoch ends early once ``max_steps``
-    optimizer steps were taken. The precision's ``clear_cache`` empties the CUDA cache after
-    each epoch.
+    ``step_hooks`` run on the step thread after the optimizer steps each one names (a plain
+    callable: after every step); more are added to :attr:`schedule`. The epoch ends early
+    once ``max_steps`` optimizer steps were taken.
     """
 
     def __init__(

@@ -84,14 +84,8 @@ class StepScalars(NamedTuple):
 
 class Readback:
     """One step's device scalars on their way to the host, and the LR the step ran at.
-
-    ``micro_losses`` are the (detached, 0-d) mean losses of the window's micro-batches and
-    ``micro_samples`` their sample counts; the window's loss is their weighted mean,
-    computed on the host so the step pays for no extra device ops. On CPU the values are
-    read at once (there is nothing to wait for); on CUDA they are packed into one tensor,
-    copied to pinned memory without blocking, and read after an event says they landed.
-    The arguments come in the order a step knows them (``core.loop.step``).
-    """
+    The window's loss is the mean of ``micro_losses`` weighted by ``micro_samples``,
+    computed on the host: the step pays for no extra device op."""
 
     __slots__ = (
         "_event",
@@ -180,8 +174,7 @@ class EpochStats:
 
 
 class StepOutcome(NamedTuple):
-    """A finished step whose device scalars are still on their way to the host (the LR it
-    ran at travels with them)."""
+    """A finished step whose device scalars are still on their way to the host."""
 
     readback: Readback
     epoch: int
@@ -227,7 +220,6 @@ class StepRecorder:
         """Step N, kept until step N+1 (or a flush) settles it."""
 
     def defer(self, outcome: StepOutcome) -> None:
-        """Keep step N until step N+1 (or a flush) settles it."""
         self.pending = outcome
 
     def settle(self) -> StepScalars | NothingPending:

@@ -2,14 +2,6 @@
 resolves the config once into a precision object and hands the active one to the step loop at
 each optimizer step. ``enable_amp()``/``disable_amp()``/``toggle_amp()`` may be called from any
 thread; they take effect at the next optimizer step.
-
-Example::
-
-    policy = PrecisionPolicy(MixedPrecisionConfig(dtype="bf16"), torch.device("cpu"))
-    precision = policy.begin_step()
-    with precision.autocast():
-        loss = model(x).float().mean()
-    precision.backward(loss)
 """
 
 from __future__ import annotations
