@@ -250,8 +250,8 @@ class OptimizerStep(GradientUpdate):
         )
 
     def _checked(self, loss: Any, window: Window, step: int, epoch: int) -> torch.Tensor:
-        """The full loss check, for what the inline one let through (no call on the plain
-        path): raises unless ``loss`` is a 0-d floating tensor (a subclass passes)."""
+        """The full loss check, for a loss the inline one did not accept (a plain tensor
+        needs no call): raises unless ``loss`` is a 0-d floating tensor (a subclass is one)."""
         return self.errors.check_loss(
             loss,
             epoch=epoch,
