@@ -9,29 +9,17 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 
-from core.data.batches import to_device
+from core.data.batches import tensors_of, to_device
 from core.data.config import LoaderConfig
 from core.data.order import LoaderWrapper
 from core.hardware.device import device_of
 
 __all__ = ("DevicePrefetcher", "prefetch_to_device")
-
-
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    """Every tensor of a nested batch (pairs, lists, dicts), in order."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, Mapping):
-        for item in value.values():
-            yield from _tensors(item)
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            yield from _tensors(item)
 
 
 def _indexed(device: torch.device) -> torch.device:
@@ -44,7 +32,7 @@ def _indexed(device: torch.device) -> torch.device:
 
 def _resident(batch: Any, device: torch.device) -> bool:
     """Whether every tensor of ``batch`` is on ``device`` already."""
-    return all(tensor.device == device for tensor in _tensors(batch))
+    return all(tensor.device == device for tensor in tensors_of(batch))
 
 
 class DevicePrefetcher(LoaderWrapper):
@@ -101,7 +89,7 @@ class DevicePrefetcher(LoaderWrapper):
             if copied:  # else already on the device: no stream to wait for, nothing to mark
                 consumer = torch.cuda.current_stream(device)
                 consumer.wait_stream(side)  # queued on the GPU; the host does not wait
-                for tensor in _tensors(batch):
+                for tensor in tensors_of(batch):
                     if tensor.is_cuda:
                         # Kernels queued on the consumer's stream may still read it: the
                         # allocator must not hand its memory to another tensor before.
