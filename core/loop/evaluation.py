@@ -93,14 +93,6 @@ def evaluate(
     moves a batch to the device (and into channels_last where the model is). ``step``: the
     optimizer steps the model has taken, in a run. An exception raised on the way becomes
     the error ``errors.step_error`` makes of it, naming where (the original chained).
-
-    Example::
-
-        stats = evaluate(model, val_loader, epoch=0, stop=threading.Event(),
-                         precision=FP32(), strategy=Strategy(torch.device("cpu")),
-                         objective=DefaultObjective(), errors=ErrorHandler(),
-                         metrics=MetricSet({"f1": F1Score(num_classes=3)}))
-        stats.loss, stats.accuracy, stats.metrics["f1"]
     """
     at: int | None = 0  # the validation batch a failure names (None: after the last)
     try:

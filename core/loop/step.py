@@ -418,16 +418,9 @@ def build_step(
     ``prepare_batch`` moves a batch to the device (default ``to_device``); ``terms`` are a
     model's own loss terms and statistics (``core.loop.terms``); ``device_fields`` the
     monitor's latest figures for each ``train_step`` record.
-
-    Example::
-
-        step = build_step(model=model, optimizer=optimizer, policy=policy,
-                          strategy=Strategy(cpu), objective=DefaultObjective(),
-                          errors=ErrorHandler(), optim=OptimConfig(max_grad_norm=1.0),
-                          emit=emit)
-        step(window, step=1, epoch=0, started=perf_counter(), data_time_s=0.0)
     """
     device = device_of(strategy.device)
+    guard_nonfinite = errors.config.skip_nonfinite
     return OptimizerStep(
         model=model,
         optimizer=optimizer,
@@ -446,9 +439,7 @@ def build_step(
         ),
         emit=emit,
         max_grad_norm=optim.max_grad_norm,
-        stepper=stepper_for(
-            optimizer, strategy.device, guard_nonfinite=errors.config.skip_nonfinite
-        ),
+        stepper=stepper_for(optimizer, strategy.device, guard_nonfinite=guard_nonfinite),
         retry=retry_policy(strategy, device, errors),
         prepare_batch=prepare_batch or partial(to_device, device=strategy.device),
         terms=terms,
@@ -466,22 +457,13 @@ def build_update(
     """The post-backward sequence for ``optimizer`` (its parameters, or ``params``), the
     clip ``optim`` holds; ``guard_nonfinite`` skips a step whose gradient norm is not
     finite.
-
-    Example::
-
-        update = build_update(optimizer, Strategy(cpu), optim=OptimConfig(max_grad_norm=1.0),
-                              guard_nonfinite=True)
-        loss.backward()
-        update.apply(FP32()).grad_norm
     """
+    if params is None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
     return GradientUpdate(
         optimizer,
         strategy,
         max_grad_norm=optim.max_grad_norm,
         stepper=stepper_for(optimizer, strategy.device, guard_nonfinite=guard_nonfinite),
-        params=list(
-            params
-            if params is not None
-            else (p for group in optimizer.param_groups for p in group["params"])
-        ),
+        params=params,
     )
