@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from benchmarks.gpu_suite_overhead import sync_errors
 from core import MultiGPUConfig, create_optimized_training_optimizer
-from core.loop.stepper import DeviceSkippingStepper, stepper_for
+from core.loop.step import DeviceSkippingStepper, stepper_for
 from core.monitoring.gpu_monitor import GPUMonitor
 from core.monitoring.nvml import load_nvml, nvml_acquire, nvml_release, torch_device_handle
 from core.precision.config import LossScalerConfig, MixedPrecisionConfig
@@ -245,7 +245,7 @@ def test_no_host_sync_inside_a_step(settings: dict[str, Any], log_dir: Path) -> 
 
 def test_the_sync_check_catches_the_non_fused_optimizers_host_read(log_dir: Path) -> None:
     """Guards the test above: a known per-step sync (fp16 with a non-fused optimizer reads
-    the overflow flag on the host, ``core.loop.stepper``) is caught."""
+    the overflow flag on the host, ``core.loop.step``) is caught."""
     with sync_errors(cuda=True), pytest.raises(Exception) as info:  # causes read below
         train(
             log_dir,

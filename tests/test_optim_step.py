@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from core.distributed.environment import DistributedEnvironment
-from core.loop.stepper import (
+from core.loop.step import (
     DeviceSkippingStepper,
     OptimizerStepper,
     default_optimizer,

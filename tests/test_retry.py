@@ -87,7 +87,7 @@ def test_without_the_rewind_dropout_would_differ(log_dir: Path) -> None:
 def test_oom_in_consecutive_steps_is_thrashing() -> None:
     errors = ErrorHandler(ErrorHandlerConfig(oom_thrash_steps=3))
     retry = LocalRetry(device_of(torch.device("cpu")), errors)
-    retry.begin()
+    retry.rng = [generator.get_state() for generator in retry.generators]
     retry.rewind(4, 16)
     retry.rewind(4, 8)  # the same step again: one step in the streak
     retry.rewind(6, 4)  # not consecutive: the streak restarts
@@ -102,7 +102,7 @@ def test_oom_in_consecutive_steps_is_thrashing() -> None:
 
 def test_the_rewind_restores_the_generator() -> None:
     retry = LocalRetry(device_of(torch.device("cpu")), ErrorHandler())
-    retry.begin()
+    retry.rng = [generator.get_state() for generator in retry.generators]
     first = torch.rand(3)
     retry.rewind(1, 4)
     assert torch.equal(torch.rand(3), first)

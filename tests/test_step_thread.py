@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from core.loop.data_wait import DataWait
+from core.loop.epoch import DataWait
 from core.trainer.running.step_thread import StepThread
 
 

@@ -21,7 +21,7 @@ from core.cli.toml import dumps
 from core.cli.train import _parts
 from core.config import TrainingConfig
 from core.errors import ConfigError
-from core.loop.stepper import default_optimizer
+from core.loop.step import default_optimizer
 from core.telemetry.run_log import new_run_id
 from core.tuning import LRFinderConfig, LRFinderResult, find_learning_rate
 

@@ -7,7 +7,7 @@ may be tensors or nested tuples/lists/dicts of tensors; dimension 0 is the sampl
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -15,12 +15,15 @@ import torch
 from core.errors import BatchFormatError
 
 __all__ = (
+    "check_batch",
     "count_samples",
     "count_tokens",
     "describe",
     "is_pair",
+    "leaves",
     "split_batch",
     "take_samples",
+    "tensors_of",
     "to_device",
 )
 
@@ -43,20 +46,34 @@ def describe(value: object) -> str:
     return type(value).__name__
 
 
-def _first_tensor(value: object) -> torch.Tensor | None:
-    if isinstance(value, torch.Tensor):
-        return value
+def check_batch(batch: Any, *, epoch: int, batch_index: int) -> Any:
+    """Return ``batch`` if it is an ``(inputs, targets)`` pair or a mapping; else raise
+    :class:`~core.errors.BatchFormatError`."""
+    if isinstance(batch, Mapping) or (isinstance(batch, (tuple, list)) and len(batch) == 2):
+        return batch
+    raise BatchFormatError(
+        f"batch {batch_index} of epoch {epoch} is {describe(batch)}; allowed: an "
+        "(inputs, targets) tuple or list, or a dict of keyword arguments for a model "
+        "that returns its own loss. Fix: make the dataset return (inputs, target) pairs "
+        "or pass a collate_fn that builds one of these forms."
+    )
+
+
+def leaves(value: Any) -> Iterator[Any]:
+    """Every leaf of a nested batch or sample (tuples, lists, dicts), in order."""
     if isinstance(value, Mapping):
-        children: list[object] = list(value.values())
+        for item in value.values():
+            yield from leaves(item)
     elif isinstance(value, (tuple, list)):
-        children = list(value)
+        for item in value:
+            yield from leaves(item)
     else:
-        return None
-    for child in children:
-        found = _first_tensor(child)
-        if found is not None:
-            return found
-    return None
+        yield value
+
+
+def tensors_of(value: Any) -> Iterator[torch.Tensor]:
+    """Every tensor of a nested batch, in order."""
+    return (leaf for leaf in leaves(value) if isinstance(leaf, torch.Tensor))
 
 
 def count_samples(batch: object) -> int:
@@ -69,9 +86,9 @@ def count_samples(batch: object) -> int:
     ):
         return int(batch[1].shape[0])  # the common case: (inputs, targets tensor)
     targets = batch[1] if isinstance(batch, (tuple, list)) and len(batch) == 2 else None
-    tensor = _first_tensor(targets)
+    tensor = next(tensors_of(targets), None)
     if tensor is None or tensor.ndim == 0:
-        tensor = _first_tensor(batch)
+        tensor = next(tensors_of(batch), None)
     if tensor is None or tensor.ndim == 0:
         raise BatchFormatError(
             f"cannot count the samples of batch {describe(batch)}: it holds no tensor with a "

@@ -10,7 +10,7 @@ Example::
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterator, Mapping, Sized
+from collections.abc import Callable, Sized
 from typing import Any, cast
 
 import structlog
@@ -18,24 +18,13 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from core.checks import check_bool
+from core.data.batches import leaves
 from core.errors import config_error
 
 __all__ = ("CachedDataset",)
 
 _log = structlog.get_logger("core")
 _MISSING = object()
-
-
-def _leaves(value: Any) -> Iterator[Any]:
-    """Every leaf of a nested sample (tuples, lists, dicts)."""
-    if isinstance(value, Mapping):
-        for item in value.values():
-            yield from _leaves(item)
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            yield from _leaves(item)
-    else:
-        yield value
 
 
 class CachedDataset(Dataset[Any]):
@@ -137,7 +126,7 @@ class CachedDataset(Dataset[Any]):
         total = 0
         storages: set[int] = set()
         for sample in self._cache.values():
-            for leaf in _leaves(sample):
+            for leaf in leaves(sample):
                 if isinstance(leaf, torch.Tensor):
                     storage = leaf.untyped_storage()
                     if storage.data_ptr() not in storages:

@@ -49,14 +49,9 @@ def auto_num_workers(
 ) -> int:
     """The number of loader workers ``num_workers=-1`` means for one training process.
 
-    The usable cores (:func:`usable_cores`, or ``cores`` to ask what the rule gives
-    elsewhere) are shared by the ``world_size`` training processes on this machine (local
-    ranks); of each process' share, one core stays with the training process itself (its
-    Python thread, kernel launches, receiving the batches). So ``0`` when a process has a
-    single core. On CUDA the rest goes to workers, at most 8 (the model runs on the GPU and
-    does not compete for cores). On CPU the model competes with the workers for cores, so
-    workers get half the share, at most 4: 2 cores give 1 worker on either device, 16 give
-    8 on CUDA and 4 on CPU.
+    Of each local rank's share of the usable cores (:func:`usable_cores`, or ``cores``), one
+    stays with the training process (``0`` workers on a single core); on CUDA the rest, at
+    most 8; on CPU half the share, at most 4 (2 cores: 1 worker; 16: 8 on CUDA, 4 on CPU).
 
     >>> auto_num_workers(torch.device("cpu")) <= max(1, usable_cores() // 2)
     True
@@ -76,13 +71,9 @@ def auto_num_workers(
 
 
 def seed_worker(worker_id: int) -> None:
-    """Seed Python's ``random`` and NumPy's global generator in a DataLoader worker.
-
-    torch seeds each worker's torch generator with ``base_seed + worker_id`` (the base seed
-    drawn from the loader's ``generator``); this seeds the other two from that seed as
-    PyTorch's reproducibility notes do, so random augmentations written with ``random`` or
-    NumPy differ between workers and repeat between runs with the same seed. (torch >= 1.9
-    seeds them itself as well; this keeps the guarantee explicit, whatever the version.)
+    """Seed Python's ``random`` and NumPy's global generator in a DataLoader worker from
+    torch's worker seed (PyTorch's reproducibility recipe), so augmentations written with
+    either differ between workers and repeat between runs with the same seed.
 
     Example::
 

@@ -21,7 +21,11 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
-__all__ = ("LoaderOrder",)
+__all__ = ("LoaderOrder", "LoaderWrapper")
+
+# Loader attributes read through a wrapper (a distributed strategy calls
+# ``loader.sampler.set_epoch``; the step reads ``batch_size``).
+_DELEGATED = frozenset({"batch_sampler", "batch_size", "dataset", "drop_last", "sampler"})
 
 # torch's samplers: their order comes from their ``generator`` (or the global one), or from
 # ``seed`` and ``set_epoch`` (DistributedSampler), all of which a checkpoint restores.
@@ -35,18 +39,30 @@ _KNOWN_SAMPLERS = (
 )
 
 
-class LoaderOrder:
-    """The torch generators ``loader`` draws its order from, and what a resume cannot restore.
+class LoaderWrapper:
+    """One of core's loader wrappers (a batch limit, the device prefetcher): its batches are
+    ``.loader``'s, in its order, and the loader's sampler, batch size and dataset are read
+    through it."""
 
-    Core's own wrappers (a batch limit, the device prefetcher: classes with
-    ``wraps_in_order = True``) iterate their ``.loader`` in its order, and are looked through.
-    """
+    loader: Iterable[Any]
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for names not found on the wrapper itself.
+        loader = self.__dict__.get("loader")
+        if name in _DELEGATED and loader is not None:
+            return getattr(loader, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+class LoaderOrder:
+    """The torch generators ``loader`` draws its order from (looking through
+    :class:`LoaderWrapper`), and what a resume cannot restore."""
 
     def __init__(self, loader: Iterable[Any]) -> None:
         self.loader = loader
         inner = loader
-        while getattr(type(inner), "wraps_in_order", False):
-            inner = inner.loader  # type: ignore[attr-defined]  # the marker promises it
+        while isinstance(inner, LoaderWrapper):
+            inner = inner.loader
         self._inner = inner
         self.generators = _generators(inner)
         """The loader's, its sampler's and its batch sampler's own generators, each once."""

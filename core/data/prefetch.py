@@ -9,32 +9,17 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 
-from core.data.batches import to_device
+from core.data.batches import tensors_of, to_device
 from core.data.config import LoaderConfig
+from core.data.order import LoaderWrapper
 from core.hardware.device import device_of
 
 __all__ = ("DevicePrefetcher", "prefetch_to_device")
-
-# Attributes of the wrapped loader read through the wrapper (a distributed strategy calls
-# ``loader.sampler.set_epoch``; the step counts samples with ``batch_size``).
-_DELEGATED = frozenset({"batch_sampler", "batch_size", "dataset", "drop_last", "sampler"})
-
-
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    """Every tensor of a nested batch (pairs, lists, dicts), in order."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, Mapping):
-        for item in value.values():
-            yield from _tensors(item)
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            yield from _tensors(item)
 
 
 def _indexed(device: torch.device) -> torch.device:
@@ -47,26 +32,18 @@ def _indexed(device: torch.device) -> torch.device:
 
 def _resident(batch: Any, device: torch.device) -> bool:
     """Whether every tensor of ``batch`` is on ``device`` already."""
-    return all(tensor.device == device for tensor in _tensors(batch))
+    return all(tensor.device == device for tensor in tensors_of(batch))
 
 
-class DevicePrefetcher:
+class DevicePrefetcher(LoaderWrapper):
     """Iterate over ``loader`` with each batch already on ``device``.
 
-    On CUDA, batch N+1 is copied on a side stream (``non_blocking``: asynchronous from the
-    pinned memory a loader with ``pin_memory=True`` hands over) while the caller uses batch
-    N. Before a batch is handed out, the consumer's current stream waits for its copy
-    (``wait_stream``, a device-side wait, no host sync), and each of its tensors is marked as
-    used on that stream (``record_stream``) so the allocator does not hand its memory to
-    another tensor while kernels queued on the consumer's stream may still read it. Costs one
-    extra batch of device memory. Batches already on ``device`` (a dataset cached on the GPU)
-    pass through without any stream work, and off CUDA every batch does: no copies, no
-    threads.
-
-    Batches may be tensors or nested tuples, lists and dicts of tensors (the structure rules
-    of ``core.data.batches.to_device``); other leaves pass through. ``len()`` is the
-    loader's, and ``sampler``, ``batch_size``, ``dataset`` (also ``batch_sampler``,
-    ``drop_last``) are read from the loader, which stays available as ``.loader``.
+    On CUDA, batch N+1 is copied on a side stream (asynchronous from pinned memory) while
+    the caller uses batch N, at the cost of one extra batch of device memory; the caller's
+    stream waits for the copy on the device, never the host. Batches already on ``device``
+    pass through, as every batch does off CUDA. Batches are nested tuples, lists and dicts
+    of tensors (``core.data.batches.to_device``); ``len()``, ``sampler``, ``batch_size`` and
+    ``dataset`` are the loader's, which stays available as ``.loader``.
 
     >>> data = torch.utils.data.TensorDataset(torch.arange(6.0))
     >>> loader = torch.utils.data.DataLoader(data, batch_size=4)
@@ -74,8 +51,6 @@ class DevicePrefetcher:
     >>> len(prefetcher), prefetcher.batch_size
     (2, 4)
     """
-
-    wraps_in_order = True  # its batches are ``loader``'s, in its order (core.data.order)
 
     def __init__(self, loader: Iterable[Any], device: torch.device | str) -> None:
         self.loader = loader
@@ -87,13 +62,6 @@ class DevicePrefetcher:
         if length is None:
             raise TypeError(f"the wrapped {type(self.loader).__name__} has no len()")
         return int(length())
-
-    def __getattr__(self, name: str) -> Any:
-        # Only called for names not found on the prefetcher itself.
-        loader = self.__dict__.get("loader")
-        if name in _DELEGATED and loader is not None:
-            return getattr(loader, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __iter__(self) -> Iterator[Any]:
         if not self._cuda:
@@ -121,8 +89,10 @@ class DevicePrefetcher:
             if copied:  # else already on the device: no stream to wait for, nothing to mark
                 consumer = torch.cuda.current_stream(device)
                 consumer.wait_stream(side)  # queued on the GPU; the host does not wait
-                for tensor in _tensors(batch):
+                for tensor in tensors_of(batch):
                     if tensor.is_cuda:
+                        # Kernels queued on the consumer's stream may still read it: the
+                        # allocator must not hand its memory to another tensor before.
                         tensor.record_stream(consumer)
             more, upcoming = start_copy()  # overlaps with the caller's use of `batch`
             yield batch

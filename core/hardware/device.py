@@ -49,13 +49,10 @@ class Device:
     def max_allocated(self) -> int | None:
         return self.allocated_and_peak()[1]
 
-    def rng_state(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def generators(self) -> tuple[torch.Generator, ...]:
         """The generators a forward draws from (dropout): torch's CPU one and, on CUDA, the
-        device's (host-side state: no sync)."""
-        return torch.get_rng_state(), None
-
-    def set_rng_state(self, state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
-        torch.set_rng_state(state[0])
+        device's (their ``get_state()`` is a host-side copy: no sync)."""
+        return (torch.default_generator,)
 
 
 class CudaDevice(Device):
@@ -93,13 +90,9 @@ class CudaDevice(Device):
         allocated = counters.get("allocated_bytes", {}).get("all", {})
         return allocated.get("current", 0), allocated.get("peak", 0)
 
-    def rng_state(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return torch.get_rng_state(), torch.cuda.get_rng_state(self.torch)
-
-    def set_rng_state(self, state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
-        torch.set_rng_state(state[0])
-        if state[1] is not None:
-            torch.cuda.set_rng_state(state[1], self.torch)
+    def generators(self) -> tuple[torch.Generator, ...]:
+        torch.cuda.init()  # fills torch.cuda.default_generators
+        return (torch.default_generator, torch.cuda.default_generators[self._index()])
 
 
 def device_of(device: torch.device | str) -> Device:

@@ -1,24 +1,13 @@
 """Gradient accumulation: windows of micro-batches, their loss weights, the sync boundary.
 
 One optimizer step consumes a *window* of ``accumulation_steps`` loader batches (the last
-window of an epoch may hold fewer, and its last batch may be short). Each loader batch may
-be split further into micro-batches of at most ``micro_batch_size`` samples (to save memory,
-or after an out-of-memory error).
-
-Every micro-batch loss is a mean over its own samples. It is weighted by
-``samples_in_micro_batch / samples_in_window`` before backward, so the accumulated gradient
-is exactly the gradient of one batch holding all of the window's samples, including the
-shorter last window of an epoch (dividing by ``accumulation_steps`` would under-weight it).
-A distributed strategy replaces the local sample count by the global one.
-
-For sequence models whose loss is a mean over *tokens* (padding ignored),
-``normalize_by="tokens"`` weights each micro-batch by its share of the window's
-non-ignored target tokens, counted over all ranks (as torchtitan does): padded batches then
-give the gradient of one big batch, not a mean of per-batch means.
-
-Only the window's last micro-batch (``MicroBatch.is_last``) synchronises gradients across
-ranks; the step runs the others inside the strategy's ``no_backward_sync`` context (DDP
-``no_sync``, FSDP2 ``set_requires_gradient_sync(False)``).
+window of an epoch may hold fewer), each loader batch possibly split into micro-batches of
+at most ``micro_batch_size`` samples. Each micro-batch's mean loss is weighted by its share
+of the window's samples (over all ranks), so the accumulated gradient is exactly that of one
+batch holding the whole window, the shorter last window included (dividing by
+``accumulation_steps`` would under-weight it); ``normalize_by="tokens"`` weights by target
+tokens instead (torchtitan's rule). Only the window's last micro-batch synchronises
+gradients across ranks (``MicroBatch.is_last``).
 """
 
 from __future__ import annotations
@@ -115,7 +104,7 @@ class Window(NamedTuple):
 
 
 class BatchCheck(Protocol):
-    """Raises on a batch that is not of a form the step takes (``ErrorHandler.check_batch``
+    """Raises on a batch that is not of a form the step takes (``core.data.batches.check_batch``
     with its epoch)."""
 
     def __call__(self, batch: Any, *, batch_index: int) -> object: ...

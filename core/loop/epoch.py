@@ -1,14 +1,10 @@
 """The synchronous step loop: epochs of optimizer steps.
 
 Plain PyTorch, run in a worker thread by the orchestrator; nothing in here awaits. The loop
-pulls windows of batches (the wait for data is timed here), runs one optimizer step per
-window (``core.loop.step``), calls the step hooks on the steps they are due
-(``core.loop.schedule``), and stops at a step boundary all ranks agree on. Step N's loss,
-gradient norm, skip flag and loss scale are read back during step N+1, and the LR scheduler
-stepped then (``core.loop.recorder``); :meth:`StepLoop.flush` settles the last step. The
-loop knows where it is (epoch, loader batches consumed) so a checkpoint can resume
-mid-epoch, with the RNG states (the global generators' and the train loader's own,
-``core.data.order``) at the epoch's start and now.
+pulls windows of batches (its wait for data timed and parkable: :class:`DataWait`), runs
+one optimizer step per window (``core.loop.step``), calls the step hooks that are due, and
+stops at a step boundary all ranks agree on. It knows where it is (epoch, batches consumed,
+the RNG states at the epoch's start and now) so a checkpoint can resume mid-epoch.
 """
 
 from __future__ import annotations
@@ -21,16 +17,48 @@ from functools import partial
 from time import perf_counter
 from typing import Any, NamedTuple
 
+from core.data.batches import check_batch
 from core.data.order import LoaderOrder
 from core.errors import EmptyLoaderError
 from core.hardware.device import device_of
-from core.loop.data_wait import DataWait
 from core.loop.recorder import EpochStats, Scheduler
 from core.loop.schedule import StepHook, StepSchedule
 from core.loop.step import OptimizerStep
 from core.rng import capture_rng, restore_rng
 
-__all__ = ("EpochStats", "ResumePoint", "Scheduler", "StepLoop")
+__all__ = ("DataWait", "EpochStats", "ResumePoint", "Scheduler", "StepLoop")
+
+
+class DataWait:
+    """The step thread's wait for its next batch: the one moment it is provably outside any
+    step. A stop that finds the thread waiting *parks* the wait (:meth:`park`): the thread
+    never steps again, even if the loader returns later, and the run's state is that of the
+    last step boundary, so the stop checkpoint can be written from another thread at once
+    instead of after a hung loader's timeout. Each epoch has a wait object of its own: a
+    thread parked in an earlier ``train()`` never touches a later run's."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # perf_counter() when the thread asked the loader for its next batch, None when not
+        # waiting: one store by the step thread, no lock (park() reads it once).
+        self.since: float | None = None
+        self._parked = False
+
+    def end(self) -> bool:
+        """The loader returned (or raised): True when the thread may go on, False when a stop
+        parked it meanwhile (it must then leave without touching the run's state)."""
+        with self._lock:
+            self.since = None
+            return not self._parked
+
+    def park(self) -> bool:
+        """From another thread: stop the step thread at this boundary if it waits for data.
+        True when it did (the thread will never step again), False when it is in a step."""
+        with self._lock:
+            if self.since is None and not self._parked:
+                return False
+            self._parked = True
+            return True
 
 
 class ResumePoint(NamedTuple):
@@ -45,13 +73,9 @@ class ResumePoint(NamedTuple):
 class StepLoop:
     """Runs optimizer steps for the orchestrator; owns no thread and no file.
 
-    ``step`` is the run's optimizer step (``core.loop.step.build_step``); the loop reads
-    its parts (model, accumulation, strategy, error handler, recorder) from it.
-    ``step_hooks`` run on the step thread after the optimizer steps each one names (a
-    checkpoint due, a profiler step; a plain callable runs after every step), with the
-    global step; more are added to :attr:`schedule`. The epoch ends early once ``max_steps``
-    optimizer steps were taken. The precision's ``clear_cache`` empties the CUDA cache after
-    each epoch.
+    ``step_hooks`` run on the step thread after the optimizer steps each one names (a plain
+    callable: after every step); more are added to :attr:`schedule`. The epoch ends early
+    once ``max_steps`` optimizer steps were taken.
     """
 
     def __init__(
@@ -98,7 +122,7 @@ class StepLoop:
         votes = strategy.stop_vote_interval  # None: this process stops on its own flag
         batches = self._open_epoch(loader, epoch, resume)
         stats = self.recorder.stats
-        check = partial(self.errors.check_batch, epoch=epoch)
+        check = partial(check_batch, epoch=epoch)
         windows = self.accumulation.windows(batches, check, start_index=self.batches_done)
         optimizer_step, max_steps = self.optimizer_step, self.max_steps
         due = self.schedule.start(self.global_step)  # the next step a hook waits for

@@ -93,37 +93,97 @@ def evaluate(
     moves a batch to the device (and into channels_last where the model is). ``step``: the
     optimizer steps the model has taken, in a run. An exception raised on the way becomes
     the error ``errors.step_error`` makes of it, naming where (the original chained).
-
-    Example::
-
-        stats = evaluate(model, val_loader, epoch=0, stop=threading.Event(),
-                         precision=FP32(), strategy=Strategy(torch.device("cpu")),
-                         objective=DefaultObjective(), errors=ErrorHandler(),
-                         metrics=MetricSet({"f1": F1Score(num_classes=3)}))
-        stats.loss, stats.accuracy, stats.metrics["f1"]
     """
-    current = _Batch()
+    at: int | None = 0  # the validation batch a failure names (None: after the last)
     try:
-        return _evaluate(
-            model,
-            loader,
-            current,
-            epoch=epoch,
-            stop=stop,
-            precision=precision,
-            strategy=strategy,
-            objective=objective,
-            errors=errors,
-            step=step,
-            prepare_batch=prepare_batch,
-            metrics=metrics,
+        model.eval()
+        device = strategy.device
+        if metrics is not None:
+            metrics.reset(device)
+        prepare = prepare_batch or partial(to_device, device=device)
+        limit = strategy.eval_sample_limit(loader)
+        zero = torch.zeros((), dtype=torch.float64, device=device)
+        loss_sum, correct, counted = zero.clone(), zero.clone(), zero.clone()
+        samples = 0
+        accuracy_applies = True
+        interrupted = False
+        logged = LoggedSums(zero)
+        for index, raw in enumerate(loader):
+            batch = prepare(errors.check_batch(raw, epoch=epoch, batch_index=index))
+            size = count_samples(batch)
+            keep = size if limit is None else max(0, min(size, limit - samples))
+            if 0 < keep < size:
+                batch, size = take_samples(batch, keep), keep
+            with precision.autocast():
+                outputs, loss = objective(model, batch)
+            loss = errors.check_loss(
+                loss,
+                epoch=epoch,
+                batch_index=index,
+                step=step,
+                source=objective.loss_source,
+                validation=True,
+            )
+            if keep:
+                loss_sum += loss.detach().double() * size
+                samples += size
+                if objective.logs:
+                    logged.add(objective.logged, size)
+                hits = objective.correct(outputs, batch)
+                if hits is None:
+                    accuracy_applies = False
+                else:
+                    correct += hits[0]
+                    counted += hits[1]
+                if metrics is not None:
+                    metrics.update(outputs, batch)
+            if strategy.should_stop(stop.is_set()):
+                interrupted = True
+                break
+            at = index + 1  # the next: a loader that fails fetching it names it
+        at = None
+        interrupted |= strategy.settle_stop_votes()
+        local = torch.stack([loss_sum, correct, counted, zero + samples, zero + accuracy_applies])
+        if metrics is not None:
+            local = torch.cat([local, metrics.state()])
+        local = torch.cat([local, *logged.state()])
+        # Host sync, once per validation: early stopping needs the value now.
+        summed = strategy.all_reduce_sum(local).cpu()
+        loss_total, correct_total, counted_total, sample_total, applies = summed[:5].tolist()
+        own = len(logged.names)
+        values = metrics.compute(summed[5 : len(summed) - own]) if metrics is not None else {}
+        values |= logged.means(summed[len(summed) - own :].tolist(), sample_total)
+        if sample_total == 0 and interrupted:
+            return EvalStats(
+                loss=float("nan"),
+                accuracy=None,
+                samples=0,
+                interrupted=True,
+                metrics=dict.fromkeys(values),
+            )
+        if sample_total == 0:
+            raise EmptyLoaderError(
+                "val_loader yielded no batch; allowed: a loader with at least one batch, or "
+                "val_loader=None. Fix: check the validation dataset, or pass val_loader=None."
+            )
+        accuracy = (
+            correct_total / counted_total
+            if applies == strategy.world_size and counted_total
+            else None
+        )
+        return EvalStats(
+            loss=loss_total / sample_total,
+            accuracy=accuracy,
+            samples=int(sample_total),
+            interrupted=interrupted,
+            metrics=values,
         )
     except Exception as exc:
         error = errors.step_error(
             exc,
             epoch=epoch,
             step=step,
-            batch_index=current.index,
+            batch_index=at,
             rank=strategy.rank,
             timeout_s=getattr(strategy, "timeout_s", None),
             phase="the validation",
@@ -132,107 +192,3 @@ def evaluate(
         if error is exc:
             raise
         raise error from exc
-
-
-class _Batch:
-    """Which validation batch is evaluated, for a failure to name (None: after the last)."""
-
-    def __init__(self) -> None:
-        self.index: int | None = 0
-
-
-def _evaluate(
-    model: nn.Module,
-    loader: Iterable[Any],
-    current: _Batch,
-    *,
-    epoch: int,
-    stop: threading.Event,
-    precision: Precision,
-    strategy: Strategy,
-    objective: Objective,
-    errors: ErrorHandler,
-    step: int | None,
-    prepare_batch: Callable[[Any], Any] | None,
-    metrics: MetricSet | None,
-) -> EvalStats:
-    model.eval()
-    device = strategy.device
-    if metrics is not None:
-        metrics.reset(device)
-    prepare = prepare_batch or partial(to_device, device=device)
-    limit = strategy.eval_sample_limit(loader)
-    zero = torch.zeros((), dtype=torch.float64, device=device)
-    loss_sum, correct, counted = zero.clone(), zero.clone(), zero.clone()
-    samples = 0
-    accuracy_applies = True
-    interrupted = False
-    logged = LoggedSums(zero)
-    for index, raw in enumerate(loader):
-        batch = prepare(errors.check_batch(raw, epoch=epoch, batch_index=index))
-        size = count_samples(batch)
-        keep = size if limit is None else max(0, min(size, limit - samples))
-        if 0 < keep < size:
-            batch, size = take_samples(batch, keep), keep
-        with precision.autocast():
-            outputs, loss = objective(model, batch)
-        loss = errors.check_loss(
-            loss,
-            epoch=epoch,
-            batch_index=index,
-            step=step,
-            source=objective.loss_source,
-            validation=True,
-        )
-        if keep:
-            loss_sum += loss.detach().double() * size
-            samples += size
-            if objective.logs:
-                logged.add(objective.logged, size)
-            hits = objective.correct(outputs, batch)
-            if hits is None:
-                accuracy_applies = False
-            else:
-                correct += hits[0]
-                counted += hits[1]
-            if metrics is not None:
-                metrics.update(outputs, batch)
-        if strategy.should_stop(stop.is_set()):
-            interrupted = True
-            break
-        current.index = index + 1  # the next: a loader that fails fetching it names it
-    current.index = None
-    interrupted |= strategy.settle_stop_votes()
-    local = torch.stack([loss_sum, correct, counted, zero + samples, zero + accuracy_applies])
-    if metrics is not None:
-        local = torch.cat([local, metrics.state()])
-    local = torch.cat([local, *logged.state()])
-    # Host sync, once per validation: early stopping needs the value now.
-    summed = strategy.all_reduce_sum(local).cpu()
-    loss_total, correct_total, counted_total, sample_total, applies = summed[:5].tolist()
-    own = len(logged.names)
-    values = metrics.compute(summed[5 : len(summed) - own]) if metrics is not None else {}
-    values |= logged.means(summed[len(summed) - own :].tolist(), sample_total)
-    if sample_total == 0 and interrupted:
-        return EvalStats(
-            loss=float("nan"),
-            accuracy=None,
-            samples=0,
-            interrupted=True,
-            metrics=dict.fromkeys(values),
-        )
-    if sample_total == 0:
-        raise EmptyLoaderError(
-            "val_loader yielded no batch; allowed: a loader with at least one batch, or "
-            "val_loader=None. Fix: check the validation dataset, or pass val_loader=None."
-        )
-    accuracy = (
-        correct_total / counted_total if applies == strategy.world_size and counted_total else None
-    )
-    return EvalStats(
-        loss=loss_total / sample_total,
-        accuracy=accuracy,
-        samples=int(sample_total),
-        interrupted=interrupted,
-        metrics=values,
-    )

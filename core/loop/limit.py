@@ -15,14 +15,11 @@ import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from core.data.order import LoaderWrapper
 from core.distributed.lockstep import batches_in
 from core.errors import config_error
 
 __all__ = ("Limit", "LimitedLoader", "LimitedStream", "epoch_batches", "limit_batches")
-
-# Attributes of the wrapped loader read through the wrapper (a distributed strategy calls
-# ``loader.sampler.set_epoch``; the plan and the step read ``batch_size``).
-_DELEGATED = frozenset({"batch_sampler", "batch_size", "dataset", "drop_last", "sampler"})
 
 Limit = int | float | None
 
@@ -59,11 +56,9 @@ def epoch_batches(limit: Limit, batches: int | None, field: str) -> int | None:
     return limit if batches is None else min(limit, batches)
 
 
-class LimitedStream:
+class LimitedStream(LoaderWrapper):
     """Each pass over ``loader`` stops after its first ``limit`` batches (a loader without
     ``len()``: at most that many). The batch after the last is never drawn."""
-
-    wraps_in_order = True  # its batches are ``loader``'s, in its order (core.data.order)
 
     def __init__(self, loader: Iterable[Any], limit: Limit, field: str) -> None:
         self.loader = loader
@@ -78,13 +73,6 @@ class LimitedStream:
         taken = self.taken()
         batches = iter(self.loader)
         return batches if taken is None else itertools.islice(batches, taken)
-
-    def __getattr__(self, name: str) -> Any:
-        # Only called for names not found on the wrapper itself.
-        loader = self.__dict__.get("loader")
-        if name in _DELEGATED and loader is not None:
-            return getattr(loader, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 class LimitedLoader(LimitedStream):

@@ -1,22 +1,15 @@
 """How a batch becomes a loss (and, for classification, a count of correct predictions).
 
-- ``(inputs, targets)`` pairs: ``outputs = model(inputs)``; ``loss = loss_fn(outputs, targets)``.
-- Mappings (models that compute their own loss, as Hugging Face models do):
-  ``outputs = model(**batch)``; the loss is ``outputs`` itself when it is a tensor,
-  ``outputs["loss"]`` for a mapping, or ``outputs.loss``.
+A pair: ``loss_fn(model(inputs), targets)``; a mapping: ``model(**batch)``, whose loss is the
+output itself, ``outputs["loss"]`` or ``outputs.loss`` (Hugging Face models). Without a
+``loss_fn`` the loss is ``CrossEntropyLoss()``, and float targets raise
+:class:`~core.errors.LossFormatError` at the first step rather than be read as class
+probabilities.
 
-Without a ``loss_fn`` (:class:`DefaultObjective`) the loss is ``CrossEntropyLoss()`` and the
-targets must be integer class indices: float targets (regression values, or probabilities)
-raise :class:`~core.errors.LossFormatError` at the first step, before the loss would silently
-mean something else (a float target of the outputs' shape is read as class probabilities).
-
-Accuracy is counted when targets are integer class indices and the outputs carry one more
-dimension (the class dimension, dimension 1 as in ``CrossEntropyLoss``); targets equal to the
-loss function's ``ignore_index`` are not counted. For dict batches it is counted when the
-model returns logits (``outputs["logits"]`` or ``outputs.logits``) and the batch has integer
-``labels``, as Hugging Face models do: the class dimension is the last, labels equal to -100
-are not counted. A causal LM's output (its type named ``...CausalLM...``) is left out: its
-model shifts the labels inside, so position t's logits predict label t + 1 (use
+Accuracy is counted where the targets are integer class indices and the outputs have one more
+dimension (the class dimension 1; targets equal to the loss's ``ignore_index`` not counted);
+for dict batches from ``logits`` and integer ``labels`` (class dimension last, -100 not
+counted), except a causal LM's output, whose model shifts the labels inside (use
 ``core.metrics.Perplexity(shift=True)`` for it).
 """
 

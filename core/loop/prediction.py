@@ -3,11 +3,6 @@
 Shaped like ``core.loop.evaluation``: under a distributed strategy each rank predicts its
 shard; samples that only pad a shard still run forward (FSDP2 needs every rank in every
 all-gather) but their outputs are dropped.
-
-Example::
-
-    outputs = predict(model, loader, precision=FP32(), strategy=Strategy(torch.device("cpu")))
-    logits = torch.cat(outputs)
 """
 
 from __future__ import annotations

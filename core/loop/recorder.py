@@ -1,18 +1,18 @@
 """What follows a step once its numbers reach the host: the lagged readback and its records.
 
-Step N hands its device scalars (loss, gradient norm, skip flag, loss scale) and its host
-facts (step, LR, samples, timings) to :meth:`StepRecorder.defer`. Step N+1 calls
+Step N hands its device scalars (loss, gradient norm, skip flag, loss scale) and host facts
+(step, LR, samples, timings) to :meth:`StepRecorder.defer`. Step N+1 calls
 :meth:`StepRecorder.settle` after its own backward is queued and before its optimizer step;
-settling step N then
+settling step N reads its scalars back (:class:`Readback`: the one host sync per step,
+lagged), steps the LR scheduler if step N was applied (so the schedule is that of an eager
+loop), counts the step, writes its ``train_step`` record, and lets the error handler judge
+a skipped step (too many non-finite steps raise; repeated fp16 overflows at the minimum
+scale fall back to bf16).
 
-1. reads its scalars back (the one host sync per step, lagged: see ``core.loop.readback``),
-2. steps the LR scheduler if step N was applied (before step N+1's optimizer step, so the
-   schedule is exactly that of an eager loop),
-3. counts it in the precision statistics and the epoch statistics,
-4. writes the ``train_step`` record (and ``nonfinite_skipped`` for a skipped finite-scale
-   step),
-5. lets the error handler judge it: too many non-finite steps raise, repeated fp16
-   overflows at the minimum scale fall back to bf16 (a ``precision_fallback`` record).
+Reading a CUDA scalar with ``.item()`` stalls the host until the GPU has drained its queue.
+Instead step N's scalars are packed into one small tensor and copied to host memory with
+``non_blocking=True``; the host reads them during step N+1, by which time the copy has
+usually landed, and the wait, if any, is for step N only. On CPU the values are read at once.
 """
 
 from __future__ import annotations
@@ -21,12 +21,15 @@ import enum
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from operator import mul
 from types import MappingProxyType
 from typing import Any, Final, Literal, NamedTuple, Protocol
 
+import torch
+
 from core.hardware.device import Device
-from core.loop.readback import Readback, StepScalars
 from core.loop.recovery import ErrorHandler
+from core.loop.terms import StepTermsLike
 from core.precision.policy import PrecisionPolicy
 
 __all__ = (
@@ -34,13 +37,19 @@ __all__ = (
     "EpochStats",
     "NOTHING_PENDING",
     "NoDeviceFields",
+    "Readback",
     "Scheduler",
+    "SkipFlag",
     "StepOutcome",
     "StepRecorder",
+    "StepScalars",
 )
 
 Emit = Callable[..., None]
 Scheduler = Any  # torch.optim.lr_scheduler.LRScheduler or anything with .step()
+SkipFlag = torch.Tensor | bool | None
+"""Whether a step was skipped: a device tensor (read later), a known bool, or None (a step
+that could not be skipped)."""
 
 
 class DeviceFields(Protocol):
@@ -57,6 +66,95 @@ class NoDeviceFields:
     record_fields: Mapping[str, Any] = MappingProxyType(
         {"device_util_pct": None, "device_mem_used_bytes": None}
     )
+
+
+class StepScalars(NamedTuple):
+    """Host values of one optimizer step."""
+
+    loss: float
+    grad_norm: float
+    overflow: bool
+    """Loss-scaled gradients held inf/NaN (always False without a loss scaler)."""
+    skipped: bool
+    """The optimizer step was not applied."""
+    loss_scale: float | None
+    extra: dict[str, Any]
+    """Fields of the model's own statistics (``core.loop.terms``); empty without."""
+
+
+class Readback:
+    """One step's device scalars on their way to the host, and the LR the step ran at.
+    The window's loss is the mean of ``micro_losses`` weighted by ``micro_samples``,
+    computed on the host: the step pays for no extra device op."""
+
+    __slots__ = (
+        "_event",
+        "_extra",
+        "_has_flag",
+        "_has_scale",
+        "_host",
+        "_known_skip",
+        "_micro_samples",
+        "_values",
+        "lr",
+    )
+
+    def __init__(
+        self,
+        micro_losses: list[torch.Tensor],
+        micro_samples: list[int],
+        extra: StepTermsLike | None,
+        grad_norm: torch.Tensor,
+        skipped: SkipFlag,
+        loss_scale: torch.Tensor | None,
+        lr: float,
+    ) -> None:
+        self.lr = lr
+        parts = [*micro_losses, grad_norm]
+        self._known_skip = skipped if isinstance(skipped, bool) else None
+        self._has_flag = isinstance(skipped, torch.Tensor)
+        self._has_scale = loss_scale is not None
+        if isinstance(skipped, torch.Tensor):
+            parts.append(skipped)
+        if loss_scale is not None:
+            parts.append(loss_scale)
+        self._micro_samples = micro_samples
+        self._extra = extra
+        self._event: torch.cuda.Event | None = None
+        self._values: list[float] | None = None
+        if grad_norm.device.type == "cpu":
+            self._values = list(map(float, parts))
+            if extra is not None:
+                self._values += extra.tensor.tolist()
+            return
+        packed = torch.stack(parts)
+        if extra is not None:
+            packed = torch.cat([packed.float(), extra.tensor.to(packed.device, torch.float32)])
+        self._host = packed.to("cpu", non_blocking=True)
+        if grad_norm.device.type == "cuda":
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def read(self) -> StepScalars:
+        values = self._values
+        if values is None:
+            if self._event is not None:
+                # Host sync, lagged: waits for the step this readback belongs to, not later ones.
+                self._event.synchronize()
+            values = self._host.tolist()
+        n = len(self._micro_samples)
+        fixed = n + 1 + int(self._has_flag) + int(self._has_scale)
+        extra = {} if self._extra is None else self._extra.fields(values[fixed:])
+        loss = sum(map(mul, values[:n], self._micro_samples))
+        skipped = self._known_skip or (self._has_flag and values[n + 1] > 0)
+        return StepScalars(
+            loss=loss / sum(self._micro_samples),
+            grad_norm=values[n],
+            overflow=skipped and self._has_scale,
+            skipped=skipped,
+            loss_scale=values[fixed - 1] if self._has_scale else None,
+            extra=extra,
+        )
 
 
 @dataclass
@@ -76,8 +174,7 @@ class EpochStats:
 
 
 class StepOutcome(NamedTuple):
-    """A finished step whose device scalars are still on their way to the host (the LR it
-    ran at travels with them)."""
+    """A finished step whose device scalars are still on their way to the host."""
 
     readback: Readback
     epoch: int
@@ -123,7 +220,6 @@ class StepRecorder:
         """Step N, kept until step N+1 (or a flush) settles it."""
 
     def defer(self, outcome: StepOutcome) -> None:
-        """Keep step N until step N+1 (or a flush) settles it."""
         self.pending = outcome
 
     def settle(self) -> StepScalars | NothingPending:

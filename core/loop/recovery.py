@@ -1,31 +1,11 @@
 """The ErrorHandler: check what users hand in, classify failures, and decide what happens.
 
-Recover where it is safe, stop clearly where it is not:
-
-=====================================  ===================================================
-failure                                decision
-=====================================  ===================================================
-a batch that is not a pair or dict,    stop before the step (BatchFormatError /
-a loss that is not a scalar (a         LossFormatError), naming the function that
-malformed training_step return)        returned it, epoch, step and batch index
-out of memory in a step                free the step, halve the micro-batch (the window's
-                                       result is unchanged), retry; at one sample stop
-                                       with OutOfMemoryError naming the batch size
-non-finite loss or gradients           skip the step (weights, optimizer state and LR
-(bf16 / fp32)                          schedule untouched), count it; stop with
-                                       NonFiniteLossError after max_consecutive_nonfinite
-fp16 overflows with the scale already  switch to bf16 (else fp32) from the next step
-at min_scale                           (a ``precision_fallback`` record), once
-an exception from the loader, model,   stop with TrainingStepError naming the function
-loss_fn, training_step, or in a        it escaped (``loss_fn``, ``validation_step``, a
-validation validation_step or a        metric...), epoch, step and batch index; after
-metric                                 this and the row above, a run in one process
-                                       checkpoints its last completed step first
-a collective that timed out            stop with DistributedTimeoutError naming the
-                                       collective and the rank
-=====================================  ===================================================
-
-The per-step checks read Python attributes and tensor metadata only: no device sync.
+Recover where it is safe: an out-of-memory step is re-split (same result), a non-finite step
+skipped and counted, fp16 overflowing at its minimum scale falls back to bf16 (else fp32),
+once. Stop clearly where it is not: a malformed batch or loss, too many non-finite steps in
+a row, an exception from user code, a collective that timed out; the error names the
+function, epoch, step and batch (the table: ``docs/checkpoints-and-reliability.md``). The
+per-step checks read Python attributes and tensor metadata only: no device sync.
 """
 
 from __future__ import annotations
@@ -37,9 +17,8 @@ from typing import Any, Literal
 import torch
 
 from core.checks import check_bool_fields, is_int
-from core.data.batches import describe
+from core.data.batches import check_batch, describe
 from core.errors import (
-    BatchFormatError,
     CoreError,
     DistributedTimeoutError,
     LossFormatError,
@@ -143,14 +122,7 @@ class ErrorHandler:
     # -- user input -----------------------------------------------------------------------
     def check_batch(self, batch: Any, *, epoch: int, batch_index: int) -> Any:
         """Return ``batch`` if it is an ``(inputs, targets)`` pair or a mapping; else raise."""
-        if isinstance(batch, Mapping) or (isinstance(batch, (tuple, list)) and len(batch) == 2):
-            return batch
-        raise BatchFormatError(
-            f"batch {batch_index} of epoch {epoch} is {describe(batch)}; allowed: an "
-            "(inputs, targets) tuple or list, or a dict of keyword arguments for a model "
-            "that returns its own loss. Fix: make the dataset return (inputs, target) pairs "
-            "or pass a collate_fn that builds one of these forms."
-        )
+        return check_batch(batch, epoch=epoch, batch_index=batch_index)
 
     def check_loss(
         self,

@@ -1,25 +1,10 @@
 """What a step does after an out-of-memory error: nothing, retry alone, or retry together.
 
-After an OOM the step frees what it held, halves the micro-batch and runs the window again;
-the result is unchanged because the loss weights do not depend on how a window is split,
-and the random generators are put back to where the window started, so dropout draws the
-same masks a run started at the smaller micro-batch draws.
-
-=====================  ====================================================================
-policy                 used when
-=====================  ====================================================================
-:class:`NoRetry`       ``oom_recovery="off"``, or several ranks with ``"auto"``: the OOM
-                       ends the run with a clear error
-:class:`LocalRetry`    one process (CPU, one GPU, DataParallel) with ``"auto"``/``"on"``
-:class:`AgreedRetry`   several ranks (DDP) with ``"on"``: every micro-batch runs without
-                       gradient sync and ranks vote (one 4-byte all-reduce per micro-batch)
-                       before the next, so all halve together; gradients are then averaged
-                       in one bucketed all-reduce, no longer overlapped with backward
-=====================  ====================================================================
-
-Thrashing (Composer's rule, by steps): when ``oom_thrash_steps`` optimizer steps in a row
-each need a re-split, memory grows from step to step and halving cannot fix it; the run
-stops with :class:`~core.errors.OutOfMemoryError` naming the sizes tried.
+After an OOM the step frees what it held, halves the micro-batch and runs the window again:
+the result is unchanged (the loss weights do not depend on the split) and the random
+generators are rewound, so dropout draws the masks a run at the smaller size draws. When
+``oom_thrash_steps`` optimizer steps in a row each need a re-split (Composer's rule), memory
+grows from step to step and the run stops with :class:`~core.errors.OutOfMemoryError`.
 """
 
 from __future__ import annotations
@@ -37,13 +22,11 @@ __all__ = ("AgreedRetry", "LocalRetry", "NoRetry", "retry_policy")
 
 
 class NoRetry:
-    """An out-of-memory error ends the step (and the run) like any other error."""
+    """An out-of-memory error ends the step (and the run) like any other error:
+    ``oom_recovery="off"``, or several ranks with ``"auto"``."""
 
     sync_in_backward = True
     """Whether the window's last backward synchronises gradients across ranks."""
-
-    def begin(self) -> None:
-        """Called before a window's first forward."""
 
     def recoverable(self, exc: BaseException) -> bool:
         return False
@@ -60,27 +43,26 @@ class NoRetry:
 
 
 class LocalRetry(NoRetry):
-    """Re-split after an OOM in one process; RNG rewound; thrashing stops the run."""
+    """Re-split after an OOM in one process (CPU, one GPU, DataParallel) with ``"auto"`` or
+    ``"on"``; RNG rewound; thrashing stops the run."""
 
     def __init__(self, device: Device, errors: ErrorHandler) -> None:
-        self.device = device
         self.errors = errors
-        self.rng: tuple[torch.Tensor, torch.Tensor | None] | None = None
-        """The generators' state where the window began (``device.rng_state()``), put back
-        before a retry; :meth:`begin` notes it, or the step does."""
+        self.generators = device.generators()
+        self.rng: list[torch.Tensor] | None = None
+        """The :attr:`generators`' states where the window began (the step notes them), put
+        back before a retry."""
         self._streak: list[int] = []  # consecutive steps that needed a re-split
         self._last_oom_step: int | None = None
         self._sizes: list[int] = []
-
-    def begin(self) -> None:
-        self.rng = self.device.rng_state()  # a 5 kB host copy: cheap next to a step
 
     def recoverable(self, exc: BaseException) -> bool:
         return is_out_of_memory(exc)
 
     def rewind(self, step: int, micro_batch_size: int) -> None:
         if self.rng is not None:
-            self.device.set_rng_state(self.rng)
+            for generator, state in zip(self.generators, self.rng, strict=True):
+                generator.set_state(state)
         if self._last_oom_step != step:  # the first re-split of this step
             consecutive = self._last_oom_step == step - 1
             self._streak = [*self._streak, step] if consecutive else [step]
@@ -92,7 +74,9 @@ class LocalRetry(NoRetry):
 
 
 class AgreedRetry(LocalRetry):
-    """All ranks vote after every micro-batch, halve together and sync gradients after."""
+    """Several ranks (DDP) with ``"on"``: micro-batches run without gradient sync, ranks
+    vote after each (a 4-byte all-reduce) so all halve together, and the gradients are
+    averaged after, in one bucketed all-reduce no longer overlapped with backward."""
 
     sync_in_backward = False
 

@@ -1,18 +1,9 @@
 """Work that is due after some optimizer steps, called only when it is due.
 
-Validation every ``val_every_n_steps``, a checkpoint every ``checkpoint_every_n_steps``, the
-profiler's window, the compile decision: each is a *step hook* that says after which step
-it next wants to run (:meth:`StepHook.next_due`). The loop keeps the earliest of those steps
-and, after every optimizer step, compares its step counter with it: one integer comparison
-on a step where nothing is due, the hooks only on a step where one is.
-
-Example::
-
-    schedule = StepSchedule([profiler, cycle])   # hooks run in this order on a shared step
-    due = schedule.start(global_step)            # the earliest step any hook waits for
-    ...
-    if global_step == due:
-        due = schedule.reached(global_step)
+Validation and checkpoints every N steps, the profiler's window, the compile decision: each
+is a *step hook* naming the step it next runs after (:meth:`StepHook.next_due`). The loop
+compares its step counter with the earliest of those: one integer comparison on a step
+where nothing is due.
 """
 
 from __future__ import annotations

@@ -3,48 +3,32 @@ place the step is built (:func:`build_step`).
 
 The step: forward and loss under the precision's autocast, the loss checked, backward;
 unscale (fp16), the global gradient norm and its clip; step N-1 read back (the one
-deliberate doubling back, below); the optimizer step or its skip; the loss-scale update;
-the gradients cleared. What only some runs need is a small named step it calls:
+deliberate doubling back: ``recorder.settle()``, after step N's backward is queued, so the
+host reads N-1 while the device works on N; the LR scheduler is stepped then, so step N runs
+at the LR an eager loop would give it); the optimizer step or its skip (the stepper, below);
+the loss-scale update; the gradients cleared. What only some runs need is a small named
+step it calls: :meth:`~OptimizerStep.micro_batches` (accumulation windows, micro-batches,
+token weights, DDP sync on the last backward, a model's own loss terms, ranks voting on
+out-of-memory errors) and :meth:`~OptimizerStep.recover` (after an out-of-memory error).
 
-- :meth:`~OptimizerStep.micro_batches`: windows of several batches (accumulation),
-  micro-batches (``micro_batch_size``, or halved after an out-of-memory error), each
-  micro-batch's loss weighted by its share of the window's samples (or tokens), gradients
-  synchronised by the last micro-batch's backward only, a model's own loss terms (MoE),
-  ranks voting on out-of-memory errors and averaging the gradients after;
-- :meth:`~OptimizerStep.recover`: after an out-of-memory error, the micro-batch halved and
-  the random generators rewound, before the window runs again as micro-batches.
-
-The lagged read: step N's scalars (loss, gradient norm, skip flag, loss scale) are read
-back during step N+1, after its backward is queued and before its optimizer step
-(``recorder.settle()``), so the host reads N while the device works on N+1; the LR
-scheduler is stepped then, so step N+1 runs at the LR an eager loop would give it.
-
-:func:`build_step` builds the step for the loop and the per-batch facade;
-:func:`build_update` builds its post-backward sequence alone (:class:`GradientUpdate`) for
+:func:`build_update` builds the post-backward sequence alone (:class:`GradientUpdate`) for
 callers that run forward and backward themselves (the four-call facade,
 ``benchmark_performance``, the learning-rate finder). Nothing else constructs either.
 
-CPU-GPU sync points (CUDA):
-
-- Per step, the only one is lagged: ``recorder.settle()`` reads step N-1's scalars back
-  while step N's backward is already queued (see ``core.loop.readback``).
-- A non-fused optimizer on CUDA costs one more: its stepper reads the skip flag on the host
-  (``core.loop.stepper``); fused AdamW, Adam and SGD skip on the device.
-- Ranks with unequal shards (a user's sampler) all-reduce the window's sample count each
-  step; over gloo the host waits for that collective (not for the GPU).
-- After an out-of-memory error only: ``torch.cuda.empty_cache()`` before the retry.
-- Ranks agreeing on OOM (``oom_recovery="on"`` under DDP): a 4-byte vote per micro-batch
-  on the gloo control group (the host waits for the other ranks, not for the GPU), and the
-  gradients averaged after backward (``core.loop.retry``).
-
-Nothing else reads a device value: the loss checks look at tensor metadata, the gradient
-norm and clip stay on the device, and batches are copied with ``non_blocking=True``.
+CPU-GPU sync points (CUDA): per step only the lagged read (``core.loop.recorder``); a
+non-fused optimizer's stepper reads the skip flag on the host (fused AdamW, Adam and SGD
+skip on the device); ranks with unequal shards all-reduce the window's sample count; after
+an out-of-memory error ``torch.cuda.empty_cache()``; with ``oom_recovery="on"`` under DDP a
+4-byte vote per micro-batch on the gloo control group (``core.loop.retry``). Nothing else
+reads a device value: the loss check looks at tensor metadata, the norm and clip stay on
+the device, and batches are copied with ``non_blocking=True``.
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Mapping, Sequence
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from operator import attrgetter, is_not
@@ -59,12 +43,17 @@ from core.distributed import Strategy
 from core.hardware.device import device_of
 from core.loop.accumulation import Accumulation, SampleWeights, Window
 from core.loop.objective import Objective
-from core.loop.readback import Readback
-from core.loop.recorder import DeviceFields, Scheduler, StepOutcome, StepRecorder
+from core.loop.recorder import (
+    DeviceFields,
+    Readback,
+    Scheduler,
+    SkipFlag,
+    StepOutcome,
+    StepRecorder,
+)
 from core.loop.recovery import ErrorHandler
 from core.loop.retry import LocalRetry, NoRetry, retry_policy
 from core.loop.step_function import LoggedValues, joined
-from core.loop.stepper import OptimizerStepper, SkipFlag, stepper_for
 from core.loop.terms import ModelTerms, StepTermsLike
 from core.precision.plugins import Precision
 from core.precision.policy import PrecisionPolicy
@@ -72,16 +61,21 @@ from core.precision.policy import PrecisionPolicy
 __all__ = (
     "Applied",
     "Clipping",
+    "DeviceSkippingStepper",
     "GradientUpdate",
     "OptimizerStep",
+    "OptimizerStepper",
     "build_step",
     "build_update",
+    "default_optimizer",
+    "stepper_for",
 )
 
 Emit = Callable[..., None]
 
 _grad_of = attrgetter("grad")
 _is_not_none = partial(is_not, None)
+_get_state = torch.Generator.get_state
 
 
 class Clipping(Protocol):
@@ -193,7 +187,6 @@ class OptimizerStep(GradientUpdate):
         )
         # Only a retry that runs the window again (LocalRetry) notes the RNG before a step.
         self.rewinds = retry if isinstance(retry, LocalRetry) else None
-        self.rng_state = device_of(strategy.device).rng_state
         # The precision of the step in hand, bound when it changes (AMP switched on or off,
         # the fp16 fallback): its autocast context and its backward (the plain one for fp32
         # and bf16, called directly).
@@ -209,7 +202,8 @@ class OptimizerStep(GradientUpdate):
         if precision is not self._precision:
             self._bind(precision)
         if self.rewinds is not None:
-            self.rewinds.rng = self.rng_state()  # an OOM runs the window again, same draws
+            # An OOM runs the window again with the same draws (a 5 kB host copy, no frame).
+            self.rewinds.rng = list(map(_get_state, self.rewinds.generators))
         # Forward and loss under autocast, the loss checked, backward: inline for one batch,
         # as weighted micro-batches for anything more (or since an OOM split the batch).
         if self.windowed or self.accumulation.micro_batch_size is not None:
@@ -220,13 +214,8 @@ class OptimizerStep(GradientUpdate):
                 batch = self.prepare_batch(window.batches[0])
                 with self._autocast:
                     _, loss = self.objective(self.model, batch)
-                loss = self.errors.check_loss(
-                    loss,
-                    epoch=epoch,
-                    batch_index=window.first_batch_index,
-                    step=step,
-                    source=self.objective.loss_source,
-                )
+                if type(loss) is not torch.Tensor or loss.ndim or not loss.is_floating_point():
+                    loss = self._checked(loss, window, step, epoch)  # raises, naming it
                 self._backward(loss)
             except Exception as exc:
                 if not self.retry.recoverable(exc):
@@ -258,6 +247,17 @@ class OptimizerStep(GradientUpdate):
         self.optimizer.zero_grad(set_to_none=True)
         self.recorder.pending = StepOutcome(
             readback, epoch, step, window.samples, perf_counter() - started, data_time_s
+        )
+
+    def _checked(self, loss: Any, window: Window, step: int, epoch: int) -> torch.Tensor:
+        """The full loss check, for a loss the inline one did not accept (a plain tensor
+        needs no call): raises unless ``loss`` is a 0-d floating tensor (a subclass is one)."""
+        return self.errors.check_loss(
+            loss,
+            epoch=epoch,
+            batch_index=window.first_batch_index,
+            step=step,
+            source=self.objective.loss_source,
         )
 
     def _bind(self, precision: Precision) -> None:
@@ -302,13 +302,8 @@ class OptimizerStep(GradientUpdate):
                         _, loss = objective(self.model, batch)
                     if objective.logs and objective.logged:
                         logged.append((objective.logged, micro.samples))
-                    loss = self.errors.check_loss(
-                        loss,
-                        epoch=epoch,
-                        batch_index=window.first_batch_index,
-                        step=step,
-                        source=objective.loss_source,
-                    )
+                    if type(loss) is not torch.Tensor or loss.ndim or not loss.is_floating_point():
+                        loss = self._checked(loss, window, step, epoch)  # raises, naming it
                     aux = None if self.terms is None else self.terms.auxiliary_loss()
                     total = loss if aux is None else loss + aux
                     # A window of one micro-batch has weight 1.0: no multiply to launch.
@@ -345,6 +340,61 @@ class OptimizerStep(GradientUpdate):
         )
 
 
+class OptimizerStepper:
+    """Steps the optimizer unless the loss scaler found an overflow or (with the non-finite
+    guard) the gradient norm is inf/NaN, deciding on the host: free on CPU, one device sync
+    per step on CUDA (the fallback for non-fused optimizers). A skipped step leaves weights,
+    optimizer state and step count untouched."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, *, guard_nonfinite: bool) -> None:
+        self.optimizer = optimizer
+        self.guard_nonfinite = guard_nonfinite
+
+    def step(self, found_inf: torch.Tensor | None, grad_norm: torch.Tensor) -> SkipFlag:
+        if found_inf is None and not self.guard_nonfinite:
+            self.optimizer.step()
+            return None
+        skip = found_inf is not None and bool(found_inf.item())  # host read (see class doc)
+        if not skip and self.guard_nonfinite:
+            skip = not math.isfinite(float(grad_norm))
+        if not skip:
+            self.optimizer.step()
+        return skip
+
+
+class DeviceSkippingStepper(OptimizerStepper):
+    """CUDA with a fused optimizer (``AdamW(fused=True)``, Adam, SGD): the skip happens on
+    the device and the host never waits."""
+
+    def step(self, found_inf: torch.Tensor | None, grad_norm: torch.Tensor) -> SkipFlag:
+        if found_inf is None and self.guard_nonfinite:
+            found_inf = (~torch.isfinite(grad_norm)).float()
+        # Fused kernels read these attributes: grads are already unscaled (grad_scale None)
+        # and the update, step count included, is skipped where found_inf is non-zero.
+        self.optimizer.found_inf = found_inf  # type: ignore[attr-defined]
+        self.optimizer.grad_scale = None  # type: ignore[attr-defined]
+        self.optimizer.step()
+        return found_inf
+
+
+def stepper_for(
+    optimizer: torch.optim.Optimizer, device: torch.device, *, guard_nonfinite: bool
+) -> OptimizerStepper:
+    """The stepper for ``optimizer`` on ``device`` (chosen once)."""
+    fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+    kind = DeviceSkippingStepper if fused and device_of(device).is_cuda else OptimizerStepper
+    return kind(optimizer, guard_nonfinite=guard_nonfinite)
+
+
+def default_optimizer(
+    params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float
+) -> torch.optim.Optimizer:
+    """AdamW, fused where torch supports it (floating parameters on CPU or CUDA)."""
+    params = list(params)
+    fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
+
+
 def build_step(
     *,
     model: nn.Module,
@@ -368,16 +418,9 @@ def build_step(
     ``prepare_batch`` moves a batch to the device (default ``to_device``); ``terms`` are a
     model's own loss terms and statistics (``core.loop.terms``); ``device_fields`` the
     monitor's latest figures for each ``train_step`` record.
-
-    Example::
-
-        step = build_step(model=model, optimizer=optimizer, policy=policy,
-                          strategy=Strategy(cpu), objective=DefaultObjective(),
-                          errors=ErrorHandler(), optim=OptimConfig(max_grad_norm=1.0),
-                          emit=emit)
-        step(window, step=1, epoch=0, started=perf_counter(), data_time_s=0.0)
     """
     device = device_of(strategy.device)
+    guard_nonfinite = errors.config.skip_nonfinite
     return OptimizerStep(
         model=model,
         optimizer=optimizer,
@@ -396,9 +439,7 @@ def build_step(
         ),
         emit=emit,
         max_grad_norm=optim.max_grad_norm,
-        stepper=stepper_for(
-            optimizer, strategy.device, guard_nonfinite=errors.config.skip_nonfinite
-        ),
+        stepper=stepper_for(optimizer, strategy.device, guard_nonfinite=guard_nonfinite),
         retry=retry_policy(strategy, device, errors),
         prepare_batch=prepare_batch or partial(to_device, device=strategy.device),
         terms=terms,
@@ -416,22 +457,13 @@ def build_update(
     """The post-backward sequence for ``optimizer`` (its parameters, or ``params``), the
     clip ``optim`` holds; ``guard_nonfinite`` skips a step whose gradient norm is not
     finite.
-
-    Example::
-
-        update = build_update(optimizer, Strategy(cpu), optim=OptimConfig(max_grad_norm=1.0),
-                              guard_nonfinite=True)
-        loss.backward()
-        update.apply(FP32()).grad_norm
     """
+    if params is None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
     return GradientUpdate(
         optimizer,
         strategy,
         max_grad_norm=optim.max_grad_norm,
         stepper=stepper_for(optimizer, strategy.device, guard_nonfinite=guard_nonfinite),
-        params=list(
-            params
-            if params is not None
-            else (p for group in optimizer.param_groups for p in group["params"])
-        ),
+        params=params,
     )

@@ -140,7 +140,7 @@ def _logged(result: Mapping[str, Any], name: str) -> Mapping[str, Any]:
 
 class LoggedValues:
     """A window's logged values on their way to the host: one tensor packed with the
-    step's scalars (``core.loop.readback``), their sample-weighted means on the host."""
+    step's scalars (``core.loop.recorder``), their sample-weighted means on the host."""
 
     __slots__ = ("_layout", "tensor")
 

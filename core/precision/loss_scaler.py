@@ -27,7 +27,7 @@ class DynamicLossScaler:
     backs off on every overflow as ``torch.amp.GradScaler`` does); the budget refills when
     the scale grows, or after every clean step with ``consecutive_hysteresis=True``, never
     after a back-off. The optimizer step itself is skipped on every overflow by the caller
-    (``core.loop.stepper``), whatever the scale does.
+    (``core.loop.step``), whatever the scale does.
 
     >>> overflow, clean = torch.ones(()), torch.zeros(())
     >>> scaler = DynamicLossScaler(torch.device("cpu"), init_scale=8.0, hysteresis=2)

@@ -2,14 +2,6 @@
 resolves the config once into a precision object and hands the active one to the step loop at
 each optimizer step. ``enable_amp()``/``disable_amp()``/``toggle_amp()`` may be called from any
 thread; they take effect at the next optimizer step.
-
-Example::
-
-    policy = PrecisionPolicy(MixedPrecisionConfig(dtype="bf16"), torch.device("cpu"))
-    precision = policy.begin_step()
-    with precision.autocast():
-        loss = model(x).float().mean()
-    precision.backward(loss)
 """
 
 from __future__ import annotations
@@ -50,18 +42,8 @@ _SAVED_STATS = (
 
 
 def loss_scaler(config: LossScalerConfig, device: torch.device) -> DynamicLossScaler:
-    """The on-device loss scaler ``config`` describes."""
-    return DynamicLossScaler(
-        device,
-        init_scale=config.init_scale,
-        growth_factor=config.growth_factor,
-        backoff_factor=config.backoff_factor,
-        growth_interval=config.growth_interval,
-        hysteresis=config.hysteresis,
-        consecutive_hysteresis=config.consecutive_hysteresis,
-        min_scale=config.min_scale,
-        max_scale=config.max_scale,
-    )
+    """The on-device loss scaler ``config`` describes (its fields are the scaler's keywords)."""
+    return DynamicLossScaler(device, **asdict(config))
 
 
 def fallback_precision(config: MixedPrecisionConfig, device: torch.device) -> Precision:

@@ -22,7 +22,7 @@ from torch import nn
 from core.config import OptimConfig
 from core.errors import ConfigError, EmptyLoaderError, config_error
 from core.loop.objective import DefaultObjective, LossFn, Objective
-from core.loop.stepper import default_optimizer
+from core.loop.step import default_optimizer
 from core.memory.trial import preserved
 from core.precision.config import AmpDtype, MixedPrecisionConfig, parse_amp_dtype
 from core.precision.policy import resolve_precision

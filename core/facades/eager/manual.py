@@ -17,8 +17,7 @@ from core.data.batches import to_device
 from core.distributed.base import Strategy
 from core.facades.eager.emit import Emit
 from core.hardware.device import device_of
-from core.loop.readback import Readback, StepScalars
-from core.loop.recorder import StepOutcome, StepRecorder
+from core.loop.recorder import Readback, StepOutcome, StepRecorder, StepScalars
 from core.loop.recovery import ErrorHandler
 from core.loop.step import Clipping, GradientUpdate, build_update
 from core.precision.plugins import Precision

@@ -17,8 +17,7 @@ from core.distributed.base import Strategy
 from core.facades.eager.emit import Emit
 from core.loop.accumulation import Window
 from core.loop.objective import DefaultObjective, LossFn, Objective
-from core.loop.readback import StepScalars
-from core.loop.recorder import EpochStats, Scheduler
+from core.loop.recorder import EpochStats, Scheduler, StepScalars
 from core.loop.recovery import ErrorHandler
 from core.loop.step import Clipping, build_step
 from core.memory.amp_savings import measure_amp_savings

@@ -13,7 +13,7 @@ from torch import nn
 from core.config import TrainingConfig
 from core.errors import config_error
 from core.loop.epoch import Scheduler
-from core.loop.stepper import default_optimizer
+from core.loop.step import default_optimizer
 from core.memory.trial import OptimizerFactory
 from core.trainer.assembly.arguments import (
     built_by,
