@@ -23,6 +23,7 @@ __all__ = (
     "IncompatibleCheckpointError",
     "LineageHeldError",
     "LossFormatError",
+    "MainNotGuarded",
     "NonFiniteLossError",
     "OutOfMemoryError",
     "SignalReceived",
@@ -243,6 +244,25 @@ class TrainingProcessDied(CoreError, RuntimeError):
         else:
             kept = f"no checkpoint was written yet; {resume} starts over"
         return f"{self.args[0]} {kept}."
+
+
+class MainNotGuarded(TrainingProcessDied):
+    """Raised by ``train()`` under ``run.isolation="process"`` when the training process
+    exited at once: it imports the program's main module, and the program creates its run
+    when imported (no ``if __name__ == "__main__":`` guard). Nothing was trained and no
+    checkpoint was written, so ``checkpoint`` is None and resuming cannot help."""
+
+    def __init__(self, exit_code: int) -> None:
+        super().__init__(exit_code, None, None)
+        self.args = (
+            f"the training process exited at once (code {exit_code}): it imports this "
+            "program's main module, and the program creates its run when imported, so "
+            "nothing was trained and no checkpoint was written; the service is unharmed. "
+            'Fix: start the run under `if __name__ == "__main__":`.',
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class ClusterStartTimeout(CoreError, TimeoutError):

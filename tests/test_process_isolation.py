@@ -416,8 +416,15 @@ def test_a_script_without_a_main_guard_gets_one_clear_error(tmp_path: Path) -> N
         "file",
     )
     assert done.returncode != 0, done.stderr[-2000:]
-    assert "TrainingProcessDied: the training process exited with code 86 at once" in done.stderr
-    assert 'Fix: start it under `if __name__ == "__main__":`' in done.stderr
+    # One message: what happened, that nothing was trained or saved, the fix; nothing about
+    # a run that ended or a resume, which cannot help here.
+    said = done.stderr.strip().splitlines()[-1]
+    assert said == (
+        "core.errors.MainNotGuarded: the training process exited at once (code 86): it imports"
+        " this program's main module, and the program creates its run when imported, so nothing"
+        " was trained and no checkpoint was written; the service is unharmed. Fix: start the run"
+        ' under `if __name__ == "__main__":`.'
+    ), done.stderr[-2000:]
     assert done.stderr.count("Traceback") == 1 and "bootstrapping" not in done.stderr
 
 

@@ -15,13 +15,9 @@ from core.trainer.process.child_state import ChildState
 from core.trainer.process.crossing import MAIN_NOT_GUARDED
 from core.trainer.process.watch import ExitStatus
 
-__all__ = ("last_good_checkpoint", "why_it_ended")
+__all__ = ("last_good_checkpoint", "main_not_guarded", "why_it_ended")
 
 _NEVER_STARTED = " before its run opened (its stderr says why)"
-_NOT_GUARDED = (
-    " at once: the training process imports this program's main module, and the program"
-    ' creates its run when imported. Fix: start it under `if __name__ == "__main__":`'
-)
 _KILLED_EARLY = (
     " before its run opened, while it built the model and data (the OOM killer sends SIGKILL"
     " when memory runs out: the kernel log, dmesg, says so)"
@@ -29,13 +25,17 @@ _KILLED_EARLY = (
 _STATUS_UNKNOWN = " (how is unknown: the fork server that reports it had died)"
 
 
+def main_not_guarded(status: ExitStatus, *, opened: bool) -> bool:
+    """Whether a child exited at once because its program, imported there, creates a run
+    when imported (no main guard): nothing was trained, so there is no checkpoint to name."""
+    return not opened and status.code == MAIN_NOT_GUARDED
+
+
 def why_it_ended(status: ExitStatus, *, opened: bool) -> str:
     """Why a child ended without reporting how its run ended (``opened``: its run had
     opened its directory), to follow "the training process was killed by SIGKILL"."""
     if opened:
         return "" if status.known else _STATUS_UNKNOWN
-    if status.code == MAIN_NOT_GUARDED:
-        return _NOT_GUARDED
     if status.signal_name is not None:
         return _KILLED_EARLY
     return _NEVER_STARTED if status.known else _STATUS_UNKNOWN

@@ -26,14 +26,18 @@ from torch import nn
 
 from core.checkpointing.weights import load_weights
 from core.config import TrainingConfig
-from core.errors import TrainingProcessDied
+from core.errors import MainNotGuarded, TrainingProcessDied
 from core.telemetry.events import EventHub
 from core.trainer.process import child
 from core.trainer.process.child_state import ChildState
-from core.trainer.process.crossing import Crossing
+from core.trainer.process.crossing import MAIN_NOT_GUARDED, Crossing
 from core.trainer.process.handback import HandBack
 from core.trainer.process.pipe import Inbox, Message
-from core.trainer.process.postmortem import last_good_checkpoint, why_it_ended
+from core.trainer.process.postmortem import (
+    last_good_checkpoint,
+    main_not_guarded,
+    why_it_ended,
+)
 from core.trainer.process.ranks import entry_point
 from core.trainer.process.shared import Packed
 from core.trainer.process.watch import ExitStatus, WatchedProcess, subreaper
@@ -294,12 +298,15 @@ class TrainingProcess:
         await self.observers.finish()
 
     async def _outcome(self, status: ExitStatus) -> TrainingResults:
+        opened = self.state.run_dir is not None
+        if self.ended is None and main_not_guarded(status, opened=opened):
+            raise MainNotGuarded(MAIN_NOT_GUARDED)
         if self.ended is None:
             last, done = await anyio.to_thread.run_sync(
                 last_good_checkpoint, self.config, self.state
             )
             self.state.last_checkpoint = last
-            why = self.killed_why or why_it_ended(status, opened=self.state.run_dir is not None)
+            why = self.killed_why or why_it_ended(status, opened=opened)
             if done is not None:
                 why += " while it handed the trained weights back"
             raise TrainingProcessDied(status.code, status.signal_name, last, why=why, finished=done)
