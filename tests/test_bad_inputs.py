@@ -409,7 +409,10 @@ def test_unwritable_log_dir_is_refused_at_creation_even_as_root(
         ({"resume": "/nonexistent"}, r"resume='/nonexistent' is invalid.*no such directory"),
         ({"checkpoint_dir": 5}, named("checkpoint_dir", 5)),
         (
-            {"max_consecutive_nonfinite": 3, "error_handler_config": ErrorHandlerConfig()},
+            {
+                "max_consecutive_nonfinite": 3,
+                "error_handler_config": ErrorHandlerConfig(max_consecutive_nonfinite=5),
+            },
             r"max_consecutive_nonfinite=3 is invalid; allowed: a setting given once, but "
             r"error_handler_config sets errors.max_consecutive_nonfinite too",
         ),

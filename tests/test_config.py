@@ -19,6 +19,7 @@ from core import (
     ErrorHandlerConfig,
     LossScalerConfig,
     MixedPrecisionConfig,
+    MultiGPUConfig,
     OptimizedTrainingOptimizer,
     RunConfig,
     TrainingConfig,
@@ -138,7 +139,10 @@ def test_flat_keywords_land_on_their_leaves() -> None:
     ("settings", "config", "pattern"),
     [
         (
-            {"max_consecutive_nonfinite": 3, "error_handler_config": ErrorHandlerConfig()},
+            {
+                "max_consecutive_nonfinite": 3,
+                "error_handler_config": ErrorHandlerConfig(max_consecutive_nonfinite=5),
+            },
             None,
             r"^max_consecutive_nonfinite=3 is invalid; allowed: a setting given once, but "
             r"error_handler_config sets errors\.max_consecutive_nonfinite too",
@@ -155,7 +159,12 @@ def test_flat_keywords_land_on_their_leaves() -> None:
             r"^mixed_precision_config=.* config sets precision\.dtype too",
         ),
         (
-            {"amp_init_scale": 8.0, "mixed_precision_config": MixedPrecisionConfig()},
+            {
+                "amp_init_scale": 8.0,
+                "mixed_precision_config": MixedPrecisionConfig(
+                    scaler=LossScalerConfig(init_scale=2.0**12)
+                ),
+            },
             None,
             r"^amp_init_scale=8\.0 is invalid; .*mixed_precision_config sets precision\.scaler",
         ),
@@ -166,6 +175,31 @@ def test_the_same_setting_given_twice_raises_naming_both(
 ) -> None:
     with pytest.raises(ConfigError, match=pattern):
         config_from_flat(settings, config)
+
+
+def test_a_flat_keyword_sets_a_leaf_a_section_object_leaves_at_its_default() -> None:
+    # The object holds every field, but the user wrote only training_mode into it: devices=2
+    # beside it is no clash ("multi_gpu_config sets distributed.devices too" said it was).
+    config = config_from_flat(
+        {
+            "devices": 2,
+            "multi_gpu_config": MultiGPUConfig(training_mode="distributed"),
+            "max_consecutive_nonfinite": 3,
+            "error_handler_config": ErrorHandlerConfig(),
+        }
+    )
+    assert config.distributed.devices == 2
+    assert config.distributed.training_mode == "distributed"
+    assert config.errors.max_consecutive_nonfinite == 3
+    # One process on the CPU cannot have two ranks: the error says so, and how to get them.
+    with pytest.raises(
+        ConfigError,
+        match=r"^training_mode='cpu' is invalid; allowed: 'auto', 'distributed', 'fsdp', "
+        r"'expert_parallel' with devices=2\. Fix: training_mode='auto' \(DDP over the 2 ranks\)"
+        r", which trains 2 gloo ranks on the CPU where torch sees no CUDA device "
+        r"\(CUDA_VISIBLE_DEVICES='' hides the GPUs\), or devices=None",
+    ):
+        config_from_flat({"devices": 2, "multi_gpu_config": MultiGPUConfig(training_mode="cpu")})
 
 
 def test_config_and_flat_keywords_combine_when_they_set_different_leaves(log_dir: Path) -> None:

@@ -120,11 +120,18 @@ class MultiGPUConfig:
         if devices == 1:
             return
         if self.training_mode in _ONE_PROCESS:
+            # 'cpu' with devices=N most often means N CPU ranks: say how to get them.
+            cpu_ranks = (
+                f", which trains {devices} gloo ranks on the CPU where torch sees no CUDA "
+                "device (CUDA_VISIBLE_DEVICES='' hides the GPUs)"
+                if self.training_mode == "cpu"
+                else ""
+            )
             raise config_error(
                 "training_mode",
                 self.training_mode,
                 f"{', '.join(map(repr, _RANKED))} with devices={devices}",
-                f"training_mode='auto' (DDP over the {devices} ranks), "
+                f"training_mode='auto' (DDP over the {devices} ranks){cpu_ranks}, "
                 "or devices=None to train in one process.",
             )
         if not self.enable_distributed:

@@ -2,7 +2,8 @@
 
 A flat name is declared on its field (``metadata=flat("amp_dtype")``); ``flat_settings.py``'s
 typed keywords are generated from the same declarations. A flat keyword, a section object
-(``multi_gpu_config=``: every leaf of it) and ``config=`` (the leaves that differ from the
+(``multi_gpu_config=``: every leaf of it against ``config=``, the leaves it sets away from
+their defaults against a flat keyword) and ``config=`` (the leaves that differ from the
 defaults) that set the same leaf raise :class:`~core.errors.ConfigError` naming both.
 """
 
@@ -103,6 +104,7 @@ def config_from_flat(
         raise config_error("config", config, "None or a TrainingConfig")
     base = config or TrainingConfig()
     givers = _given_by_config(base) if config is not None else {}
+    default = TrainingConfig()
     tree = base
     for keyword, section in SECTION_KEYWORDS.items():
         value = settings.get(keyword)
@@ -111,6 +113,11 @@ def config_from_flat(
         for leaf in _leaf_paths(_get(tree, section), section):
             _claim(givers, leaf, keyword, value)
         tree = _set(tree, {section: value}, {section: keyword})
+        for leaf in _leaf_paths(value, section):
+            # A leaf the object leaves at its default was not set there: a flat keyword
+            # may set it (devices=2 beside MultiGPUConfig(training_mode="distributed")).
+            if _get(tree, leaf) == _get(default, leaf):
+                del givers[leaf]
     leaves = {path: settings[k] for k, path in FLAT_KEYWORDS.items() if k in settings}
     for keyword, path in FLAT_KEYWORDS.items():
         if keyword in settings:
