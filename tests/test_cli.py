@@ -82,6 +82,22 @@ def tiny_data(batch_size: int, num_workers: int) -> tuple[DataLoader[Any], DataL
     return train, DataLoader(make_classification(64, seed=1), batch_size=32)
 
 
+def margin_step(model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+    """``--training-step tests.test_cli:margin_step``: the loss, and a value to log."""
+    inputs, targets = batch
+    outputs = model(inputs)
+    loss = nn.functional.cross_entropy(outputs, targets)
+    return {"loss": loss, "outputs": outputs, "twice": 2 * loss.detach()}
+
+
+def scored_step(model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+    """``--validation-step tests.test_cli:scored_step``: the loss and a score per batch."""
+    inputs, targets = batch
+    outputs = model(inputs)
+    hits = (outputs.argmax(dim=1) == targets).float().mean()
+    return {"loss": nn.functional.cross_entropy(outputs, targets), "hits": hits}
+
+
 class SlowSamples(torch.utils.data.Dataset[Any]):
     """160 samples, 5 ms each: a run that a test can stop in its first epochs."""
 
@@ -364,6 +380,42 @@ def test_fit_trains_a_factory_model_with_the_recipes(tmp_path: Path) -> None:
     assert outcome.results.global_step == 2 * 4  # OneCycleLR stepped exactly total_steps
     saved = json.loads((outcome.results.run_dir / "results.json").read_text())
     assert saved["command"][:3] == ["core-train", "--model", "tests.test_cli:tiny_model"]
+
+
+def test_fit_trains_with_the_step_functions_its_flags_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--model", "tests.test_cli:tiny_model", "--data", "tests.test_cli:tiny_data"]
+    steps = ["--training-step", "tests.test_cli:margin_step"]
+    steps += ["--validation-step", "tests.test_cli:scored_step"]
+    options = ["--batch-size", "16", "--epochs", "2", "--num-workers", "0", "--seed", "0"]
+    options += ["--log-dir", str(tmp_path), "--no-progress", "--no-reports"]
+    outcome = run_fit([*argv, *steps, *options])
+    assert outcome.exit_code == 0 and outcome.results is not None
+    records = [
+        json.loads(line)
+        for line in (outcome.results.run_dir / "events.jsonl").read_text().splitlines()
+    ]
+    trained = [r for r in records if r["event"] == "train_step"]
+    assert len(trained) == 2 * 10  # 160 samples in batches of 16, two epochs
+    assert all(r["logged"]["twice"] == pytest.approx(2 * r["loss"]) for r in trained)
+    validated = [r for r in records if r["event"] == "validation"]
+    assert len(validated) == 2 and all(0.0 <= r["metrics"]["hits"] <= 1.0 for r in validated)
+    # A bad path exits 2 naming its flag, as --model's does; so does a loss flag beside it.
+    assert main([*argv, "--training-step", "tests.test_cli:nope"]) == 2
+    assert "--training-step 'tests.test_cli:nope': 'tests.test_cli' has no 'nope'" in (
+        capsys.readouterr().err
+    )
+    assert main([*argv, "--validation-step", "tests.test_cli:SLOW"]) == 2
+    assert "--validation-step 'tests.test_cli:SLOW': 'tests.test_cli' has no 'SLOW'" in (
+        capsys.readouterr().err
+    )
+    assert main([*argv, *steps, "--focal-loss"]) == 2
+    assert (
+        "--training-step 'tests.test_cli:margin_step' computes the loss itself, so --focal-loss "
+        "cannot reach it; allowed: one of the two. Fix: compute that loss in the step, or drop "
+        "--training-step."
+    ) in capsys.readouterr().err
 
 
 def test_load_model_rebuilds_the_model_of_a_fit_checkpoint(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ examples that ship with the source checkout (``--example digits``). The contract
 
     model_factory(**kwargs) -> nn.Module
     data_factory(batch_size: int, num_workers: int) -> (train_loader, val_loader | None)
+    training_step(model, batch) -> loss, or a dict with "loss"    (--training-step, optional)
 
 A run is given its model as a :class:`BuiltModel`, so its checkpoints name the factory.
 """
@@ -34,6 +35,7 @@ __all__ = (
     "import_object",
     "model_record",
     "parse_model_args",
+    "step_at",
 )
 
 ModelFactory = Callable[..., nn.Module]
@@ -96,6 +98,16 @@ def factory_at(spec: str) -> Any:
     if not callable(found):
         raise ValueError(f"{spec!r} is a {type(found).__name__}, not a callable factory")
     return found
+
+
+def step_at(spec: str) -> str:
+    """``spec``, checked to name the step function ``--training-step`` or
+    ``--validation-step`` gives (a callable); the run imports it by that name, in whichever
+    process trains."""
+    found = import_object(spec)
+    if not callable(found):
+        raise ValueError(f"{spec!r} is a {type(found).__name__}, not a step function")
+    return spec
 
 
 def parse_model_args(pairs: list[str]) -> dict[str, object]:

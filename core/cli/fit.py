@@ -21,6 +21,7 @@ __all__ = ("fit_in_ranks", "fit_parser", "flag_error", "resolve_config")
 
 USAGE = """
   core-train [fit] (--example NAME | --model MODULE:FACTORY --data MODULE:FACTORY)
+                   [--training-step MODULE:FUNCTION] [--validation-step MODULE:FUNCTION]
                    [--config RUN.TOML] [--devices N] [options]
   core-train report RUN_DIR
   core-train info [--json] [--model MODULE:FACTORY --input-shape N,...]
@@ -43,10 +44,14 @@ EPILOG = """\
 factories (--model/--data; the current directory is importable):
   model_factory(**kwargs) -> torch.nn.Module            (--model-arg KEY=VALUE passes kwargs)
   data_factory(batch_size: int, num_workers: int) -> (train_loader, val_loader | None)
+  training_step(model, batch) -> loss, or {"loss": loss, "<name>": value to log, ...}
+                                  (--training-step; replaces the loss; --validation-step
+                                  the same, its values logged as val_<name>)
 
 examples:
   core-train --example digits --epochs 8 --scheduler onecycle
   core-train fit --model mypkg.nets:build --data mypkg.data:loaders --use-amp --grad-accum 4
+  core-train fit --model mypkg.nets:build --data mypkg.data:loaders --training-step mypkg.steps:kd
   core-train --example digits --epochs 3 --print-config > run.toml
   core-train fit --example digits --config run.toml --lr 3e-3
   core-train fit --example digits --devices 2      (2 DDP ranks, started without torchrun)
@@ -71,6 +76,16 @@ def fit_parser() -> Parser:
     )
     what.add_argument(
         "--data", metavar="MODULE:FACTORY", help="import path of the data factory (see below)"
+    )
+    what.add_argument(
+        "--training-step",
+        metavar="MODULE:FUNCTION",
+        help="import path of training_step(model, batch), which returns the loss (see below)",
+    )
+    what.add_argument(
+        "--validation-step",
+        metavar="MODULE:FUNCTION",
+        help="import path of validation_step(model, batch) (default: the training step)",
     )
     what.add_argument(
         "--model-arg",

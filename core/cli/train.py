@@ -25,6 +25,7 @@ from core.cli.factories import (
     factory_at,
     model_record,
     parse_model_args,
+    step_at,
 )
 from core.cli.fit import fit_in_ranks, fit_parser, flag_error, resolve_config
 from core.cli.parser import Parser, given
@@ -67,6 +68,40 @@ def _factories(
         parser.error(f"{flag} {spec!r}: {exc}")
 
 
+def _steps(namespace: argparse.Namespace, parser: Parser) -> dict[str, str]:
+    """``training_step``/``validation_step`` for the run: the import paths the flags name,
+    checked before any data is made, so a bad one exits 2 naming its flag; the run imports
+    them by name (in whichever process trains)."""
+    steps: dict[str, str] = {}
+    for flag, name in (
+        ("--training-step", "training_step"),
+        ("--validation-step", "validation_step"),
+    ):
+        spec = getattr(namespace, name)
+        if spec is None:
+            continue
+        try:
+            steps[name] = step_at(spec)
+        except ValueError as exc:
+            parser.error(f"{flag} {spec!r}: {exc}")
+    loss_flags = [
+        flag
+        for flag, value in (
+            ("--focal-loss", namespace.focal_loss),
+            ("--label-smoothing", namespace.label_smoothing),
+            ("--mixup", namespace.mixup is not None),
+        )
+        if value
+    ]
+    if "training_step" in steps and loss_flags:
+        parser.error(
+            f"--training-step {namespace.training_step!r} computes the loss itself, so "
+            f"{', '.join(loss_flags)} cannot reach it; allowed: one of the two. Fix: compute "
+            "that loss in the step, or drop --training-step."
+        )
+    return steps
+
+
 def _workers(config: TrainingConfig, env: DistributedEnvironment | None) -> int:
     workers = config.data.loader.num_workers
     if workers >= 0:
@@ -80,6 +115,7 @@ def _parts(namespace: argparse.Namespace, parser: Parser, config: TrainingConfig
     """The runtime objects of the run: loaders, model (a :class:`BuiltModel`), loss and
     scheduler."""
     spec, model_factory, data_factory = _factories(namespace, parser)
+    steps = _steps(namespace, parser)
     try:
         kwargs = parse_model_args(namespace.model_arg)
     except ValueError as exc:
@@ -139,6 +175,7 @@ def _parts(namespace: argparse.Namespace, parser: Parser, config: TrainingConfig
         "val_loader": val_loader,
         "loss_fn": loss,
         "scheduler": scheduler,
+        **steps,
     }
 
 
