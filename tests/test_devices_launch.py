@@ -67,9 +67,13 @@ def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool
         ({"devices": 0}, r"devices=0 is invalid; allowed: None or an integer >= 1"),
         ({"devices": "2x4"}, r"devices='2x4' is invalid.*torchrun --nnodes M --nproc-per-node N"),
         (
-            {"devices": 2, "training_mode": "cpu"},
-            r"training_mode='cpu' is invalid; allowed: "
-            r"'auto', 'distributed', 'fsdp', 'expert_parallel' with devices=2",
+            {"devices": 2, "training_mode": "single_gpu"},
+            r"training_mode='single_gpu' is invalid; allowed: "
+            r"'cpu', 'auto', 'distributed', 'fsdp', 'expert_parallel' with devices=2",
+        ),
+        (
+            {"devices": 2, "training_mode": "cpu", "backend": "nccl"},
+            r"backend='nccl' is invalid; allowed: 'gloo' or None with training_mode='cpu'",
         ),
         ({"devices": 2, "world_size": 2}, r"world_size=2 is invalid; allowed: -1 with devices=2"),
         ({"devices": 2, "enable_distributed": False}, r"enable_distributed=False is invalid"),
@@ -215,6 +219,29 @@ def test_devices_2_from_asyncio_returns_torchruns_results_and_loads_its_weights(
     assert job.world_size == 2 and job.global_step == results.global_step == 12
     assert seen[0] == "run_start" and seen[-1] == "run_end" and "train_step" in seen
     assert job.run_dir == results.run_dir and (results.run_dir / "events.jsonl").is_file()
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_devices_2_with_training_mode_cpu_trains_two_gloo_ranks_on_the_cpu(
+    tmp_path: Path,
+) -> None:
+    # What a user means by it, on a CUDA machine too: DDP over two CPU ranks, each training
+    # half of every epoch (one process per rank alone would take 24 steps).
+    job = devices_parts.build(tmp_path, training_mode="cpu")
+    results = asyncio.run(job.train())
+    assert job.world_size == 2 and results.global_step == 12
+    (start,) = [
+        json.loads(line)
+        for line in (results.run_dir / "events.jsonl").read_text().splitlines()
+        if '"run_start"' in line
+    ]
+    strategy = start["resolved"]["strategy"]
+    assert (strategy["training_mode"], strategy["device"], strategy["backend"]) == (
+        "distributed",
+        "cpu",
+        "gloo",
+    )
 
 
 async def _collect(stream: Any, seen: list[str]) -> None:

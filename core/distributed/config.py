@@ -41,8 +41,9 @@ class MultiGPUConfig:
     (``expert_token_exchange``: "auto", "all_to_all" or "all_gather"); in one process the
     experts are placed on this machine's GPUs by a cost model.
 
-    ``devices=N`` starts N ranks on this machine (one GPU each with CUDA, gloo ranks on CPU)
-    with torch's own elastic launcher, as ``torchrun --standalone --nproc-per-node N`` would,
+    ``devices=N`` starts N ranks on this machine (one GPU each with CUDA, gloo ranks on CPU;
+    ``training_mode="cpu"``: gloo ranks on the CPU, GPUs or not) with torch's own elastic
+    launcher, as ``torchrun --standalone --nproc-per-node N`` would,
     no torchrun command needed. None (the default) or 1: this process is the job, or one of
     the ranks torchrun started. Several machines still take ``torchrun --nnodes``."""
 
@@ -119,20 +120,20 @@ class MultiGPUConfig:
             )
         if devices == 1:
             return
-        if self.training_mode in _ONE_PROCESS:
-            # 'cpu' with devices=N most often means N CPU ranks: say how to get them.
-            cpu_ranks = (
-                f", which trains {devices} gloo ranks on the CPU where torch sees no CUDA "
-                "device (CUDA_VISIBLE_DEVICES='' hides the GPUs)"
-                if self.training_mode == "cpu"
-                else ""
-            )
+        if self.training_mode in _ONE_PROCESS and self.training_mode != "cpu":
             raise config_error(
                 "training_mode",
                 self.training_mode,
-                f"{', '.join(map(repr, _RANKED))} with devices={devices}",
-                f"training_mode='auto' (DDP over the {devices} ranks){cpu_ranks}, "
+                f"'cpu', {', '.join(map(repr, _RANKED))} with devices={devices}",
+                f"training_mode='auto' (DDP over the {devices} ranks), "
                 "or devices=None to train in one process.",
+            )
+        if self.training_mode == "cpu" and self.backend == "nccl":
+            raise config_error(
+                "backend",
+                "nccl",
+                f"'gloo' or None with training_mode='cpu' and devices={devices} (CPU ranks)",
+                "backend=None, or training_mode='auto' for one GPU per rank.",
             )
         if not self.enable_distributed:
             raise config_error(

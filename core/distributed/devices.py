@@ -46,7 +46,7 @@ def ranks_to_start(config: MultiGPUConfig, *, isolation: str = "thread") -> int 
 
 def _check_machine(config: MultiGPUConfig, devices: int) -> None:
     cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if cuda:
+    if cuda and config.training_mode != "cpu":  # 'cpu': the ranks leave the GPUs alone
         usable = len(config.device_ids) if config.device_ids is not None else cuda
         named = "of device_ids" if config.device_ids is not None else "of this machine"
         if devices > usable:

@@ -42,6 +42,8 @@ class Machine:
 
 def resolve_mode(config: MultiGPUConfig, machine: Machine) -> tuple[str, list[str]]:
     """The concrete mode for ``config`` on ``machine``, and notes on why."""
+    if config.training_mode == "cpu" and config.devices is not None and config.devices > 1:
+        return "distributed", [f"training_mode='cpu', devices={config.devices}: DDP on the CPU"]
     if config.training_mode != "auto":
         return config.training_mode, []
     if machine.env is not None:
@@ -129,12 +131,14 @@ def _group(
             "init_method='tcp://HOST:PORT'."
         )
     local_rank = config.local_rank if config.local_rank >= 0 else (env.local_rank if env else rank)
-    backend = config.backend or ("nccl" if machine.cuda_count else "gloo")
-    if backend == "nccl" and machine.cuda_count == 0:
+    # training_mode='cpu' with devices=N: gloo ranks on the CPU, on a CUDA machine too.
+    cuda_count = 0 if config.training_mode == "cpu" else machine.cuda_count
+    backend = config.backend or ("nccl" if cuda_count else "gloo")
+    if backend == "nccl" and cuda_count == 0:
         raise config_error(
             "backend", "nccl", "'gloo' on a machine without CUDA", "pass backend='gloo' or None."
         )
-    if machine.cuda_count:
+    if cuda_count:
         ids = config.device_ids if config.device_ids is not None else range(machine.cuda_count)
         ids = _check_ids(list(ids), machine)
         if local_rank >= len(ids):
