@@ -25,6 +25,8 @@ import torch
 from core import ConfigError, MultiGPUConfig, SignalReceived, load_weights
 from core.cli import main
 from core.distributed.devices import ranks_to_start
+from core.distributed.environment import DistributedEnvironment
+from core.distributed.selection import Machine, StrategyOptions, build_strategy, resolve_mode
 from core.trainer.process.ranks import _kept
 from tests import devices_parts, isolation_parts
 from tests.helpers import pythonpath
@@ -106,6 +108,15 @@ def test_devices_against_the_machine_torchrun_and_process_isolation(
         r"2, the CUDA devices of this machine",
     ):
         devices_parts.build(tmp_path, devices=3)
+    # training_mode='cpu' leaves the GPUs alone: not bounded by them, and each rank is a
+    # gloo rank on the CPU (what a torchrun-started rank of that job builds)
+    cpu_ranks = MultiGPUConfig(devices=3, training_mode="cpu")
+    assert ranks_to_start(cpu_ranks) == 3
+    torchrun_env(monkeypatch, 3)
+    machine = Machine(DistributedEnvironment.from_environ(), cuda_count=2)
+    mode, _ = resolve_mode(cpu_ranks, machine)
+    rank = build_strategy(mode, cpu_ranks, machine, StrategyOptions(True, 0))
+    assert (mode, rank.device, rank.backend) == ("distributed", torch.device("cpu"), "gloo")
     monkeypatch.undo()
     torchrun_env(monkeypatch, 2)  # a rank of a 2-process torchrun: devices=2 is that job
     assert ranks_to_start(MultiGPUConfig(devices=2)) is None
