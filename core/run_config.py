@@ -56,13 +56,26 @@ class RunConfig:
     ``fast_dev_run=True`` (or an int ``n``) is a smoke run: 1 (``n``) train and 1 (``n``)
     val batch through every part and hook, in one epoch, and nothing saved (no checkpoint of
     any kind is written, none is resumed from: a later ``resume="auto"`` run starts fresh).
-    It wins over ``max_epochs``, ``max_steps``, the limits and the validation schedule
-    (:meth:`for_run`). Records still reach ``events()``, callbacks and trackers, and the
-    console prints, marked by ``config.run.fast_dev_run`` in ``run_start`` and a
-    ``fast_dev_run`` console line; but the run directory (``events.jsonl``, ``config.json``,
+    It wins over ``max_epochs``, ``max_steps``, the limits, the validation schedule and the
+    sanity check (:meth:`for_run`). Records still reach ``events()``, callbacks and
+    trackers, and the console prints, marked by ``config.run.fast_dev_run`` in ``run_start``
+    and a ``fast_dev_run`` console line; but the run directory (``events.jsonl``, ``config.json``,
     ``amp_stats.json``, a profiler trace) lives in a temporary folder removed when the run
     ends, so ``log_dir`` is left as it was: no reports, ``results.run_dir`` and ``run_end``'s
     ``run_dir`` are None (``run.run_dir`` names the temporary folder while the run lasts).
+
+    ``num_sanity_val_steps`` (Lightning's name and default, 2) validates on that many
+    ``val_loader`` batches before the first training step of every ``train()`` call, so a
+    broken ``validation_step``, loss or metric fails at step 0 instead of after an epoch; it
+    leaves no trace but a ``sanity_check`` record (weights, RNG streams, metrics history, best
+    checkpoint and early stopping are as without it); 0 turns it off. It costs that many
+    batches' forward passes, once per ``train()``.
+
+    ``clear_cache_every_n_val_batches``: a validation empties the device's caching allocator
+    after every that many batches (in long evaluations: memory another process may use,
+    less fragmentation with uneven batches); each costs a device sync
+    and later re-allocations, so shorter validations never pay it; None: never. A no-op on CPU
+    (still counted: the ``validation`` record's ``cache_clears``).
 
     ``keep_fast_dev_run_files=True`` keeps a smoke run's files: its run directory is
     written under ``log_dir`` as any run's, reports included (still no checkpoint). It does
@@ -93,6 +106,10 @@ class RunConfig:
         default=None, metadata=flat("limit_train_batches")
     )
     limit_val_batches: int | float | None = field(default=None, metadata=flat("limit_val_batches"))
+    num_sanity_val_steps: int = field(default=2, metadata=flat("num_sanity_val_steps"))
+    clear_cache_every_n_val_batches: int | None = field(
+        default=100, metadata=flat("clear_cache_every_n_val_batches")
+    )
 
     def __post_init__(self) -> None:
         if not (isinstance(self.experiment_name, str) and _SAFE_NAME.match(self.experiment_name)):
@@ -103,10 +120,22 @@ class RunConfig:
             )
         if not (is_int(self.max_epochs) and self.max_epochs >= 1):
             raise config_error("max_epochs", self.max_epochs, "an integer >= 1")
-        for name in ("max_steps", "val_every_n_epochs", "val_every_n_steps"):
+        for name in (
+            "max_steps",
+            "val_every_n_epochs",
+            "val_every_n_steps",
+            "clear_cache_every_n_val_batches",
+        ):
             value = getattr(self, name)
             if value is not None and not (is_int(value) and value >= 1):
                 raise config_error(name, value, "None or an integer >= 1")
+        if not (is_int(self.num_sanity_val_steps) and self.num_sanity_val_steps >= 0):
+            raise config_error(
+                "num_sanity_val_steps",
+                self.num_sanity_val_steps,
+                "an integer >= 0 (0: no sanity check)",
+                "pass num_sanity_val_steps=2 to validate 2 batches before training, 0 to skip it.",
+            )
         if self.seed is not None and not (is_int(self.seed) and self.seed >= 0):
             raise config_error("seed", self.seed, "None or an integer >= 0")
         if not is_path(self.log_dir):
@@ -183,5 +212,6 @@ class RunConfig:
             limit_val_batches=batches,
             val_every_n_epochs=1,
             val_every_n_steps=None,
+            num_sanity_val_steps=0,  # its one validation comes after one step anyway
         )
         return self if run == self else run

@@ -345,6 +345,7 @@ def cancel_rank0_at_epoch_end(out: Path, rank: int) -> None:
             train_loader=DataLoader(IndexedData(96), batch_size=8),
             val_loader=DataLoader(validation, batch_size=8),
             max_epochs=50,
+            num_sanity_val_steps=0,  # the first read is the epoch's end's, not the check's
             log_dir=out / "logs",
             experiment_name="cancel_at_epoch_end",
         )

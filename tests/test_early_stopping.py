@@ -142,6 +142,7 @@ def run_scripted(
     import anyio
 
     train, val = loaders(n=64, batch_size=16)
+    settings.setdefault("num_sanity_val_steps", 0)  # the script counts every validation pass
     job = create_optimized_training_optimizer(
         model=Scripted(losses),
         train_loader=train,

@@ -334,9 +334,15 @@ async def test_a_batch_that_is_not_a_pair_or_dict_is_named(log_dir: Path) -> Non
 
 
 async def test_a_loss_that_is_not_a_scalar_is_named(log_dir: Path) -> None:
-    optimizer = build(log_dir, loss_fn=nn.CrossEntropyLoss(reduction="none"))
+    optimizer = build(log_dir, loss_fn=nn.CrossEntropyLoss(reduction="none"), val_loader=None)
     with pytest.raises(
-        LossFormatError, match=r"the loss in epoch 0, step 1, batch 0 is Tensor\(shape=\(32,\)"
+        LossFormatError,
+        match=r"^loss_fn returned Tensor\(shape=\(32,\).* in epoch 0, step 1, batch 0; "
+        r".*reduction='mean'",
     ):
         await optimizer.train()
     assert optimizer.global_step == 0
+    # With a val_loader, the sanity check meets it first, and says it was validating.
+    optimizer = build(log_dir, loss_fn=nn.CrossEntropyLoss(reduction="none"))
+    with pytest.raises(LossFormatError, match=r"^loss_fn returned .* validation batch 0;"):
+        await optimizer.train()

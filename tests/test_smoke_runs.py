@@ -307,7 +307,7 @@ async def test_limit_train_batches_with_accumulation_steps_every_window_and_the_
         results = await run.train()
         plan = run.describe()["plan"]
     assert (plan["batches_per_epoch"], plan["steps_per_epoch"]) == (3, 2)
-    assert (train.batches, val.batches) == (2 * 3, 2 * 2)
+    assert (train.batches, val.batches) == (2 * 3, 2 + 2 * 2)  # the sanity check's 2 first
     assert results.global_step == 4 and calls == [0, 1, 2, 3, 4]  # built, then 4 steps
     steps = events(results.run_dir, "train_step")
     assert [r["samples"] for r in steps] == [2 * BATCH, BATCH] * 2
@@ -325,7 +325,7 @@ async def test_float_limits_take_that_fraction_of_each_loader(log_dir: Path) -> 
     results = await job(
         log_dir, train, val, max_epochs=1, limit_train_batches=0.55, limit_val_batches=0.25
     ).train()
-    assert (train.batches, val.batches, results.global_step) == (5, 2, 5)
+    assert (train.batches, val.batches, results.global_step) == (5, 2 + 2, 5)  # sanity: 2
     loader = DataLoader(range(80), batch_size=BATCH)
     assert steps_per_epoch(loader, 2, 1, limit=0.55) == 3
     assert steps_per_epoch(loader, 1, 1, limit=1.0) == 10

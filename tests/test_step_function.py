@@ -194,3 +194,44 @@ def test_a_failing_step_function_keeps_the_finished_steps_and_says_where(
     run_end = json.loads(lines[-1])
     assert run_end["status"] == "failed" and run_end["global_step"] == 6
     assert run_end["last_checkpoint"] == str(saved.path)
+
+
+def accuracy_only(model: nn.Module, batch: Any) -> dict[str, Any]:
+    """A Lightning-style validation_step that logs a metric and no loss."""
+    inputs, targets = batch
+    return {"acc": (model(inputs).argmax(-1) == targets).float().mean()}
+
+
+def test_a_validation_step_may_return_metrics_only_unless_val_loss_is_watched(
+    tmp_path: Path,
+) -> None:
+    _, results, records = train(
+        tmp_path / "metrics",
+        validation_step=accuracy_only,
+        save_best=True,
+        monitor="val_acc",
+        mode="max",
+    )
+    validations = of(records, "validation")
+    assert [r["val_loss"] for r in validations] == [None, None]
+    assert all(0.0 <= r["metrics"]["acc"] <= 1.0 for r in validations)
+    assert of(records, "sanity_check")[0]["val_loss"] is None
+    assert [r["val_loss"] for r in of(records, "epoch_end")] == [None, None]
+    assert results.val_loss is None and results.best_val_loss is None
+    assert results.best_value == max(r["metrics"]["acc"] for r in validations)
+
+    # Watching val_loss (the default monitor of save_best) fails before the first step.
+    with pytest.raises(LossFormatError) as caught:
+        train(tmp_path / "watched", validation_step=accuracy_only, save_best=True)
+    assert str(caught.value).startswith(
+        "monitor='val_loss' needs a validation loss, but validation_step returned none in "
+        "the sanity check before training (epoch 0, step 0)"
+    )
+    assert "'val_acc'" in str(caught.value)
+
+    # A validation_step returning None is named as the validation it is.
+    with pytest.raises(
+        LossFormatError,
+        match=r"^validation_step returned NoneType in epoch 0, step 0, validation batch 0; ",
+    ):
+        train(tmp_path / "none", validation_step=lambda model, batch: None)

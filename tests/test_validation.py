@@ -206,15 +206,15 @@ def cross_entropy_step(model: torch.nn.Module, batch: Any) -> torch.Tensor:
     ("settings", "function"),
     [
         (
-            {"validation_step": raising_at_validation_call(4, cross_entropy_step)},
+            {"validation_step": raising_at_validation_call(6, cross_entropy_step)},
             "validation_step",
         ),
         (
-            {"loss_fn": raising_at_validation_call(4, torch.nn.functional.cross_entropy)},
+            {"loss_fn": raising_at_validation_call(6, torch.nn.functional.cross_entropy)},
             "loss_fn",
         ),
         (
-            {"metrics": {"hits": raising_at_validation_call(4, lambda o, t: o.argmax(1) == t)}},
+            {"metrics": {"hits": raising_at_validation_call(6, lambda o, t: o.argmax(1) == t)}},
             "metric 'hits'",
         ),
     ],
@@ -228,7 +228,7 @@ def test_a_validation_that_raises_keeps_the_finished_steps_and_says_where(
         model=make_model(),
         train_loader=train_loader,
         val_loader=val_loader,
-        val_every_n_steps=3,  # the 4th call: the validation at step 6, its batch 1
+        val_every_n_steps=3,  # the 6th call (2 in the sanity check): step 6, batch 1
         log_dir=tmp_path,
         progress=False,
         reports=False,
@@ -250,3 +250,73 @@ def test_a_validation_that_raises_keeps_the_finished_steps_and_says_where(
         assert torch.equal(ours, theirs)
     run_end = json.loads((job.run_dir / "events.jsonl").read_text().splitlines()[-1])
     assert (run_end["status"], run_end["global_step"]) == ("failed", 6)
+
+
+def shuffled_run(tmp_path: Path, **settings: Any) -> tuple[Any, Any, list[dict[str, Any]]]:
+    """Three epochs of a shuffled train loader (the order draws from torch's generator, as
+    the val loader's iterator does), with a best checkpoint and early stopping."""
+    train_loader, val_loader = loaders(n=256, batch_size=32, shuffle=True)
+    job = create_optimized_training_optimizer(
+        model=make_model(),
+        train_loader=train_loader,
+        val_loader=val_loader,
+        max_epochs=3,
+        seed=0,
+        save_best=True,
+        early_stopping_patience=2,
+        log_dir=tmp_path,
+        progress=False,
+        reports=False,
+        **settings,
+    )
+    results = anyio.run(job.train)
+    lines = (results.run_dir / "events.jsonl").read_text().splitlines()
+    return job, results, [json.loads(line) for line in lines]
+
+
+def test_a_sanity_check_fails_a_broken_validation_at_step_0_and_leaves_no_trace(
+    tmp_path: Path,
+) -> None:
+    def broken(model: torch.nn.Module, batch: Any) -> Any:
+        raise KeyError("labels")
+
+    with pytest.raises(TrainingStepError) as caught:
+        shuffled_run(tmp_path / "broken", validation_step=broken)
+    assert str(caught.value).startswith(
+        "validation_step failed in epoch 0, step 0, validation batch 0: KeyError"
+    )
+    (run_dir,) = (tmp_path / "broken" / "experiment").glob("*/events.jsonl")
+    records = [json.loads(line) for line in run_dir.read_text().splitlines()]
+    assert not of(records, "train_step")  # failed before the first step, not after an epoch
+    assert (records[-1]["status"], records[-1]["global_step"]) == ("failed", 0)
+
+    # Two batches before training, and every cache-clearing point of the validations after
+    # it, change nothing: the same weights, validations, best checkpoint and stopping state
+    # as a run without either.
+    checked, results, records = shuffled_run(
+        tmp_path / "checked", clear_cache_every_n_val_batches=1
+    )
+    plain, plain_results, plain_records = shuffled_run(
+        tmp_path / "plain", num_sanity_val_steps=0, clear_cache_every_n_val_batches=None
+    )
+    (sanity,) = of(records, "sanity_check")
+    assert (sanity["step"], sanity["batches"], sanity["samples"]) == (0, 2, 64)
+    assert records.index(sanity) < records.index(of(records, "train_step")[0])
+    assert not of(plain_records, "sanity_check")
+    for ours, theirs in zip(
+        checked.model.state_dict().values(), plain.model.state_dict().values(), strict=True
+    ):
+        assert torch.equal(ours, theirs)
+
+    def history(records: list[dict[str, Any]]) -> list[Any]:
+        return [(r["step"], r["val_loss"], r["val_accuracy"]) for r in of(records, "validation")]
+
+    assert history(records) == history(plain_records) and len(history(records)) == 3
+    assert [r["early_stopping_bad_epochs"] for r in of(records, "epoch_end")] == [
+        r["early_stopping_bad_epochs"] for r in of(plain_records, "epoch_end")
+    ]
+    assert results.best_value == plain_results.best_value
+    best_steps = [Path(r.best_checkpoint).name.split("-")[1] for r in (results, plain_results)]
+    assert best_steps[0] == best_steps[1]  # step-<step>-<time>-<id>: the same step
+    assert [r["cache_clears"] for r in of(records, "validation")] == [2, 2, 2]  # 2 batches each
+    assert [r["cache_clears"] for r in of(plain_records, "validation")] == [0, 0, 0]

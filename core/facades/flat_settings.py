@@ -59,6 +59,10 @@ class FlatSettings(TypedDict, total=False):
     """Sets ``run.limit_train_batches``."""
     limit_val_batches: int | float | None
     """Sets ``run.limit_val_batches``."""
+    num_sanity_val_steps: int
+    """Sets ``run.num_sanity_val_steps``."""
+    clear_cache_every_n_val_batches: int | None
+    """Sets ``run.clear_cache_every_n_val_batches``."""
     learning_rate: float
     """Sets ``optim.learning_rate``."""
     weight_decay: float

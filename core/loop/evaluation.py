@@ -7,7 +7,9 @@ sums (loss, accuracy and every metric's state) are all-reduced together, once, s
 metrics equal one process's. Nothing waits for the device before that all-reduce.
 
 A failure names what failed (``validation_step``, ``loss_fn``, a metric), the epoch, the
-optimizer step and the validation batch (``ErrorHandler.step_error``).
+optimizer step and the validation batch (``ErrorHandler.step_error``). A ``validation_step``
+that returns metrics without a loss leaves the loss None. Every ``clear_cache_every`` batches
+the device's caching allocator is emptied (memory freed during long evaluations).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from torch import nn
 from core.data.batches import count_samples, take_samples, to_device
 from core.distributed import Strategy
 from core.errors import EmptyLoaderError
-from core.loop.objective import Objective
+from core.hardware.device import device_of
+from core.loop.objective import NO_LOSS, Objective
 from core.loop.recovery import ErrorHandler
 from core.metrics import MetricSet
 from core.precision.plugins import Precision
@@ -35,13 +38,15 @@ __all__ = ("EvalStats", "evaluate")
 @dataclass(frozen=True)
 class EvalStats:
     """What one evaluation measured; ``metrics`` are the user's, by name (None where
-    undefined or not applicable)."""
+    undefined or not applicable); ``loss`` None where the ``validation_step`` returned no
+    loss; ``cache_clears``: the times the device cache was emptied."""
 
-    loss: float
+    loss: float | None
     accuracy: float | None
     samples: int
     interrupted: bool = False
     metrics: dict[str, float | None] = field(default_factory=dict)
+    cache_clears: int = 0
 
 
 class LoggedSums:
@@ -88,11 +93,13 @@ def evaluate(
     prepare_batch: Callable[[Any], Any] | None = None,
     metrics: MetricSet | None = None,
     step: int | None = None,
+    clear_cache_every: int | None = None,
 ) -> EvalStats:
     """Mean loss (accuracy, ``metrics``) of ``model`` over ``loader``; ``prepare_batch``
     moves a batch to the device (and into channels_last where the model is). ``step``: the
-    optimizer steps the model has taken, in a run. An exception raised on the way becomes
-    the error ``errors.step_error`` makes of it, naming where (the original chained).
+    optimizer steps the model has taken, in a run. ``clear_cache_every``: empty the device's
+    cache after every that many batches (None: never). An exception raised on the way
+    becomes the error ``errors.step_error`` makes of it, naming where (the original chained).
     """
     at: int | None = 0  # the validation batch a failure names (None: after the last)
     try:
@@ -104,7 +111,7 @@ def evaluate(
         limit = strategy.eval_sample_limit(loader)
         zero = torch.zeros((), dtype=torch.float64, device=device)
         loss_sum, correct, counted = zero.clone(), zero.clone(), zero.clone()
-        samples = 0
+        samples = loss_samples = cache_clears = 0
         accuracy_applies = True
         interrupted = False
         logged = LoggedSums(zero)
@@ -116,16 +123,19 @@ def evaluate(
                 batch, size = take_samples(batch, keep), keep
             with precision.autocast():
                 outputs, loss = objective(model, batch)
-            loss = errors.check_loss(
-                loss,
-                epoch=epoch,
-                batch_index=index,
-                step=step,
-                source=objective.loss_source,
-                validation=True,
-            )
+            if loss is not NO_LOSS:
+                loss = errors.check_loss(
+                    loss,
+                    epoch=epoch,
+                    batch_index=index,
+                    step=step,
+                    source=objective.loss_source_of(batch),
+                    validation=True,
+                )
             if keep:
-                loss_sum += loss.detach().double() * size
+                if loss is not NO_LOSS:
+                    loss_sum += loss.detach().double() * size
+                    loss_samples += size
                 samples += size
                 if objective.logs:
                     logged.add(objective.logged, size)
@@ -137,21 +147,28 @@ def evaluate(
                     counted += hits[1]
                 if metrics is not None:
                     metrics.update(outputs, batch)
+            if clear_cache_every is not None and (index + 1) % clear_cache_every == 0:
+                device_of(device).empty_cache()  # a device sync on CUDA, every that many batches
+                cache_clears += 1
             if strategy.should_stop(stop.is_set()):
                 interrupted = True
                 break
             at = index + 1  # the next: a loader that fails fetching it names it
         at = None
         interrupted |= strategy.settle_stop_votes()
-        local = torch.stack([loss_sum, correct, counted, zero + samples, zero + accuracy_applies])
+        head = [loss_sum, zero + loss_samples, correct, counted, zero + samples]
+        local = torch.stack([*head, zero + accuracy_applies])
         if metrics is not None:
             local = torch.cat([local, metrics.state()])
         local = torch.cat([local, *logged.state()])
         # Host sync, once per validation: early stopping needs the value now.
         summed = strategy.all_reduce_sum(local).cpu()
-        loss_total, correct_total, counted_total, sample_total, applies = summed[:5].tolist()
+        totals = summed[: len(head) + 1].tolist()
+        loss_total, with_loss, correct_total, counted_total, sample_total, applies = totals
         own = len(logged.names)
-        values = metrics.compute(summed[5 : len(summed) - own]) if metrics is not None else {}
+        values: dict[str, float | None] = {}
+        if metrics is not None:
+            values = metrics.compute(summed[len(totals) : len(summed) - own])
         values |= logged.means(summed[len(summed) - own :].tolist(), sample_total)
         if sample_total == 0 and interrupted:
             return EvalStats(
@@ -160,6 +177,7 @@ def evaluate(
                 samples=0,
                 interrupted=True,
                 metrics=dict.fromkeys(values),
+                cache_clears=cache_clears,
             )
         if sample_total == 0:
             raise EmptyLoaderError(
@@ -172,11 +190,12 @@ def evaluate(
             else None
         )
         return EvalStats(
-            loss=loss_total / sample_total,
+            loss=loss_total / with_loss if with_loss else None,  # over the batches with a loss
             accuracy=accuracy,
             samples=int(sample_total),
             interrupted=interrupted,
             metrics=values,
+            cache_clears=cache_clears,
         )
     except Exception as exc:
         error = errors.step_error(

@@ -17,20 +17,41 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 import torch
 from torch import nn
 
 from core.data.batches import describe
 from core.errors import LossFormatError, note_raised_in
+from core.loop.recovery import LossSource
 from core.metrics import logits_of
 
-__all__ = ("DefaultObjective", "LossFn", "Objective")
+__all__ = ("DefaultObjective", "LossFn", "NO_LOSS", "Objective")
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 _HF_IGNORE_INDEX = -100  # Hugging Face's label for positions without a target
+
+
+_MODEL_LOSS = LossSource(
+    "the model (a dict batch is called as model(**batch))",
+    "a scalar (0-d) floating-point loss tensor, a dict with 'loss', or an object with a "
+    ".loss attribute",
+    "make the model compute the loss when the batch holds labels (Hugging Face models do), "
+    "or pass training_step=fn(model, batch) returning the loss.",
+)
+
+
+class _NoLoss:
+    """The loss of a batch whose ``validation_step`` returned metrics without ``'loss'``."""
+
+    def __repr__(self) -> str:
+        return "NO_LOSS"
+
+
+NO_LOSS: Final = _NoLoss()
+"""What an objective returns as the loss of a batch it measured metrics of, but no loss."""
 
 
 def _own_loss(outputs: Any) -> Any:
@@ -50,9 +71,6 @@ class Objective:
     """The values the last call returned to be logged with its step (none here)."""
     function: str = "loss_fn"
     """The user's function an error escaping it is named by (``core.errors.raised_in``)."""
-    loss_source: str | None = None
-    """Whose return value the loss is, as a malformed loss is named (a ``training_step``);
-    None: the loss of ``loss_fn``, or the model's own."""
 
     def __init__(self, loss_fn: LossFn) -> None:
         self.loss_fn = loss_fn
@@ -62,7 +80,8 @@ class Objective:
     def __call__(self, model: nn.Module, batch: Any) -> tuple[Any, Any]:
         if isinstance(batch, Mapping):
             outputs = model(**batch)
-            return outputs, _own_loss(outputs)
+            loss = _own_loss(outputs)
+            return outputs, outputs if loss is None else loss  # a malformed one is named whole
         inputs, targets = batch
         outputs = model(inputs)
         return outputs, self.loss(outputs, targets)
@@ -74,6 +93,17 @@ class Objective:
         except Exception as exc:
             note_raised_in(exc, self.function)
             raise
+
+    def loss_source_of(self, batch: Any) -> LossSource:
+        """Who returned ``batch``'s loss, as a malformed loss is named: the model for a
+        dict batch, else ``loss_fn``."""
+        if isinstance(batch, Mapping):
+            return _MODEL_LOSS
+        return LossSource(
+            self.function,
+            "a scalar (0-d) floating-point tensor",
+            "make it return the batch's loss as one value, e.g. with reduction='mean' (or 'sum').",
+        )
 
     _evaluation: Objective | None = None
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 
@@ -30,7 +30,7 @@ from core.errors import (
 )
 from core.flat_keyword import flat
 
-__all__ = ("ErrorHandler", "ErrorHandlerConfig", "Place")
+__all__ = ("ErrorHandler", "ErrorHandlerConfig", "LossSource", "Place")
 
 _OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
 _TIMEOUT_MESSAGES = ("timed out", "timeout", "connection closed by peer", "connection reset")
@@ -107,6 +107,16 @@ class Place:
         return ", ".join(named)
 
 
+class LossSource(NamedTuple):
+    """Who returned a batch's loss (``training_step``, ``validation_step``, ``loss_fn``, the
+    model), what it may return, and how to fix a malformed return: a malformed loss's
+    message names them (``Objective.loss_source_of``)."""
+
+    name: str
+    allowed: str
+    fix: str
+
+
 class ErrorHandler:
     """Checks, classifications and the counters behind the decisions above."""
 
@@ -131,12 +141,12 @@ class ErrorHandler:
         epoch: int,
         batch_index: int,
         step: int | None = None,
-        source: str | None = None,
+        source: LossSource | None = None,
         validation: bool = False,
     ) -> torch.Tensor:
         """Return ``loss`` if it is a 0-d floating tensor; else raise naming what it was,
-        where (:class:`Place`), and ``source``, the user's function that returned it (a
-        ``training_step``; None: the loss of ``loss_fn`` or the model)."""
+        where (:class:`Place`), and ``source``, who returned it (None: a caller that does not
+        know, such as the per-batch facades)."""
         if isinstance(loss, torch.Tensor) and loss.ndim == 0 and loss.is_floating_point():
             return loss
         place = Place(epoch, step, batch_index, validation)
@@ -149,14 +159,13 @@ class ErrorHandler:
             )
         if isinstance(loss, Mapping):  # a step function's dict has no 'loss'
             raise LossFormatError(
-                f"{source} returned a dict without 'loss' (keys: {sorted(map(str, loss))}) "
-                f"in {place}; allowed: a scalar loss tensor, or a dict with 'loss' and other "
-                "scalar values. Fix: return {'loss': loss, ...}."
+                f"{source.name} returned a dict without 'loss' (keys: "
+                f"{sorted(map(str, loss))}) in {place}; allowed: {source.allowed}. Fix: return "
+                "{'loss': loss, ...}."
             )
         raise LossFormatError(
-            f"{source} returned {describe(loss)} in {place}; allowed: a scalar (0-d) "
-            "floating-point loss tensor, or a dict with 'loss' (and scalars to log). Fix: "
-            "return the loss of the batch, reduced to one value (e.g. loss.mean())."
+            f"{source.name} returned {describe(loss)} in {place}; allowed: {source.allowed}. "
+            f"Fix: {source.fix}"
         )
 
     # -- decisions after a step (from the lagged readback) -------------------------------

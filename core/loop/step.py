@@ -215,7 +215,7 @@ class OptimizerStep(GradientUpdate):
                 with self._autocast:
                     _, loss = self.objective(self.model, batch)
                 if type(loss) is not torch.Tensor or loss.ndim or not loss.is_floating_point():
-                    loss = self._checked(loss, window, step, epoch)  # raises, naming it
+                    loss = self._checked(loss, batch, window, step, epoch)  # raises, naming it
                 self._backward(loss)
             except Exception as exc:
                 if not self.retry.recoverable(exc):
@@ -249,15 +249,18 @@ class OptimizerStep(GradientUpdate):
             readback, epoch, step, window.samples, perf_counter() - started, data_time_s
         )
 
-    def _checked(self, loss: Any, window: Window, step: int, epoch: int) -> torch.Tensor:
+    def _checked(
+        self, loss: Any, batch: Any, window: Window, step: int, epoch: int
+    ) -> torch.Tensor:
         """The full loss check, for a loss the inline one did not accept (a plain tensor
-        needs no call): raises unless ``loss`` is a 0-d floating tensor (a subclass is one)."""
+        needs no call): raises unless ``loss`` is a 0-d floating tensor (a subclass is one),
+        naming who returned it for ``batch``."""
         return self.errors.check_loss(
             loss,
             epoch=epoch,
             batch_index=window.first_batch_index,
             step=step,
-            source=self.objective.loss_source,
+            source=self.objective.loss_source_of(batch),
         )
 
     def _bind(self, precision: Precision) -> None:
@@ -303,7 +306,7 @@ class OptimizerStep(GradientUpdate):
                     if objective.logs and objective.logged:
                         logged.append((objective.logged, micro.samples))
                     if type(loss) is not torch.Tensor or loss.ndim or not loss.is_floating_point():
-                        loss = self._checked(loss, window, step, epoch)  # raises, naming it
+                        loss = self._checked(loss, batch, window, step, epoch)  # raises, naming it
                     aux = None if self.terms is None else self.terms.auxiliary_loss()
                     total = loss if aux is None else loss + aux
                     # A window of one micro-batch has weight 1.0: no multiply to launch.

@@ -26,7 +26,8 @@ The function runs inside the run's precision (autocast), accumulation (each micr
 one call; its loss is weighted by its share of the window's samples), distribution, OOM
 retry and non-finite guard exactly as the built-in ``loss_fn`` objective does.
 ``validation_step`` (default: ``training_step``) is called under ``torch.no_grad()`` with
-the model in eval mode.
+the model in eval mode; its dict may leave ``"loss"`` out (metrics only, as Lightning's
+``validation_step`` may): the validation then records no ``val_loss``.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ from torch import nn
 
 from core.data.batches import describe
 from core.errors import LossFormatError, note_raised_in
-from core.loop.objective import DefaultObjective, Objective
+from core.loop.objective import NO_LOSS, DefaultObjective, Objective
+from core.loop.recovery import LossSource
 from core.loop.terms import StepTermsLike
 
 __all__ = ("LoggedValues", "StepFn", "StepFunction", "joined", "objective_for")
@@ -52,16 +54,29 @@ _NOT_LOGGED = ("loss", "outputs")
 
 
 class StepFunction(Objective):
-    """The objective of a run given ``training_step`` (and ``validation_step``)."""
+    """The objective of a run given ``training_step`` (and ``validation_step``);
+    ``needs_loss=False``: a dict without ``"loss"`` is metrics only (its loss
+    :data:`~core.loop.objective.NO_LOSS`)."""
 
     logs = True
 
-    def __init__(self, step: StepFn, *, name: str = "training_step") -> None:
+    def __init__(
+        self, step: StepFn, *, name: str = "training_step", needs_loss: bool = True
+    ) -> None:
         self.step = step
-        self.name = self.function = self.loss_source = name
+        self.name = self.function = name
+        self.needs_loss = needs_loss
         self.loss_fn = None  # type: ignore[assignment]  # the memory trials' synthetic loss
         self.ignore_index = None
         self.logged: Mapping[str, Any] = MappingProxyType({})
+        allowed = "a dict with 'loss' (and scalars to log)"
+        if not needs_loss:
+            allowed = "a dict of scalars, with 'loss' or without (then no val_loss is recorded)"
+        self._source = LossSource(
+            name,
+            f"a scalar (0-d) floating-point loss tensor, or {allowed}",
+            "return the loss of the batch, reduced to one value (e.g. loss.mean()).",
+        )
 
     def __call__(self, model: nn.Module, batch: Any) -> tuple[Any, Any]:
         try:
@@ -69,9 +84,9 @@ class StepFunction(Objective):
         except Exception as exc:
             note_raised_in(exc, self.name)
             raise
-        if isinstance(result, Mapping) and "loss" in result:
+        if isinstance(result, Mapping) and ("loss" in result or not self.needs_loss):
             self.logged = _logged(result, self.name)
-            return result.get("outputs"), result["loss"]
+            return result.get("outputs"), result.get("loss", NO_LOSS)
         self.logged = MappingProxyType({})
         # Not a loss (a dict without one, None...): the loss check names what it was, where.
         return None, result
@@ -79,6 +94,9 @@ class StepFunction(Objective):
     @property
     def source(self) -> object:
         return self.step
+
+    def loss_source_of(self, batch: Any) -> LossSource:
+        return self._source
 
     def loss(self, outputs: Any, targets: Any) -> Any:
         raise LossFormatError(
@@ -105,7 +123,9 @@ def objective_for(
         else Objective(loss_fn)
     )
     evaluation = (
-        None if validation_step is None else StepFunction(validation_step, name="validation_step")
+        None
+        if validation_step is None
+        else StepFunction(validation_step, name="validation_step", needs_loss=False)
     )
     return objective.evaluated_by(evaluation)
 

@@ -43,7 +43,7 @@ def measure_amp_savings(
     def one_pass(chosen: Precision) -> None:
         with chosen.autocast():
             _, loss = objective(model, prepared)
-        source = objective.loss_source  # a step function's malformed return, named
+        source = objective.loss_source_of(prepared)  # who returned a malformed loss, named
         loss = ErrorHandler().check_loss(loss, epoch=0, batch_index=0, source=source)
         loss.float().backward()
 

@@ -223,15 +223,30 @@ class ValidationStart(Common):
     batches: Annotated[int | None, "batches in this rank's val_loader; null: unknown"]
 
 
+class SanityCheck(Common):
+    """Before the first training step: the num_sanity_val_steps validation batches ran."""
+
+    epoch: Annotated[int, "the epoch training starts in, counted from 0"]
+    step: Annotated[int, "optimizer steps so far"]
+    batches: Annotated[int | None, "val_loader batches evaluated; null: unknown"]
+    samples: Annotated[int, "validation samples counted"]
+    val_loss: Annotated[float | None, "their mean loss; null: validation_step returns none"]
+    time_s: Annotated[float, "seconds the check took"]
+
+
 class Validation(Common):
     """After each validation pass."""
 
     epoch: Annotated[int, "the epoch, counted from 0"]
     step: Annotated[int, "optimizer steps so far"]
-    val_loss: Annotated[float | None, "sample-weighted mean loss over every rank's samples"]
+    val_loss: Annotated[
+        float | None,
+        "sample-weighted mean loss over every rank's samples; null: validation_step returns none",
+    ]
     val_accuracy: Annotated[float | None, "fraction correct, 0 to 1; null unless class targets"]
     metrics: Annotated[dict[str, float | None], "the metrics= values, by name"]
     samples: Annotated[int, "validation samples counted"]
+    cache_clears: Annotated[int, "device cache emptied (clear_cache_every_n_val_batches)"]
 
 
 class EpochEnd(Common):
@@ -352,6 +367,7 @@ RECORDS: dict[str, type] = {
     "amp_compatibility": AmpCompatibility,
     "compile": Compile,
     "compile_decision": CompileDecision,
+    "sanity_check": SanityCheck,
     "train_step": TrainStep,
     "nonfinite_skipped": NonfiniteSkipped,
     "oom_recovered": OomRecovered,

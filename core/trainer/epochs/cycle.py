@@ -191,6 +191,11 @@ class RunCycle:
         parts.checkpointer.keep_best([str(path) for _, path in parts.state.progress.top_k])
         return parts.state.resume_point(rng)
 
+    def sanity_check(self) -> None:
+        """Before the first training step of the run in progress: a few validation batches
+        (``num_sanity_val_steps``), so a broken validation fails now, not after an epoch."""
+        self.validation.sanity_check(self.stop)
+
     def save(self, reason: str, *, best: bool = False) -> str | None:
         parts = self.parts
         parts.loop.flush()  # the last step's readback: scheduler and statistics up to date

@@ -1,4 +1,5 @@
-"""Validation during a run: when it is due, running it, its record, and the best checkpoint.
+"""Validation during a run: when it is due, running it, its record, and the best checkpoint;
+the sanity check before the first training step (Lightning's ``num_sanity_val_steps``).
 
 The best checkpoints (``save_best``/``save_top_k``) are kept apart from ``keep_last_n``.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,8 +17,10 @@ from core.checkpointing.manifest import is_checkpoint
 from core.checkpointing.ranking import Ranked, offer
 from core.config import TrainingConfig
 from core.distributed.lockstep import batches_in
+from core.errors import LossFormatError
 from core.loop.evaluation import EvalStats, evaluate
 from core.loop.limit import limit_batches
+from core.rng import capture_rng, restore_rng
 
 if TYPE_CHECKING:
     from core.telemetry.run_log import CurrentLog
@@ -29,7 +33,13 @@ Save = Callable[..., "str | None"]
 
 
 def evaluate_parts(
-    parts: Parts, loader: Iterable[Any], *, epoch: int, stop: threading.Event, step: int | None
+    parts: Parts,
+    loader: Iterable[Any],
+    *,
+    epoch: int,
+    stop: threading.Event,
+    step: int | None,
+    clear_cache_every: int | None = None,
 ) -> EvalStats:
     """:func:`~core.loop.evaluation.evaluate` with the run's model and parts."""
     return evaluate(
@@ -44,6 +54,7 @@ def evaluate_parts(
         prepare_batch=parts.prepared.prepare_batch,
         metrics=parts.metrics,
         step=step,
+        clear_cache_every=clear_cache_every,
     )
 
 
@@ -91,10 +102,14 @@ class Validation:
         assert loader is not None
         step = parts.loop.global_step
         log.emit("validation_start", epoch=epoch, step=step, batches=batches_in(loader))
-        evaluation = evaluate_parts(parts, loader, epoch=epoch, stop=stop, step=step)
+        every = self.run.clear_cache_every_n_val_batches
+        evaluation = evaluate_parts(
+            parts, loader, epoch=epoch, stop=stop, step=step, clear_cache_every=every
+        )
         if evaluation.interrupted:
             return evaluation
-        if not math.isfinite(evaluation.loss):
+        self._check_loss_is_optional(evaluation, f"the validation at epoch {epoch}, step {step}")
+        if evaluation.loss is not None and not math.isfinite(evaluation.loss):
             log.error(
                 "error",
                 kind="nonfinite_validation_loss",
@@ -114,10 +129,67 @@ class Validation:
             val_accuracy=evaluation.accuracy,
             metrics=dict(evaluation.metrics),
             samples=evaluation.samples,
+            cache_clears=evaluation.cache_clears,
         )
         self.last_step = step
         self.since_epoch_end = evaluation
         return evaluation
+
+    def sanity_check(self, stop: threading.Event) -> None:
+        """Validate on the first ``num_sanity_val_steps`` batches before training, so a
+        broken validation fails at step 0; it changes nothing the run keeps (no tally, no
+        best checkpoint, no early-stopping check, every RNG stream restored: the val loader's
+        iterator draws a seed from torch's) and writes one ``sanity_check`` record."""
+        batches = self.run.num_sanity_val_steps
+        validates = self.run.val_every_n_epochs or self.run.val_every_n_steps
+        if self.loader is None or not batches or not validates:
+            return
+        parts = self.parts
+        epoch, step = parts.state.epochs_completed, parts.loop.global_step
+        loader = limit_batches(self.loader, batches, "num_sanity_val_steps")
+        rng = capture_rng()
+        started = time.perf_counter()
+        try:
+            evaluation = evaluate_parts(parts, loader, epoch=epoch, stop=stop, step=step)
+        finally:
+            restore_rng(rng)
+            parts.model.train()
+        if evaluation.interrupted:
+            return
+        self.log.emit(
+            "sanity_check",
+            epoch=epoch,
+            step=step,
+            batches=batches_in(loader),
+            samples=evaluation.samples,
+            val_loss=evaluation.loss,
+            time_s=time.perf_counter() - started,
+        )
+        where = f"the sanity check before training (epoch {epoch}, step {step})"
+        self._check_loss_is_optional(evaluation, where)
+
+    def _check_loss_is_optional(self, evaluation: EvalStats, where: str) -> None:
+        """A validation without a loss (a ``validation_step`` returning metrics only) fails
+        where ``val_loss`` is watched, naming the watcher and the values it could watch."""
+        if evaluation.loss is not None:
+            return
+        watchers = []
+        if self.checkpoint.tracks_best:
+            watchers.append(("monitor", self.checkpoint.monitor))
+        if self.parts.early_stopping.config.enabled or self.parts.plateau is not None:
+            watchers.append(("early_stopping.monitor", self.judge.monitor))
+        for name, watched in watchers:
+            if watched != "val_loss":
+                continue
+            values = self.values(evaluation, 0.0)  # train_loss: any number, to be named
+            produced = [key for key, value in values.items() if value is not None]
+            raise LossFormatError(
+                f"{name}='val_loss' needs a validation loss, but validation_step returned "
+                f"none in {where} (dicts without 'loss'); allowed: a monitor of the values "
+                f"this run records: {', '.join(map(repr, produced))}. Fix: return "
+                f"{{'loss': loss, ...}} from validation_step, or set {name} to one of them "
+                "(with mode='max' for an accuracy)."
+            )
 
     def validate_if_due(self, step: int, stop: threading.Event) -> None:
         """After an optimizer step: validate on ``val_every_n_steps``."""

@@ -90,7 +90,7 @@ def benchmark_performance(
                 with precision.autocast():
                     _, loss = parts.objective(model, batch)
                 loss = parts.errors.check_loss(
-                    loss, epoch=0, batch_index=index, source=parts.objective.loss_source
+                    loss, epoch=0, batch_index=index, source=parts.objective.loss_source_of(batch)
                 )
                 forward = clock()
                 precision.backward(loss)

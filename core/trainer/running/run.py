@@ -179,6 +179,7 @@ class Run:
         try:
             with run_scope:  # cancelled by the first stop signal
                 resume = await self._call_on_every_rank(cycle.resume)
+                await self._call_on_every_rank(cycle.sanity_check)  # a broken validation fails now
                 results = await self._fit(resume, run_dir)
             if end.signals:
                 end.status = "stopped"

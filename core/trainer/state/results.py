@@ -76,11 +76,15 @@ class RunProgress:
         return self.samples / self.train_time_s if self.train_time_s else 0.0
 
     def add_validation(
-        self, loss: float, accuracy: float | None, metrics: dict[str, float | None] | None = None
+        self,
+        loss: float | None,
+        accuracy: float | None,
+        metrics: dict[str, float | None] | None = None,
     ) -> None:
+        """``loss`` None: a ``validation_step`` that returns metrics only."""
         self.val_loss, self.val_accuracy = loss, accuracy
         self.val_metrics = dict(metrics or {})
-        if math.isfinite(loss):  # a NaN or inf validation loss is never the best
+        if loss is not None and math.isfinite(loss):  # NaN or inf is never the best
             best = self.best_val_loss
             self.best_val_loss = loss if best is None else min(best, loss)
 
