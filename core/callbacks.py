@@ -48,7 +48,7 @@ class RunInfo(Protocol):
         """Stop the run at its next step boundary, as Lightning's ``trainer.should_stop``
         does: the stop checkpoint is written, ``train()`` returns, ``run_end`` has
         ``status="stopped"`` and ``stop_reason="requested: <reason>"``. False when no run
-        is in progress."""
+        is in progress (``on_run_end`` included: the run's end is written)."""
         ...
 
 

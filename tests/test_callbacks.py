@@ -207,18 +207,22 @@ class StopOnBudget(Callback):
 
     def __init__(self, samples: int) -> None:
         self.budget, self.seen, self.answers = samples, 0, []
+        self.at_run_end: bool | None = None
 
     async def on_train_step(self, run: RunInfo, record: Record) -> None:
         self.seen += record["samples"]
         if self.seen >= self.budget:
             self.answers.append(run.request_stop(f"the budget of {self.budget} samples is spent"))
 
+    async def on_run_end(self, run: RunInfo, record: Record) -> None:
+        self.at_run_end = run.request_stop("too late")  # run_end is written: no run to stop
+
 
 async def test_a_callback_stops_the_run_with_its_reason_and_a_checkpoint(log_dir: Path) -> None:
     budget = StopOnBudget(samples=96)  # 3 steps of 32; the run has 12
     run = job(log_dir, [budget], max_epochs=3, loader_delay_s=0.05)
     results = await run.train()
-    assert budget.answers[0] is True
+    assert budget.answers[0] is True and budget.at_run_end is False
     # The record of step 3 arrives during step 4 or later: the stop lands a few steps on.
     assert 3 < results.global_step < 12
     assert results.stop_reason == "requested: the budget of 96 samples is spent"
@@ -279,7 +283,7 @@ def test_a_callback_stops_a_run_in_a_training_process(tmp_path: Path) -> None:
         callbacks=[budget],
     )
     results = asyncio.run(run.train())
-    assert budget.answers[0] is True
+    assert budget.answers[0] is True and budget.at_run_end is False
     assert 3 < results.global_step < 24
     assert results.stop_reason == "requested: the budget of 24 samples is spent"
     end = read(results.run_dir)[-1]

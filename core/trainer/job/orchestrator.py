@@ -222,8 +222,9 @@ class TrainingJob(JobViews):
         the stop checkpoint is written, ``train()`` returns, ``run_end`` has
         ``status="stopped"`` and ``stop_reason="requested: <reason>"``. A request while
         ``train()`` still starts is held for its first step. False where it will not be
-        honoured: no ``train()`` in progress, or its training process ended or is cancelled."""
-        if not self._running:
+        honoured: no ``train()`` in progress, its ``run_end`` already written (an
+        ``on_run_end`` hook), or its training process ended or is cancelled."""
+        if not self._running or self._hub.ended:
             return False
         if self._placed is not None:
             return self._placed.request_stop(reason)
@@ -280,6 +281,7 @@ class TrainingJob(JobViews):
         if self._running:
             raise RuntimeError("train() is already running on this job")
         self._running = True
+        self._hub.ended = False  # the run_end seen is the earlier train()'s
         try:
             if self._crossing is not None:
                 await self.start()  # what crosses is checked off this thread, before a process
