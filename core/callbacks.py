@@ -1,9 +1,9 @@
 """Observers of a run: ``Callback`` and its async no-op hooks. They are fed on the event loop
 (never on the step thread) with the records ``events.jsonl`` receives. A hook that raises is
-reported once (``callback_failed``) and not called again; one that falls ``event_buffer_size``
-records behind loses the oldest (``callback_lagging``); after the run, callbacks get
-``logging.callback_grace_s`` to finish. A hook must not block the event loop. Steering with
-``run.request_stop(reason)``: docs/lightning.md#callbacks-that-steer.
+reported once (``callback_failed``, with its traceback; on stderr too) and not called again;
+one that falls ``event_buffer_size`` records behind loses the oldest (``callback_lagging``);
+after the run, callbacks get ``logging.callback_grace_s`` to finish. A hook must not block
+the event loop. Steering with ``run.request_stop(reason)``: docs/lightning.md#callbacks-that-steer.
 
 Example::
 

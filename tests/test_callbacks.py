@@ -66,14 +66,18 @@ class SlowLoader:
 
 
 def job(
-    log_dir: Path, callbacks: list[Callback], loader_delay_s: float = 0.0, **run: Any
+    log_dir: Path,
+    callbacks: list[Callback],
+    loader_delay_s: float = 0.0,
+    progress: bool = True,
+    **run: Any,
 ) -> OptimizedTrainingOptimizer:
     train, val = loaders(n=128)
     if loader_delay_s:
         train = SlowLoader(train, loader_delay_s)
     config = TrainingConfig(
         run=RunConfig(log_dir=log_dir, **({"max_epochs": 2} | run)),
-        logging=LoggingConfig(event_buffer_size=4096, flush_interval_s=0.05),
+        logging=LoggingConfig(event_buffer_size=4096, flush_interval_s=0.05, progress=progress),
     )
     return OptimizedTrainingOptimizer(
         config, model=make_model(), train_loader=train, val_loader=val, callbacks=callbacks
@@ -113,13 +117,20 @@ class Failing(Callback):
             raise ValueError("tracker is down")
 
 
-async def test_a_failing_callback_is_reported_once_and_never_stops_training(log_dir: Path) -> None:
+async def test_a_failing_callback_is_reported_once_and_never_stops_training(
+    log_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     failing, seen = Failing(), Recorder()
-    results = await job(log_dir, [failing, seen]).train()
+    results = await job(log_dir, [failing, seen], progress=False).train()
     written = read(results.run_dir)
     failures = [r for r in written if r.get("kind") == "callback_failed"]
     assert len(failures) == 1 and failures[0]["callback"] == "Failing"
     assert "ValueError: tracker is down" in failures[0]["error"]
+    # Where it broke is kept (the record) and shown (stderr, although progress=False).
+    where = 'raise ValueError("tracker is down")'
+    assert where in failures[0]["traceback"] and "test_callbacks.py" in failures[0]["traceback"]
+    err = capsys.readouterr().err
+    assert "callback_failed" in err and "callback=Failing" in err and where in err
     first_step = [r["event"] for r in written].index("train_step")
     assert failing.calls == first_step + 1  # up to the first train_step, then never again
     assert written[-1]["status"] == "completed" and results.global_step == 8

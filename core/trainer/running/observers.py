@@ -1,17 +1,21 @@
 """Feeds each callback its own stream of the run's records, on the event loop, isolated.
 
 Each callback has its own bounded subscription (a slow one only loses its own oldest records)
-and its own shielded task (a cancelled run still delivers ``run_end``).
+and its own shielded task (a cancelled run still delivers ``run_end``). A hook that raises is
+reported once, with its traceback, in the run's log and on stderr.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
+import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
 import anyio.abc
+import structlog
 
 from core.callbacks import Callback, Record, RunInfo
 from core.config import TrainingConfig
@@ -143,16 +147,28 @@ class Observers:
             else:
                 await getattr(callback, hook)(self._run, record)
         except Exception as exc:
-            self._report(
-                "error",
-                kind="callback_failed",
-                callback=name,
-                hook=hook,
-                event_type=None if record is None else record.get("event"),
-                error=f"{type(exc).__name__}: {exc}",
-                effect="this callback is not called again in this run; training goes on",
-            )
+            failure = {
+                "callback": name,
+                "hook": hook,
+                "event_type": None if record is None else record.get("event"),
+                "error": f"{type(exc).__name__}: {exc}",
+                "traceback": "".join(traceback.format_exception(exc)),
+                "effect": "this callback is not called again in this run; training goes on",
+            }
+            self._report("error", kind="callback_failed", **failure)
+            console = {k: v for k, v in failure.items() if k != "traceback"}
+            # Shown even with progress=False (no console shows the record then).
+            _console_log().error("callback_failed", **console, exc_info=exc)
             return False
         finally:
             self._busy -= 1
         return True
+
+
+def _console_log() -> Any:
+    """The library's logger (``core``) as the application configured structlog; without a
+    configuration, one writing to stderr (structlog's default writes to stdout, among a
+    program's own output)."""
+    if structlog.is_configured():
+        return structlog.get_logger("core")
+    return structlog.wrap_logger(structlog.PrintLogger(sys.stderr))
