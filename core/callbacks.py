@@ -21,7 +21,7 @@ Example::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from core.config import TrainingConfig
@@ -58,6 +58,14 @@ class Callback:
     ``on_record`` receives every record; the others receive theirs after ``on_record``;
     ``on_run_closed`` comes last, once the run's files are complete.
     """
+
+    steers_each_step: ClassVar[bool] = False
+    """True: in a run in this process, the step thread waits after each optimizer step until
+    this callback has handled that step's ``train_step`` record, so a ``request_stop`` from
+    ``on_train_step`` stops the run at that step, as Lightning's ``on_train_batch_end`` does.
+    It costs a host sync (the step's readback, no longer lagged) and a round trip to the
+    event loop per step. Under ``isolation="process"`` and ``devices=N`` it is ignored: the
+    stop lands within the bound docs/lightning.md#callbacks-that-steer states."""
 
     async def on_run_start(self, run: RunInfo, record: Record) -> None:
         """The ``run_start`` record: the config tree, what it resolved to, the device."""
