@@ -76,7 +76,8 @@ class Callback:
     async def on_train_step(self, run: RunInfo, record: Record) -> None:
         """Each ``train_step`` record: one per optimizer step, arriving one step after its step
         ran (its scalars are read back during the next) plus the log's drain (at most
-        ``logging.flush_interval_s``). Under ``devices=N`` the caller's callbacks see rank 0's."""
+        ``logging.flush_interval_s``); with ``steers_each_step``, before the next step. Under
+        ``devices=N`` the caller's callbacks see rank 0's."""
 
     async def on_validation_end(self, run: RunInfo, record: Record) -> None:
         """Each ``validation`` record: ``val_loss``, ``val_accuracy``, ``metrics``."""
