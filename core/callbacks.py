@@ -1,9 +1,9 @@
 """Observers of a run: ``Callback`` and its async no-op hooks. They are fed on the event loop
 (never on the step thread) with the records ``events.jsonl`` receives. A hook that raises is
-reported once (``callback_failed``) and not called again; one that falls ``event_buffer_size``
-records behind loses the oldest (``callback_lagging``); after the run, callbacks get
-``logging.callback_grace_s`` to finish. A hook must not block the event loop. Steering with
-``run.request_stop(reason)``: docs/lightning.md#callbacks-that-steer.
+reported once (``callback_failed``, with its traceback; on stderr too) and not called again;
+one that falls ``event_buffer_size`` records behind loses the oldest (``callback_lagging``);
+after the run, callbacks get ``logging.callback_grace_s`` to finish. A hook must not block
+the event loop. Steering with ``run.request_stop(reason)``: docs/lightning.md#callbacks-that-steer.
 
 Example::
 
@@ -21,7 +21,7 @@ Example::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from core.config import TrainingConfig
@@ -48,7 +48,7 @@ class RunInfo(Protocol):
         """Stop the run at its next step boundary, as Lightning's ``trainer.should_stop``
         does: the stop checkpoint is written, ``train()`` returns, ``run_end`` has
         ``status="stopped"`` and ``stop_reason="requested: <reason>"``. False when no run
-        is in progress."""
+        is in progress (``on_run_end`` included: the run's end is written)."""
         ...
 
 
@@ -59,6 +59,14 @@ class Callback:
     ``on_run_closed`` comes last, once the run's files are complete.
     """
 
+    steers_each_step: ClassVar[bool] = False
+    """True: in a run in this process, the step thread waits after each optimizer step until
+    this callback has handled that step's ``train_step`` record, so a ``request_stop`` from
+    ``on_train_step`` stops the run at that step, as Lightning's ``on_train_batch_end`` does.
+    It costs a host sync (the step's readback, no longer lagged) and a round trip to the
+    event loop per step. Under ``isolation="process"`` and ``devices=N`` it is ignored: the
+    stop lands within the bound docs/lightning.md#callbacks-that-steer states."""
+
     async def on_run_start(self, run: RunInfo, record: Record) -> None:
         """The ``run_start`` record: the config tree, what it resolved to, the device."""
 
@@ -68,7 +76,8 @@ class Callback:
     async def on_train_step(self, run: RunInfo, record: Record) -> None:
         """Each ``train_step`` record: one per optimizer step, arriving one step after its step
         ran (its scalars are read back during the next) plus the log's drain (at most
-        ``logging.flush_interval_s``). Under ``devices=N`` the caller's callbacks see rank 0's."""
+        ``logging.flush_interval_s``); with ``steers_each_step``, before the next step. Under
+        ``devices=N`` the caller's callbacks see rank 0's."""
 
     async def on_validation_end(self, run: RunInfo, record: Record) -> None:
         """Each ``validation`` record: ``val_loss``, ``val_accuracy``, ``metrics``."""

@@ -66,14 +66,18 @@ class SlowLoader:
 
 
 def job(
-    log_dir: Path, callbacks: list[Callback], loader_delay_s: float = 0.0, **run: Any
+    log_dir: Path,
+    callbacks: list[Callback],
+    loader_delay_s: float = 0.0,
+    progress: bool = True,
+    **run: Any,
 ) -> OptimizedTrainingOptimizer:
     train, val = loaders(n=128)
     if loader_delay_s:
         train = SlowLoader(train, loader_delay_s)
     config = TrainingConfig(
         run=RunConfig(log_dir=log_dir, **({"max_epochs": 2} | run)),
-        logging=LoggingConfig(event_buffer_size=4096, flush_interval_s=0.05),
+        logging=LoggingConfig(event_buffer_size=4096, flush_interval_s=0.05, progress=progress),
     )
     return OptimizedTrainingOptimizer(
         config, model=make_model(), train_loader=train, val_loader=val, callbacks=callbacks
@@ -113,13 +117,20 @@ class Failing(Callback):
             raise ValueError("tracker is down")
 
 
-async def test_a_failing_callback_is_reported_once_and_never_stops_training(log_dir: Path) -> None:
+async def test_a_failing_callback_is_reported_once_and_never_stops_training(
+    log_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     failing, seen = Failing(), Recorder()
-    results = await job(log_dir, [failing, seen]).train()
+    results = await job(log_dir, [failing, seen], progress=False).train()
     written = read(results.run_dir)
     failures = [r for r in written if r.get("kind") == "callback_failed"]
     assert len(failures) == 1 and failures[0]["callback"] == "Failing"
     assert "ValueError: tracker is down" in failures[0]["error"]
+    # Where it broke is kept (the record) and shown (stderr, although progress=False).
+    where = 'raise ValueError("tracker is down")'
+    assert where in failures[0]["traceback"] and "test_callbacks.py" in failures[0]["traceback"]
+    err = capsys.readouterr().err
+    assert "callback_failed" in err and "callback=Failing" in err and where in err
     first_step = [r["event"] for r in written].index("train_step")
     assert failing.calls == first_step + 1  # up to the first train_step, then never again
     assert written[-1]["status"] == "completed" and results.global_step == 8
@@ -207,20 +218,29 @@ class StopOnBudget(Callback):
 
     def __init__(self, samples: int) -> None:
         self.budget, self.seen, self.answers = samples, 0, []
+        self.at_run_end: bool | None = None
 
     async def on_train_step(self, run: RunInfo, record: Record) -> None:
         self.seen += record["samples"]
         if self.seen >= self.budget:
             self.answers.append(run.request_stop(f"the budget of {self.budget} samples is spent"))
 
+    async def on_run_end(self, run: RunInfo, record: Record) -> None:
+        self.at_run_end = run.request_stop("too late")  # run_end is written: no run to stop
+
+
+class StopOnBudgetEachStep(StopOnBudget):
+    steers_each_step = True
+
 
 async def test_a_callback_stops_the_run_with_its_reason_and_a_checkpoint(log_dir: Path) -> None:
-    budget = StopOnBudget(samples=96)  # 3 steps of 32; the run has 12
+    budget = StopOnBudgetEachStep(samples=96)  # 3 steps of 32; the run has 12
     run = job(log_dir, [budget], max_epochs=3, loader_delay_s=0.05)
     results = await run.train()
-    assert budget.answers[0] is True
-    # The record of step 3 arrives during step 4 or later: the stop lands a few steps on.
-    assert 3 < results.global_step < 12
+    assert budget.answers == [True] and budget.at_run_end is False
+    # Steering each step, the run stops at the step whose record asked (as Lightning);
+    # otherwise that record is read back during the next step, and the stop lands later.
+    assert results.global_step == 3
     assert results.stop_reason == "requested: the budget of 96 samples is spent"
     assert not results.stopped_early and not results.interrupted
     records = read(results.run_dir)
@@ -279,7 +299,7 @@ def test_a_callback_stops_a_run_in_a_training_process(tmp_path: Path) -> None:
         callbacks=[budget],
     )
     results = asyncio.run(run.train())
-    assert budget.answers[0] is True
+    assert budget.answers[0] is True and budget.at_run_end is False
     assert 3 < results.global_step < 24
     assert results.stop_reason == "requested: the budget of 24 samples is spent"
     end = read(results.run_dir)[-1]

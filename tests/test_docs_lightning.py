@@ -39,11 +39,24 @@ def test_the_step_function_example_runs_as_written(tmp_path: Path) -> None:
 
 def test_the_steering_callback_example_runs_as_written(tmp_path: Path) -> None:
     reason, stopped = run("## Callbacks that steer", tmp_path)[-2:]
-    assert reason == "requested: the budget of 3200 samples is spent"
-    steps = int(stopped.split()[2])
-    assert 100 <= steps < 3200 and stopped.endswith("checkpoint True")
+    # 3200 samples are 100 steps of 32: steering each step, the stop lands at that step.
+    assert reason == "requested: the budget of 3200 samples is spent at step 100"
+    assert stopped == "stopped after 100 steps; checkpoint True"
     end = events(tmp_path, "budget")[-1]
     assert (end["status"], end["stop_reason"]) == ("stopped", reason)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_the_steering_callback_example_counts_every_ranks_samples(tmp_path: Path) -> None:
+    (program,) = python_blocks(PAGE, "## Callbacks that steer")
+    done = run_program(program.replace("progress=False,", "progress=False, devices=2,"), tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reason, stopped = done.stdout.splitlines()[-2:]
+    # Two ranks of 32 samples a step spend 3200 in 50 steps (counting rank 0's alone: 100);
+    # the stop lands once the record of step 50 reached the callback and the ranks voted.
+    assert reason == "requested: the budget of 3200 samples is spent at step 50"
+    assert int(stopped.split()[2]) >= 50 and stopped.endswith("checkpoint True")
 
 
 def test_the_early_stopping_and_plateau_example_runs_as_written(tmp_path: Path) -> None:

@@ -378,14 +378,14 @@ def test_a_cancelled_rank_stops_every_rank_at_the_same_step(jobs: Path) -> None:
 def test_a_rank_cancelled_at_an_epoch_end_does_not_leave_the_others_behind(jobs: Path) -> None:
     """Rank 0's task is cancelled (``task.cancel()``) while it validates at the end of epoch
     0, where no stop vote is held: it goes on to the next vote with its stop flag set, and
-    both ranks stop at step 18 (the vote at step 16, settled at the epoch's end) with one
+    both ranks stop at step 17 (the vote at step 16, counted at the next step) with one
     stop checkpoint; rank 0's ``train()`` raises the cancellation, rank 1's is interrupted."""
     rank0, rank1 = (load(jobs, "cancel_rank0_at_epoch_end", rank) for rank in (0, 1))
     assert rank0["cancelled"] and not rank1["cancelled"]
     assert rank1["interrupted"]
-    assert rank0["global_step"] == rank1["global_step"] == 18
+    assert rank0["global_step"] == rank1["global_step"] == 17
     kept = Path(rank0["last_checkpoint"])
-    assert rank1["last_checkpoint"] == str(kept) and kept.name.startswith("step-000000018-")
+    assert rank1["last_checkpoint"] == str(kept) and kept.name.startswith("step-000000017-")
     ends = {}
     for log in kept.parents[1].glob("*/events*.jsonl"):
         records = [json.loads(line) for line in log.read_text().splitlines()]

@@ -169,9 +169,13 @@ class StepLoop:
                 if stop.is_set():
                     stats.interrupted = True
                     break
-            elif step % votes == 0 and strategy.vote_on_stop(stop.is_set()):  # all ranks
-                stats.interrupted = True
-                break
+            else:
+                # Cast every `votes` steps, counted at the next one (each rank cast it a step
+                # ago): a stop lands within votes + 1 steps, the same step on every rank.
+                voted = step % votes == 0
+                if strategy.vote_on_stop(stop.is_set()) if voted else strategy.settle_stop_votes():
+                    stats.interrupted = True
+                    break
         stats.interrupted |= self.strategy.settle_stop_votes()
         self.flush()
         stats.time_s += perf_counter() - started

@@ -23,7 +23,7 @@ class EarlyStoppingConfig:
       improve by more than ``min_delta`` (lower with ``mode="min"``, higher with ``"max"``);
       None: no patience rule;
     - ``check_finite`` (on): stop at once when the monitored value is NaN or inf;
-    - ``stopping_threshold``: stop at once when the value is at least this good;
+    - ``stopping_threshold``: stop at once when the value is better than this (a tie goes on);
     - ``divergence_threshold``: stop at once when the value is worse than this;
     - ``min_epochs`` / ``min_steps``: no rule stops the run before this many epochs /
       optimizer steps (a rule that fired earlier stops it at the first validation after).

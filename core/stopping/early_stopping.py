@@ -34,7 +34,7 @@ class EarlyStopping:
 
     >>> stopper = EarlyStopping(EarlyStoppingConfig(patience=2))
     >>> [stopper.judge(v, epochs=1, steps=1) for v in (1.0, 0.9, 0.95, 0.91)]
-    [None, None, None, 'val_loss did not improve by more than 0 in 2 validations (best 0.9)']
+    [None, None, None, 'val_loss did not improve in 2 validations (best 0.9)']
     >>> EarlyStopping(EarlyStoppingConfig(patience=3)).judge(float("nan"), epochs=1, steps=1)
     'val_loss = nan is not finite (best none yet)'
     """

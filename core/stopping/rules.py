@@ -70,7 +70,8 @@ class NotFinite:
 
 @dataclass(frozen=True)
 class StoppingThreshold:
-    """Stop at once when the value is at least as good as ``threshold``."""
+    """Stop at once when the value is better than ``threshold`` (strictly, as Lightning: a
+    tie goes on)."""
 
     threshold: float
 
@@ -80,9 +81,9 @@ class StoppingThreshold:
         return None if threshold is None else cls(threshold)
 
     def check(self, value: float, watch: Watch) -> str | None:
-        if better(self.threshold, value, watch.mode):
+        if not better(value, self.threshold, watch.mode):
             return None
-        return f"{watch.monitor} = {value:.4g} reached stopping_threshold {self.threshold:g}"
+        return f"{watch.monitor} = {value:.4g} is better than stopping_threshold {self.threshold:g}"
 
 
 @dataclass(frozen=True)
@@ -123,11 +124,10 @@ class Patience:
         watch.bad_epochs += 1  # a value that is not finite is never the best
         if self.patience is None or watch.bad_epochs < self.patience:
             return None
-        checks = "epochs" if watch.monitor == "train_loss" else "validations"
-        return (
-            f"{watch.monitor} did not improve by more than {self.min_delta:g} in "
-            f"{watch.bad_epochs} {checks} (best {best})"
-        )
+        check = "epoch" if watch.monitor == "train_loss" else "validation"
+        checks = f"{watch.bad_epochs} {check}{'' if watch.bad_epochs == 1 else 's'}"
+        by = f" by more than {self.min_delta:g}" if self.min_delta else ""
+        return f"{watch.monitor} did not improve{by} in {checks} (best {best})"
 
 
 RULES: tuple[type[StoppingRule], ...] = (

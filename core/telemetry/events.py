@@ -118,10 +118,12 @@ class EventHub:
         self._streams: list[EventStream] = []
         self._closed = False
         self.published = 0
+        self.ended = False  # a run_end was published: the run's end is decided
 
     def reopen(self) -> None:
         with self._lock:
             self._closed = False
+            self.ended = False
 
     def subscribe(
         self,
@@ -145,6 +147,8 @@ class EventHub:
 
     def publish(self, record: Record) -> None:
         self.published += 1
+        if record.get("event") == "run_end":
+            self.ended = True
         for stream in self._streams:  # copy-on-write list: no lock needed to read it
             stream.offer(record)
 

@@ -298,6 +298,7 @@ class Error(Common):
     hook: NotRequired[Annotated[str, "callback_failed: the hook that raised"]]
     event_type: NotRequired[Annotated[str | None, "callback_failed: the record it was given"]]
     error: NotRequired[Annotated[str, "callback_failed: the exception, type: message"]]
+    traceback: NotRequired[Annotated[str, "callback_failed: its traceback, as Python prints it"]]
     effect: NotRequired[Annotated[str, "all but checkpoint_*: what follows"]]
 
 

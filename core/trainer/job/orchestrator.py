@@ -43,7 +43,7 @@ from core.trainer.process.child_state import ChildState
 from core.trainer.process.crossing import Crossing, crossing_for, resolve
 from core.trainer.process.ranks import ranks_crossing
 from core.trainer.process.supervisor import TrainingProcess
-from core.trainer.running.observers import Observers, with_default_callbacks
+from core.trainer.running.observers import Observers, StepGate, with_default_callbacks
 from core.trainer.running.placement import until_released
 from core.trainer.running.run import Run
 from core.trainer.running.starts import run_starts
@@ -121,6 +121,7 @@ class TrainingJob(JobViews):
         self._hub = EventHub()
         self._log = CurrentLog()
         self._cycle: RunCycle | None = None
+        self._gate: StepGate | None = None  # waits for the callbacks that steer each step
         self._placed: TrainingProcess | RayRun | None = None
         self._running = False
         self._open_listeners: list[Callable[[Path], None]] = []
@@ -187,6 +188,8 @@ class TrainingJob(JobViews):
             )
             self._cycle = RunCycle(self._config, self._parts, self._hub, self._log)
             self._parts.loop.schedule.add(self._cycle)  # validation and checkpoints, when due
+            self._gate = StepGate(self._parts.loop, self._log, self._hub)
+            self._parts.loop.schedule.add(self._gate)  # after each step, when a callback steers
             if self._parts.monitor is not None:  # the distribution's gpu_monitor reads the run's
                 self._parts.distribution.attach_monitor(self._parts.monitor)
 
@@ -222,8 +225,9 @@ class TrainingJob(JobViews):
         the stop checkpoint is written, ``train()`` returns, ``run_end`` has
         ``status="stopped"`` and ``stop_reason="requested: <reason>"``. A request while
         ``train()`` still starts is held for its first step. False where it will not be
-        honoured: no ``train()`` in progress, or its training process ended or is cancelled."""
-        if not self._running:
+        honoured: no ``train()`` in progress, its ``run_end`` already written (an
+        ``on_run_end`` hook), or its training process ended or is cancelled."""
+        if not self._running or self._hub.ended:
             return False
         if self._placed is not None:
             return self._placed.request_stop(reason)
@@ -280,6 +284,7 @@ class TrainingJob(JobViews):
         if self._running:
             raise RuntimeError("train() is already running on this job")
         self._running = True
+        self._hub.ended = False  # the run_end seen is the earlier train()'s
         try:
             if self._crossing is not None:
                 await self.start()  # what crosses is checked off this thread, before a process
@@ -288,6 +293,8 @@ class TrainingJob(JobViews):
             cycle = self._cycle
             assert cycle is not None
             self._stop_target = cycle.request_stop  # the run's own stop flag exists from here
+            assert self._gate is not None
+            self._gate.attach(run.observers, cycle.stop)
             if self._held_stop is not None:
                 cycle.request_stop(self._held_stop)
             results = await run.execute(description, on_open=self._opened)
@@ -297,6 +304,8 @@ class TrainingJob(JobViews):
             self._running = False
             self._held_stop = None
             self._stop_target = None
+            if self._gate is not None:
+                self._gate.attach(None, None)
 
     async def _start_run(self, cancelled: anyio.Event) -> tuple[Run, dict[str, Any]]:
         """A run of this job, made in a worker thread (a cancellation meanwhile drops it:
