@@ -390,9 +390,10 @@ def test_a_callback_stops_every_rank_of_a_devices_run(tmp_path: Path) -> None:
     results = asyncio.run(job.train())
     assert stopper.answers == [True]
     assert results.stop_reason == "requested: enough for this test"
-    # The request reaches rank 0 before the vote at step 16 (0.1 s a step), which is counted
-    # at the next step: every rank stops at 17 (counted at the epoch's end, it stopped at 24).
-    assert results.global_step == 17
+    # A vote (every 16 steps) is counted at the next step: the request, made at step 3, stops
+    # every rank at 17 when it reaches rank 0 before the vote at 16 (0.1 s a step), else at
+    # 33 on a machine slow to deliver it. Counted at the epoch's end, it stopped at 24.
+    assert results.global_step in (17, 33)
     (run,) = (tmp_path / "devices").glob("*/events.jsonl")
     records = [json.loads(x) for x in run.read_text().splitlines()]
     assert records[-1]["status"] == "stopped"
