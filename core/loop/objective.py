@@ -116,14 +116,17 @@ class Objective:
         ):
             return None
         hits = scores.argmax(dim=class_dim) == targets
+        # Counted in float32: one reduction kernel with its cast (a bool sum to int64 is
+        # slower on CPU), exact up to 2**24 targets a batch.
         if ignore_index is not None:
             valid = targets != ignore_index
             # A negative ignore_index (cross-entropy's -100) is never a predicted class, so
             # the hits need no mask: one op less on every step.
-            correct = hits.sum() if ignore_index < 0 else (hits & valid).sum()
-            return correct, valid.sum()
+            correct = hits if ignore_index < 0 else hits & valid
+            return correct.sum(dtype=torch.float32), valid.sum(dtype=torch.float32)
         # torch.full, not torch.tensor: a copy from the host would wait for the device.
-        return hits.sum(), torch.full((), targets.numel(), device=targets.device)
+        counted = torch.full((), targets.numel(), dtype=torch.float32, device=targets.device)
+        return hits.sum(dtype=torch.float32), counted
 
 
 class DefaultObjective(Objective):

@@ -1,8 +1,8 @@
 """What follows a step once its numbers reach the host: the lagged readback and its records.
 
 Step N hands its device scalars (loss, gradient norm, skip flag, loss scale, correct and
-counted predictions) and host facts
-(step, LR, samples, timings) to :meth:`StepRecorder.defer`. Step N+1 calls
+counted predictions) and host facts (step, LR, samples, timings) to
+:meth:`StepRecorder.defer`. Step N+1 calls
 :meth:`StepRecorder.settle` after its own backward is queued and before its optimizer step;
 settling step N reads its scalars back (:class:`Readback`: the one host sync per step,
 lagged), steps the LR scheduler if step N was applied (so the schedule is that of an eager
