@@ -144,6 +144,7 @@ def step(epoch: int, n: int, loss: float = 0.7) -> Record:
         "lr": 0.001,
         "samples": 16,
         "step_time_s": 0.01,
+        "accuracy": 0.75,
     }
 
 
@@ -479,7 +480,7 @@ async def test_on_a_terminal_each_epoch_and_validation_has_a_bar() -> None:
     assert len(final) == 4  # two epochs, two validations: each bar completed, once
     rate = r"\[\d\d:\d\d<\d\d:\d\d, +[\d.]+(step|batch)/s"  # elapsed<ETA, rate
     assert re.match(
-        r"epoch 1/2: 100%\|#+\| 4/4 " + rate + r", loss=0\.7, lr=1\.00e-03, "
+        r"epoch 1/2: 100%\|#+\| 4/4 " + rate + r", loss=0\.7, accuracy=75\.00%, lr=1\.00e-03, "
         r"samples/s=1\.6K\]$",
         final[0],
     )
@@ -507,7 +508,7 @@ async def test_a_resumed_run_with_validation_inside_epochs_keeps_one_bar_per_epo
     assert "epoch 2/2 val  step 7  val_loss 0.735  val_accuracy 43.75%  f1 0.8" in parts
     bars = [part for part in parts if part.startswith("epoch 2/2: ")]
     assert any(" 3/4 [" in bar for bar in bars) and " 4/4 [" in bars[-1]  # from the epoch start
-    assert "loss=0.7274, lr=1.00e-03" in bars[-1]  # epoch_end's loss over every rank
+    assert "loss=0.7274, accuracy=75.00%, lr=1.00e-03" in bars[-1]  # epoch_end's loss, all ranks
     assert sum(part.startswith("epoch 2/2:   0%") for part in parts) == 1  # never reopened
 
 

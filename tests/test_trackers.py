@@ -292,6 +292,7 @@ def test_records_become_scalars_and_params() -> None:
         "step": 4,
         "epoch": 1,
         "loss": 0.5,
+        "accuracy": 0.75,
         "grad_norm": None,
         "lr": 0.1,
         "loss_scale": float("inf"),
@@ -299,6 +300,7 @@ def test_records_become_scalars_and_params() -> None:
     }
     assert scalars_of(step) == [
         Scalar("train/loss", 0.5, 4, 1, 1767225600.0),
+        Scalar("train/accuracy", 0.75, 4, 1, 1767225600.0),
         Scalar("train/lr", 0.1, 4, 1, 1767225600.0),
     ]
     val = {"event": "validation", "step": 4, "val_loss": 0.25, "metrics": {"f1": 0.8, "x": None}}

@@ -18,7 +18,7 @@ from core.console.banner import format_banner
 from core.console.digest import RunDigest, lookup
 from core.console.lines import epoch_label, format_epoch_line, format_event_line
 from core.console.summary import format_metrics, format_summary
-from core.console.units import format_count, format_number
+from core.console.units import format_count, format_number, format_percent
 from core.errors import config_error
 
 __all__ = ("ProgressBar", "ProgressMode")
@@ -67,6 +67,7 @@ class ProgressBar(Callback):
         self._next_base: int | None = 0
         self._base = 0
         self._loss_sum = self._loss_samples = self._samples = 0.0
+        self._hits = self._hit_samples = 0.0  # the epoch's accuracy, sample-weighted
         self._seconds = 0.0
         self._postfix: list[str] = []
 
@@ -135,6 +136,7 @@ class ProgressBar(Callback):
             self._base = step - 1
         self._epoch = epoch
         self._loss_sum = self._loss_samples = self._samples = self._seconds = 0.0
+        self._hits = self._hit_samples = 0.0
         label = epoch_label(epoch, self._max_epochs)
         self._train = self._bar(label, self._steps_per_epoch, "step")
         return self._train
@@ -150,11 +152,16 @@ class ProgressBar(Callback):
             if is_number(loss):
                 self._loss_sum += loss * samples
                 self._loss_samples += samples
+            if is_number(accuracy := record.get("accuracy")):
+                self._hits += accuracy * samples
+                self._hit_samples += samples
         if is_number(seconds := record.get("step_time_s")):
             self._seconds += seconds
         postfix = []
         if self._loss_samples:
             postfix.append(f"loss={format_number(self._loss_sum / self._loss_samples)}")
+        if self._hit_samples:
+            postfix.append(f"accuracy={format_percent(self._hits / self._hit_samples)}")
         if is_number(lr := record.get("lr")):
             postfix.append(f"lr={lr:.2e}")
         logged = record.get("logged")  # a training_step's own values, this step's

@@ -203,6 +203,8 @@ class FlatSettings(TypedDict, total=False):
     """Sets ``logging.reports``."""
     profile_steps: tuple[int, int, int] | None
     """Sets ``logging.profile_steps``."""
+    step_accuracy: bool
+    """Sets ``logging.step_accuracy``."""
     enable_mixed_precision: bool
     """Another name for ``enable_amp``."""
     batch_size: int | None

@@ -1,7 +1,8 @@
 """What follows a step once its numbers reach the host: the lagged readback and its records.
 
-Step N hands its device scalars (loss, gradient norm, skip flag, loss scale) and host facts
-(step, LR, samples, timings) to :meth:`StepRecorder.defer`. Step N+1 calls
+Step N hands its device scalars (loss, gradient norm, skip flag, loss scale, correct and
+counted predictions) and host facts (step, LR, samples, timings) to
+:meth:`StepRecorder.defer`. Step N+1 calls
 :meth:`StepRecorder.settle` after its own backward is queued and before its optimizer step;
 settling step N reads its scalars back (:class:`Readback`: the one host sync per step,
 lagged), steps the LR scheduler if step N was applied (so the schedule is that of an eager
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import mul
 from types import MappingProxyType
@@ -78,20 +79,25 @@ class StepScalars(NamedTuple):
     skipped: bool
     """The optimizer step was not applied."""
     loss_scale: float | None
+    accuracy: float | None
+    """Correct / counted predictions over the step's batches; None unless class targets."""
     extra: dict[str, Any]
     """Fields of the model's own statistics (``core.loop.terms``); empty without."""
 
 
 class Readback:
     """One step's device scalars on their way to the host, and the LR the step ran at.
-    The window's loss is the mean of ``micro_losses`` weighted by ``micro_samples``,
-    computed on the host: the step pays for no extra device op."""
+    The window's loss is the mean of ``micro_losses`` weighted by ``micro_samples``, its
+    accuracy the sum of ``hits``' correct over their counted (each micro-batch's pair, in
+    turn; None: accuracy not counted), both computed on the host: the step pays for no
+    extra device op."""
 
     __slots__ = (
         "_event",
         "_extra",
         "_has_flag",
         "_has_scale",
+        "_hits",
         "_host",
         "_known_skip",
         "_micro_samples",
@@ -108,6 +114,7 @@ class Readback:
         skipped: SkipFlag,
         loss_scale: torch.Tensor | None,
         lr: float,
+        hits: Sequence[torch.Tensor] | None = None,
     ) -> None:
         self.lr = lr
         parts = [*micro_losses, grad_norm]
@@ -118,6 +125,9 @@ class Readback:
             parts.append(skipped)
         if loss_scale is not None:
             parts.append(loss_scale)
+        self._hits = 0 if hits is None else len(hits)
+        if hits is not None:
+            parts += hits
         self._micro_samples = micro_samples
         self._extra = extra
         self._event: torch.cuda.Event | None = None
@@ -144,7 +154,9 @@ class Readback:
             values = self._host.tolist()
         n = len(self._micro_samples)
         fixed = n + 1 + int(self._has_flag) + int(self._has_scale)
-        extra = {} if self._extra is None else self._extra.fields(values[fixed:])
+        hits_end = fixed + self._hits
+        counted = sum(values[fixed + 1 : hits_end : 2])
+        extra = {} if self._extra is None else self._extra.fields(values[hits_end:])
         loss = sum(map(mul, values[:n], self._micro_samples))
         skipped = self._known_skip or (self._has_flag and values[n + 1] > 0)
         return StepScalars(
@@ -153,6 +165,7 @@ class Readback:
             overflow=skipped and self._has_scale,
             skipped=skipped,
             loss_scale=values[fixed - 1] if self._has_scale else None,
+            accuracy=sum(values[fixed:hits_end:2]) / counted if counted else None,
             extra=extra,
         )
 
@@ -259,6 +272,7 @@ class StepRecorder:
             step_time_s=pending.step_time_s,
             data_time_s=pending.data_time_s,
             samples_per_s=samples / pending.step_time_s if pending.step_time_s else None,
+            accuracy=scalars.accuracy,
             mem_allocated_bytes=allocated,
             max_mem_allocated_bytes=peak,
             **self.device_fields.record_fields,

@@ -1,7 +1,8 @@
 """One optimizer step, read top to bottom (:meth:`OptimizerStep.__call__`), and the one
 place the step is built (:func:`build_step`).
 
-The step: forward and loss under the precision's autocast, the loss checked, backward;
+The step: forward and loss under the precision's autocast (and, where the targets are class
+indices, the batch's correct predictions, read back with the loss), the loss checked, backward;
 unscale (fp16), the global gradient norm and its clip; step N-1 read back (the one
 deliberate doubling back: ``recorder.settle()``, after step N's backward is queued, so the
 host reads N-1 while the device works on N; the LR scheduler is stepped then, so step N runs
@@ -158,6 +159,7 @@ class OptimizerStep(GradientUpdate):
         retry: NoRetry,
         prepare_batch: Callable[[Any], Any],
         terms: ModelTerms | None,
+        counts_accuracy: bool,
     ) -> None:
         params = [p for p in model.parameters() if p.requires_grad]
         super().__init__(
@@ -173,6 +175,8 @@ class OptimizerStep(GradientUpdate):
         self.retry = retry
         self.prepare_batch = prepare_batch
         self.terms = terms
+        # Count each batch's correct predictions where accuracy applies (a few device ops).
+        self.counts_accuracy = counts_accuracy
         self.device = strategy.device
         # A step of one batch and one backward runs inline; anything more (accumulation, a
         # split, token weights, unequal windows, ranks voting, model terms) runs as
@@ -207,13 +211,16 @@ class OptimizerStep(GradientUpdate):
         # Forward and loss under autocast, the loss checked, backward: inline for one batch,
         # as weighted micro-batches for anything more (or since an OOM split the batch).
         if self.windowed or self.accumulation.micro_batch_size is not None:
-            losses, extra = self.micro_batches(window, precision, step, epoch)
+            losses, extra, hits = self.micro_batches(window, precision, step, epoch)
         else:
             failed = False
             try:
                 batch = self.prepare_batch(window.batches[0])
                 with self._autocast:
-                    _, loss = self.objective(self.model, batch)
+                    outputs, loss = self.objective(self.model, batch)
+                # Correct and counted predictions, as device tensors read back with the loss.
+                hits = self.objective.correct(outputs, batch) if self.counts_accuracy else None
+                outputs = None  # the scores are not kept through backward
                 if type(loss) is not torch.Tensor or loss.ndim or not loss.is_floating_point():
                     loss = self._checked(loss, batch, window, step, epoch)  # raises, naming it
                 self._backward(loss)
@@ -223,7 +230,7 @@ class OptimizerStep(GradientUpdate):
                 failed = True  # handled outside ``except``: the traceback holds the memory
             if failed:
                 self.recover(window, step, epoch)
-                losses, extra = self.micro_batches(window, precision, step, epoch)
+                losses, extra, hits = self.micro_batches(window, precision, step, epoch)
             else:
                 losses = [loss.detach().float()]
                 logged = self.objective.logged if self.objective.logs else None
@@ -241,7 +248,7 @@ class OptimizerStep(GradientUpdate):
         lr = float(self.optimizer.param_groups[0]["lr"])  # after step N-1's scheduler step
         skipped = self.stepper.step(found_inf, grad_norm)  # on the device for fused ones
         loss_scale = precision.loss_scale if scaled else None  # the scale this step used
-        readback = Readback(losses, window.sizes, extra, grad_norm, skipped, loss_scale, lr)
+        readback = Readback(losses, window.sizes, extra, grad_norm, skipped, loss_scale, lr, hits)
         if scaled:
             precision.update(found_inf)
         self.optimizer.zero_grad(set_to_none=True)
@@ -271,21 +278,26 @@ class OptimizerStep(GradientUpdate):
 
     def micro_batches(
         self, window: Window, precision: Precision, step: int, epoch: int
-    ) -> tuple[list[torch.Tensor], StepTermsLike | None]:
+    ) -> tuple[list[torch.Tensor], StepTermsLike | None, Sequence[torch.Tensor] | None]:
         """Forward and backward of the window's micro-batches, each loss weighted by its
         share of the window, run again split after an out-of-memory error (on any rank);
-        the losses and the model's statistics and logged values to read back with them."""
+        the losses, the model's statistics and logged values, and each micro-batch's
+        correct and counted predictions (None: accuracy does not apply to one of them), to
+        read back together."""
         while (done := self._weighted_backward(window, precision, step, epoch)) is None:
             self.recover(window, step, epoch)  # all ranks, together
-        losses, logged = done
+        losses, logged, hits = done
         if not self.retry.sync_in_backward:  # ranks voting: backward did not sync
             self.retry.average_gradients([p.grad for p in self.params if p.grad is not None])
         extra = None if self.terms is None else self.terms.collect()
-        return losses, joined(extra, LoggedValues(logged)) if logged else extra
+        return losses, joined(extra, LoggedValues(logged)) if logged else extra, hits
 
     def _weighted_backward(
         self, window: Window, precision: Precision, step: int, epoch: int
-    ) -> tuple[list[torch.Tensor], list[tuple[Mapping[str, Any], int]]] | None:
+    ) -> (
+        tuple[list[torch.Tensor], list[tuple[Mapping[str, Any], int]], list[torch.Tensor] | None]
+        | None
+    ):
         """One attempt of :meth:`micro_batches`; None when a micro-batch ran out of memory."""
         micro_batches = self.accumulation.micro_batches(window)
         weights = self.accumulation.loss_weights(micro_batches, window, self.strategy)
@@ -293,6 +305,7 @@ class OptimizerStep(GradientUpdate):
             self.terms.begin_step()  # counted afresh when an OOM makes the window run again
         losses: list[torch.Tensor] = []
         logged: list[tuple[Mapping[str, Any], int]] = []
+        hits: list[torch.Tensor] | None = [] if self.counts_accuracy else None
         objective = self.objective
         for micro, weight in zip(micro_batches, weights, strict=True):
             failed = False
@@ -302,7 +315,11 @@ class OptimizerStep(GradientUpdate):
                 # Backward inside too: FSDP2 reduces gradients during backward.
                 with self.strategy.no_backward_sync(self.model, enabled=not sync):
                     with precision.autocast():
-                        _, loss = objective(self.model, batch)
+                        outputs, loss = objective(self.model, batch)
+                    if hits is not None:
+                        counts = objective.correct(outputs, batch)
+                        hits = None if counts is None else [*hits, *counts]
+                    outputs = None  # the scores are not kept through backward
                     if objective.logs and objective.logged:
                         logged.append((objective.logged, micro.samples))
                     if type(loss) is not torch.Tensor or loss.ndim or not loss.is_floating_point():
@@ -319,7 +336,7 @@ class OptimizerStep(GradientUpdate):
                 failed = True  # handled outside ``except``: the traceback holds the memory
             if self.retry.failed_anywhere(failed):  # all ranks vote where they must agree
                 return None
-        return losses, logged
+        return losses, logged, hits
 
     def recover(self, window: Window, step: int, epoch: int) -> None:
         """After an out-of-memory error: drop the failed attempt's gradients, free memory,
@@ -413,6 +430,7 @@ def build_step(
     device_fields: DeviceFields | None = None,
     prepare_batch: Callable[[Any], Any] | None = None,
     terms: ModelTerms | None = None,
+    step_accuracy: bool = True,
 ) -> OptimizerStep:
     """The step for a run of these parts: its recorder (the lagged read, ``scheduler``
     stepped there), its stepper (skips on the device where the optimizer can), its OOM
@@ -420,7 +438,8 @@ def build_step(
 
     ``prepare_batch`` moves a batch to the device (default ``to_device``); ``terms`` are a
     model's own loss terms and statistics (``core.loop.terms``); ``device_fields`` the
-    monitor's latest figures for each ``train_step`` record.
+    monitor's latest figures for each ``train_step`` record; ``step_accuracy`` counts each
+    step's correct predictions for its record where the targets are class indices.
     """
     device = device_of(strategy.device)
     guard_nonfinite = errors.config.skip_nonfinite
@@ -446,6 +465,7 @@ def build_step(
         retry=retry_policy(strategy, device, errors),
         prepare_batch=prepare_batch or partial(to_device, device=strategy.device),
         terms=terms,
+        counts_accuracy=step_accuracy,
     )
 
 

@@ -38,7 +38,9 @@ class LoggingConfig:
     ``training_metrics.png`` (with matplotlib, ``pip install -e '.[plots]'``) and
     ``performance_summary.txt`` in the run directory, built from ``events.jsonl``.
     ``profile_steps=(wait, warmup, active)``: a torch.profiler trace of ``active`` steps after
-    ``wait + warmup`` steps, written to ``<run_dir>/profile/``."""
+    ``wait + warmup`` steps, written to ``<run_dir>/profile/``. ``step_accuracy``: each
+    ``train_step`` record's ``accuracy`` where the targets are class indices, counted on the
+    device and read back with the loss (False saves its few device ops per step)."""
 
     event_buffer_size: int = field(default=1024, metadata=flat("event_buffer_size"))
     flush_interval_s: float = field(default=0.25, metadata=flat("log_flush_interval_s"))
@@ -46,6 +48,7 @@ class LoggingConfig:
     progress: bool = field(default=True, metadata=flat("progress"))
     reports: bool = field(default=True, metadata=flat("reports"))
     profile_steps: tuple[int, int, int] | None = field(default=None, metadata=flat("profile_steps"))
+    step_accuracy: bool = field(default=True, metadata=flat("step_accuracy"))
 
     def __post_init__(self) -> None:
         check_bool_fields(self)

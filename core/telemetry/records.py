@@ -157,6 +157,7 @@ class TrainStep(Common):
     step_time_s: Annotated[float, "seconds from asking for the batch to the step queued"]
     data_time_s: Annotated[float, "seconds of it spent waiting for the loader"]
     samples_per_s: Annotated[float | None, "samples / step_time_s"]
+    accuracy: Annotated[float | None, "this rank's fraction correct; null unless class targets"]
     mem_allocated_bytes: Annotated[int | None, "torch allocator bytes in use; null on CPU"]
     max_mem_allocated_bytes: Annotated[int | None, "peak allocator bytes; null on CPU"]
     device_util_pct: Annotated[float | None, "latest gpu_sample util_pct of the first device"]

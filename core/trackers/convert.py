@@ -27,6 +27,7 @@ ParamValue = str | int | float | bool
 _SCALARS: dict[str, dict[str, str]] = {
     "train_step": {
         "loss": "train/loss",
+        "accuracy": "train/accuracy",
         "lr": "train/lr",
         "grad_norm": "train/grad_norm",
         "loss_scale": "train/loss_scale",

@@ -214,6 +214,7 @@ def _build(
             device_fields=monitor,
             prepare_batch=prepared.prepare_batch,
             terms=MoEProbe.of(strategy.unwrap(model)),
+            step_accuracy=config.logging.step_accuracy,
         ),
         step_hooks=hooks,
         max_steps=config.run.max_steps,
