@@ -78,6 +78,7 @@ def test_a_loader_left_in_process_gets_workers_same_weights_and_an_exact_resume(
             "prefetch_factor": 2,
             "pin_memory": False,  # CPU
             "persistent_workers": False,
+            "start_method": "fork",  # quick to start, in a training process too
         },
         "val": {"rebuilt": False, "reason": "a TensorDataset: nothing to load in parallel"},
     }

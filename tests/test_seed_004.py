@@ -258,6 +258,7 @@ def test_the_performance_optimizer_applies_what_a_run_would_and_the_run_keeps_it
             "prefetch_factor": 2,
             "pin_memory": False,
             "persistent_workers": False,
+            "start_method": "fork",  # quick to start, in a training process too
         },
         {"rebuilt": False, "reason": "a TensorDataset: nothing to load in parallel"},
     ]

@@ -10,6 +10,7 @@ Example::
 from __future__ import annotations
 
 import io
+import multiprocessing
 import pickle
 from collections.abc import Iterable
 from typing import Any
@@ -24,6 +25,10 @@ __all__ = ("rebuild_loader",)
 
 # torch's default when there are workers, written out so that run_start states it.
 _PREFETCH_FACTOR = 2
+# Workers are forked where the OS can: started otherwise (spawn, or the fork server of a
+# training process, whose children inherit its start method) each worker imports torch and
+# the program again, seconds at every epoch's start.
+_FORK = "fork"
 
 
 def rebuild_loader(
@@ -58,7 +63,7 @@ def rebuild_loader(
         pin_memory=pin,
         timeout=loader.timeout,
         worker_init_fn=_WorkerInit(loader.worker_init_fn),  # seeds random and NumPy too
-        multiprocessing_context=loader.multiprocessing_context,
+        multiprocessing_context=loader.multiprocessing_context or _FORK,
         generator=loader.generator,  # the workers' seeds: drawn as the given loader draws
         prefetch_factor=prefetch,
         persistent_workers=False,
@@ -70,6 +75,7 @@ def rebuild_loader(
         "prefetch_factor": prefetch,
         "pin_memory": pin,
         "persistent_workers": False,
+        "start_method": rebuilt.multiprocessing_context.get_start_method(),
     }
     return rebuilt, applied
 
@@ -89,6 +95,11 @@ def _kept_as_given(
         return "a TensorDataset: nothing to load in parallel"
     if _workers(config, device, world_size) == 0:
         return "data.loader.num_workers resolves to 0 on this machine"
+    if (
+        loader.multiprocessing_context is None
+        and _FORK not in multiprocessing.get_all_start_methods()
+    ):
+        return "workers cannot be forked here: each would import the program at every epoch"
     return _unpicklable(loader)
 
 
