@@ -6,15 +6,25 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    RandomSampler,
+    get_worker_info,
+)
 
 from core import TrainingConfig, create_optimized_training_optimizer
 from core.data import LoaderConfig
 from core.data.config import DataConfig
+from core.data.rebuild import rebuild_loader
 from tests.helpers import make_classification, make_model
 
 
@@ -87,3 +97,58 @@ def test_a_loader_left_in_process_gets_workers_same_weights_and_an_exact_resume(
     assert resumed.global_step == given.global_step == 12
     for ours, theirs in zip(resumed.model.parameters(), given.model.parameters(), strict=True):
         assert torch.equal(ours, theirs)  # same shuffles, same batches, resumed exactly
+
+
+class Numbers(Dataset[torch.Tensor]):
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor(i)
+
+
+class Stream(IterableDataset[torch.Tensor]):
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(torch.arange(4))
+
+
+class Locked(Numbers):
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # what a forked worker must not copy
+
+
+class OwnLoader(DataLoader[torch.Tensor]):
+    pass
+
+
+def shuffled() -> RandomSampler:
+    return RandomSampler(Numbers(), generator=torch.Generator().manual_seed(0))
+
+
+def test_every_batching_form_keeps_its_batches_and_unsafe_loaders_stay_as_given() -> None:
+    forms = {
+        "batch_size": lambda: DataLoader(Numbers(), batch_size=3, sampler=shuffled()),
+        "batch_sampler": lambda: DataLoader(
+            Numbers(), batch_sampler=BatchSampler(shuffled(), 4, False)
+        ),
+        "no batching": lambda: DataLoader(Numbers(), batch_size=None, sampler=shuffled()),
+    }
+    config = LoaderConfig(num_workers=2)
+    for form, make in forms.items():
+        rebuilt, applied = rebuild_loader(make(), config, device=torch.device("cpu"))
+        assert applied["rebuilt"] and isinstance(rebuilt, DataLoader), form
+        assert rebuilt.num_workers == 2, form
+        assert [b.tolist() for b in rebuilt] == [b.tolist() for b in make()], form
+    kept = {
+        "num_workers=1 was set on the loader": DataLoader(Numbers(), num_workers=1),
+        "an IterableDataset": DataLoader(Stream()),
+        "a OwnLoader, not a DataLoader": OwnLoader(Numbers()),
+        "its dataset does not pickle (TypeError: cannot pickle '_thread.lock'": DataLoader(
+            Locked()
+        ),
+        "resolves to 0": DataLoader(Numbers()),
+    }
+    for reason, loader in kept.items():
+        workers = LoaderConfig(num_workers=0) if reason == "resolves to 0" else config
+        same, applied = rebuild_loader(loader, workers, device=torch.device("cpu"))
+        assert same is loader and not applied["rebuilt"] and reason in applied["reason"]

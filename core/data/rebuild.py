@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, TensorDataset
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from core.data.config import LoaderConfig
 from core.data.loader import _WorkerInit, auto_num_workers
@@ -115,13 +115,13 @@ def _batching(loader: DataLoader[Any]) -> dict[str, Any]:
     batch_sampler = loader.batch_sampler
     if batch_sampler is None:  # batch_size=None: the sampler's items are the batches
         return {"batch_size": None, "sampler": loader.sampler}
-    if type(batch_sampler) is BatchSampler:
+    if loader.batch_size is not None:  # built from batch_size: a BatchSampler over sampler
         return {
             "batch_size": loader.batch_size,
             "sampler": loader.sampler,
             "drop_last": loader.drop_last,
         }
-    return {"batch_sampler": batch_sampler}
+    return {"batch_sampler": batch_sampler}  # the user's own, with its sampler inside
 
 
 class _Discard(io.RawIOBase):
