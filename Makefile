@@ -29,8 +29,8 @@ demo: $(STAMP)
 	$(PY) examples/email_sequence/train.py
 
 lint: $(STAMP)
-	$(PY) -m ruff check core tests examples benchmarks gpu_utilization_mixed_precision_system.py
-	$(PY) -m ruff format --check core tests examples benchmarks gpu_utilization_mixed_precision_system.py
+	$(PY) -m ruff check core tests examples benchmarks gpu_utilization_mixed_precision_system.py run_mixed_precision_demo.py
+	$(PY) -m ruff format --check core tests examples benchmarks gpu_utilization_mixed_precision_system.py run_mixed_precision_demo.py
 
 typecheck: $(STAMP)
 	$(PY) -m mypy

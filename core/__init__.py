@@ -95,6 +95,7 @@ if TYPE_CHECKING:
         create_mixed_precision_trainer,
     )
     from core.facades.multi_gpu_training import MultiGPUTrainer
+    from core.facades.performance_optimizer import PerformanceOptimizer
     from core.losses.focal import FocalLoss
     from core.losses.mixup import Mixup, MixupCollate
     from core.memory.finder import optimize_batch_size
@@ -178,6 +179,7 @@ __all__ = (
     "OptimConfig",
     "OptimizedTrainingOptimizer",
     "OutOfMemoryError",
+    "PerformanceOptimizer",
     "Perplexity",
     "ProgressBar",
     "RayConfig",
@@ -240,6 +242,7 @@ __getattr__, __dir__ = lazy_exports(
         "MixupCollate": "core.losses.mixup",
         "MoELayer": "core.moe.layer",
         "MultiGPUTrainer": "core.facades.multi_gpu_training",
+        "PerformanceOptimizer": "core.facades.performance_optimizer",
         "Perplexity": "core.metrics.language",
         "ProgressBar": "core.console.progress",
         "TensorBoardLogger": "core.trackers.tensorboard",

@@ -63,7 +63,9 @@ def train(log_dir: Path, **kwargs: Any) -> Any:
 
 
 def test_a_loader_exception_names_epoch_step_and_batch_and_checkpoints_first(log_dir: Path) -> None:
-    optimizer = train(log_dir, train_loader=DataLoader(BrokenAt(bad=83), batch_size=16))
+    # Loaded in-process (a worker's error reads "Caught OSError in DataLoader worker process").
+    loader = DataLoader(BrokenAt(bad=83), batch_size=16)
+    optimizer = train(log_dir, train_loader=loader, rebuild_loaders=False)
     with pytest.raises(
         TrainingStepError,
         match=r"loading a batch failed in epoch 0, step 6, batch 5: OSError: cannot decode",

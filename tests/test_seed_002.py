@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -304,13 +306,21 @@ def test_the_optimized_training_integration_snippet_trains_one_epoch(
     assert emptied == ["cpu"]  # clear_cache: once, after the epoch
 
 
-def test_the_demo_writes_its_table_and_plot(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from examples.mixed_precision_demo import main
-
-    main(["--quick", "--out", str(tmp_path / "demo")])
-    out = capsys.readouterr().out
+@pytest.mark.processes
+def test_the_demo_command_runs_as_written_and_writes_its_table_and_plot(tmp_path: Path) -> None:
+    # The seed's own command, from the repository's root: python run_mixed_precision_demo.py
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "run_mixed_precision_demo.py", "--quick"]
+    done = subprocess.run(
+        [*command, "--out", str(tmp_path / "demo")],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
     assert "fp32" in out and "bf16" in out and "fp16" in out
     assert "on CPU, AMP is not expected to be faster" in out
     table = (tmp_path / "demo" / "table.txt").read_text()

@@ -226,3 +226,50 @@ def test_troubleshooting_gradient_checkpointing(log_dir: Path) -> None:
         "layers.1",
     ]
     optimizer.close()
+
+
+def test_the_performance_optimizer_applies_what_a_run_would_and_the_run_keeps_it(
+    log_dir: Path,
+) -> None:
+    # Seed 004's "works with PerformanceOptimizer": for a loop of one's own, or before a run.
+    import anyio
+
+    from core import PerformanceOptimizer
+    from core.data import LoaderConfig, auto_num_workers
+    from tests.test_data_rebuild import Decoded
+
+    performance = PerformanceOptimizer(loader=LoaderConfig(num_workers=2))
+    hardware = performance.detect_hardware()
+    assert hardware["device"] == "cpu" and hardware["host"] is True  # this suite's CPU
+    assert hardware["auto_precision"] == "fp32"  # dtype="auto" on a CPU
+    assert hardware["auto_num_workers"] == auto_num_workers(torch.device("cpu"))
+    conv = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.LazyLinear(2))
+    assert performance.optimize_model(conv) is conv
+    assert performance.get_optimization_summary()["model"]["channels_last"] is False  # CPU
+    dataset = Decoded()
+    loader = performance.optimize_dataloader(DataLoader(dataset, batch_size=16, shuffle=True))
+    kept = performance.optimize_dataloader(DataLoader(make_classification(32), batch_size=16))
+    assert isinstance(loader, DataLoader) and loader.num_workers == 2
+    assert isinstance(kept, DataLoader) and kept.num_workers == 0
+    assert performance.loaders == [
+        {
+            "rebuilt": True,
+            "num_workers": 2,
+            "prefetch_factor": 2,
+            "pin_memory": False,
+            "persistent_workers": False,
+            "start_method": "fork",  # quick to start, in a training process too
+        },
+        {"rebuilt": False, "reason": "a TensorDataset: nothing to load in parallel"},
+    ]
+    run = create_optimized_training_optimizer(
+        model=make_model(), train_loader=loader, max_epochs=1, log_dir=log_dir
+    )
+    anyio.run(run.train)
+    assert run.global_step == 6 and dataset.in_process == 0  # loaded by the workers
+    lines = (run.run_dir / "events.jsonl").read_text().splitlines()
+    (start,) = [r for r in map(json.loads, lines) if r["event"] == "run_start"]
+    assert start["loaders"]["train"] == {
+        "rebuilt": False,
+        "reason": "num_workers=2 was set on the loader",
+    }

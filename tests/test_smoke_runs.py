@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from core import (
     Callback,
     ConfigError,
+    DataConfig,
     OptimizedTrainingOptimizer,
     RunConfig,
     TrainingConfig,
@@ -130,6 +131,7 @@ def job(
         accumulation=GradientAccumulationConfig(accumulation_steps=accumulation_steps),
         checkpoint=CheckpointConfig(checkpoint_every_n_steps=1, save_best=True, resume="auto"),
         logging=LoggingConfig(progress=progress, reports=reports),
+        data=DataConfig(rebuild_loaders=False),  # Counted counts what this process loads
     )
     return OptimizedTrainingOptimizer(
         config,
@@ -426,6 +428,7 @@ async def test_flat_keywords_reach_the_run_section(log_dir: Path) -> None:
         limit_train_batches=3,
         progress=False,
         reports=False,
+        rebuild_loaders=False,  # Counted counts what this process loads
     )
     assert run.config.run.fast_dev_run == 2 and run.config.run.limit_train_batches == 2
     results = await run.train()

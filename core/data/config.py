@@ -99,10 +99,14 @@ class LoaderConfig:
 class DataConfig:
     """How loaders are fed. ``use_distributed_sampler``: under DDP/FSDP2 a plain DataLoader
     is rebuilt with a DistributedSampler (off: each rank's loader is used as given).
-    ``loader``: how :func:`~core.data.create_dataloader` builds loaders; of it, a run uses
-    ``device_prefetch`` (its loaders are the user's own)."""
+    ``rebuild_loaders``: a run's own DataLoader left at ``num_workers=0`` over a map-style
+    dataset that pickles (not a TensorDataset) is rebuilt with ``loader``'s workers,
+    prefetch and pinned memory, same order (off: loaders run as given; ``run_start``'s
+    ``loaders`` says what was applied). ``loader``: how :func:`~core.data.create_dataloader`
+    builds loaders, and a run rebuilds them; its ``device_prefetch`` applies to a run's."""
 
     use_distributed_sampler: bool = field(default=True, metadata=flat("use_distributed_sampler"))
+    rebuild_loaders: bool = field(default=True, metadata=flat("rebuild_loaders"))
     loader: LoaderConfig = field(default_factory=LoaderConfig)
 
     def __post_init__(self) -> None:

@@ -111,6 +111,8 @@ class FlatSettings(TypedDict, total=False):
     """Sets ``accumulation.normalize_by``."""
     use_distributed_sampler: bool
     """Sets ``data.use_distributed_sampler``."""
+    rebuild_loaders: bool
+    """Sets ``data.rebuild_loaders``."""
     device_prefetch: Literal["auto"] | bool
     """Sets ``data.loader.device_prefetch``."""
     training_mode: TrainingMode

@@ -87,6 +87,9 @@ class RunStart(Common):
     run_dir: Annotated[str, "the run's directory (log_dir, experiment, run_id)"]
     model_summary: Annotated[dict[str, object], "per top-level module: class, parameters..."]
     plan: Annotated[dict[str, object], "steps per epoch, effective batch, validation, best"]
+    loaders: Annotated[
+        dict[str, object], "train, val: rebuilt with data.loader's workers (settings) or why not"
+    ]
     seed: Annotated[int | None, "run.seed (null: not seeded)"]
     model_init_hash: Annotated[str, "fingerprint of the weights before training (sampled)"]
     model_init_hash_method: Annotated[str, "how model_init_hash was computed"]

@@ -20,6 +20,7 @@ from core.checkpointing.disabled import NoCheckpoints
 from core.config import TrainingConfig
 from core.console.model_summary import summarize_model
 from core.data.prefetch import prefetch_to_device
+from core.data.rebuild import rebuild_loader
 from core.distributed.base import Strategy
 from core.distributed.lockstep import batches_in
 from core.factory import Factory
@@ -102,6 +103,7 @@ class Parts:
     errors: ErrorHandler
     train_loader: Iterable[Any]
     val_loader: Iterable[Any] | None
+    loaders: dict[str, Any]  # what rebuild_loader applied to each, for run_start
     early_stopping: EarlyStopping
     loop: StepLoop
     state: RunState
@@ -177,13 +179,13 @@ def _build(
         policy.note_memory_savings(
             *_amp_memory(runtime, strategy, model, objective, policy, prepared)
         )
-    sharded = distribution.prepare_loader(runtime.train_loader, train=True)
+    given_train, val_loader, loaders = _with_loader_settings(runtime, config, strategy)
+    sharded = distribution.prepare_loader(given_train, train=True)
     train_loader = limit_batches(sharded, config.run.limit_train_batches, "limit_train_batches")
     # Copied ahead on a side CUDA stream where device_prefetch says, the limit inside (it never
     # reads past it); a stream stays as given (the ranks' lockstep must see it as a stream).
     if batches_in(train_loader) is not None:
         train_loader = prefetch_to_device(train_loader, strategy.device, config.data.loader)
-    val_loader = runtime.val_loader
     if val_loader is not None:
         val_loader = distribution.prepare_loader(val_loader, train=False)
     monitor = (
@@ -268,6 +270,7 @@ def _build(
         errors=errors,
         train_loader=train_loader,
         val_loader=val_loader,
+        loaders=loaders,
         early_stopping=early_stopping,
         loop=loop,
         state=state,
@@ -278,6 +281,30 @@ def _build(
         init_hash=init_hash,
         profiler=profiler,
     )
+
+
+def _with_loader_settings(
+    runtime: Runtime, config: TrainingConfig, strategy: Strategy
+) -> tuple[Iterable[Any], Iterable[Any] | None, dict[str, Any]]:
+    """The run's train and val loaders, rebuilt with ``data.loader``'s workers where that is
+    safe (``data.rebuild_loaders``), and what was applied to each (``run_start``'s
+    ``loaders``)."""
+
+    def rebuilt(loader: Iterable[Any]) -> tuple[Iterable[Any], dict[str, Any]]:
+        if not config.data.rebuild_loaders:
+            return loader, {"rebuilt": False, "reason": "data.rebuild_loaders=False"}
+        return rebuild_loader(
+            loader,
+            config.data.loader,
+            device=strategy.device,
+            world_size=strategy.world_size,  # the ranks share this machine's cores
+        )
+
+    train, train_applied = rebuilt(runtime.train_loader)
+    if runtime.val_loader is None:
+        return train, None, {"train": train_applied, "val": None}
+    val, val_applied = rebuilt(runtime.val_loader)
+    return train, val, {"train": train_applied, "val": val_applied}
 
 
 def _amp_memory(

@@ -112,6 +112,7 @@ class RunCycle:
             ),
             model_summary=parts.model_summary,
             plan=plan(self.config, parts),
+            loaders=parts.loaders,
             seed=run.seed,
             **lineage(parts, log.run_dir, run_id),
         )
