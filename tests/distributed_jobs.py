@@ -330,24 +330,29 @@ class CancelsOnFirstRead(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return self.data[i]
 
 
-@scenario
-def cancel_rank0_at_epoch_end(out: Path, rank: int) -> None:
-    # Rank 0's train() is cancelled (task.cancel() under asyncio.run) while it validates at
-    # the end of epoch 0; rank 1 is never cancelled. Rank 0 must not leave alone (rank 1
-    # would wait for it in the next step's all-reduce): both stop at one later boundary.
+def _cancel_rank0(out: Path, rank: int, name: str, *, in_validation: bool) -> None:
+    """Rank 0's train() cancelled (task.cancel() under asyncio.run) on its first read of the
+    validation set or of the training set; rank 1 is never cancelled. Rank 0 must not leave
+    alone (rank 1 would wait for it in its next collective): both stop at one later boundary."""
     outcome: dict[str, Any] = {}
 
     async def main() -> None:
         task = asyncio.current_task() if rank == 0 else None
-        validation = CancelsOnFirstRead(IndexedData(16, seed=1), asyncio.get_running_loop(), task)
+        loop = asyncio.get_running_loop()
+        train, validation = IndexedData(96), IndexedData(16, seed=1)
         optimizer = create_optimized_training_optimizer(
             model=Recorder(),
-            train_loader=DataLoader(IndexedData(96), batch_size=8),
-            val_loader=DataLoader(validation, batch_size=8),
+            train_loader=DataLoader(
+                train if in_validation else CancelsOnFirstRead(train, loop, task), batch_size=8
+            ),
+            val_loader=DataLoader(
+                CancelsOnFirstRead(validation, loop, task) if in_validation else validation,
+                batch_size=8,
+            ),
             max_epochs=50,
-            num_sanity_val_steps=0,  # the first read is the epoch's end's, not the check's
+            num_sanity_val_steps=0,  # the first validation read is the epoch's end's
             log_dir=out / "logs",
-            experiment_name="cancel_at_epoch_end",
+            experiment_name=name,
         )
         outcome["optimizer"] = optimizer
         results = await optimizer.train()
@@ -360,7 +365,19 @@ def cancel_rank0_at_epoch_end(out: Path, rank: int) -> None:
     outcome["cancelled"] = "interrupted" not in outcome
     outcome["global_step"] = optimizer.global_step
     outcome["last_checkpoint"] = optimizer.last_checkpoint
-    torch.save(outcome, out / f"cancel_rank0_at_epoch_end.rank{rank}.pt")
+    torch.save(outcome, out / f"{name}.rank{rank}.pt")
+
+
+@scenario
+def cancel_rank0_at_epoch_end(out: Path, rank: int) -> None:
+    # Cancelled while it validates at the end of epoch 0, a job with no stop vote inside.
+    _cancel_rank0(out, rank, "cancel_rank0_at_epoch_end", in_validation=True)
+
+
+@scenario
+def cancel_rank0_in_an_epoch(out: Path, rank: int) -> None:
+    # Cancelled in epoch 0's first step: the epoch (6 steps) ends before the first vote (16).
+    _cancel_rank0(out, rank, "cancel_rank0_in_an_epoch", in_validation=False)
 
 
 class Stream:

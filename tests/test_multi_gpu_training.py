@@ -375,12 +375,16 @@ def test_a_cancelled_rank_stops_every_rank_at_the_same_step(jobs: Path) -> None:
 
 
 @pytest.mark.distributed
-def test_a_rank_cancelled_at_an_epoch_end_does_not_leave_the_others_behind(jobs: Path) -> None:
+@pytest.mark.parametrize("scenario", ["cancel_rank0_at_epoch_end", "cancel_rank0_in_an_epoch"])
+def test_a_rank_cancelled_before_a_vote_does_not_leave_the_others_behind(
+    jobs: Path, scenario: str
+) -> None:
     """Rank 0's task is cancelled (``task.cancel()``) while it validates at the end of epoch
-    0, where no stop vote is held: it goes on to the next vote with its stop flag set, and
-    both ranks stop at step 17 (the vote at step 16, counted at the next step) with one
-    stop checkpoint; rank 0's ``train()`` raises the cancellation, rank 1's is interrupted."""
-    rank0, rank1 = (load(jobs, "cancel_rank0_at_epoch_end", rank) for rank in (0, 1))
+    0, or in epoch 0's first step (the epoch ends before the first vote): no vote is held
+    before the epoch's end, so it goes on to the next vote with its stop flag set, and both
+    ranks stop at step 17 (the vote at step 16, counted at the next step) with one stop
+    checkpoint; rank 0's ``train()`` raises the cancellation, rank 1's is interrupted."""
+    rank0, rank1 = (load(jobs, scenario, rank) for rank in (0, 1))
     assert rank0["cancelled"] and not rank1["cancelled"]
     assert rank1["interrupted"]
     assert rank0["global_step"] == rank1["global_step"] == 17

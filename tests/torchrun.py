@@ -29,6 +29,7 @@ SCENARIOS = (
     "early_stop",
     "cancel_rank1",
     "cancel_rank0_at_epoch_end",
+    "cancel_rank0_in_an_epoch",
     "uneven_stream",
     "slow_rank_heartbeat",
     "ep_fp32",

@@ -211,7 +211,9 @@ class Run:
             if progress.stopped_early:  # resumed from a run early stopping had ended
                 break
             started = time.monotonic()  # the monitor's clock: the epoch's samples follow it
-            stats = await worker.call(parts.loop.run_epoch, parts.train_loader, epoch, stop, resume)
+            stats = await self._call_on_every_rank(
+                parts.loop.run_epoch, parts.train_loader, epoch, stop, resume
+            )
             resume = None
             progress.add_epoch(stats.samples, stats.time_s)
             if stats.interrupted:
@@ -236,8 +238,8 @@ class Run:
         )
 
     async def _call_on_every_rank(self, fn: Callable[..., R], *args: Any) -> R:
-        """A job every rank runs to its end, with collectives and no stop vote inside
-        (opening, resuming, an epoch's end)."""
+        """A job every rank runs to its end: opening, resuming, an epoch (whose votes may
+        end it early) and an epoch's end."""
         result, interruption = await self.worker.call_through(fn, *args)
         if interruption is None:
             return result
@@ -246,7 +248,8 @@ class Run:
             raise interruption
         # One rank of several must not leave alone (the others would wait for it in their
         # next collective): the cancellation is held until the next stop vote stops every
-        # rank at one step boundary, where _interrupted raises it.
+        # rank at one step boundary, where _interrupted raises it. An epoch that ended before
+        # its next vote holds it too: another rank may be past the epoch's end already.
         self.held = self.held or interruption
         return result
 
